@@ -1,0 +1,5 @@
+import sys
+
+from headstart.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Speed and acceptance benchmarks against plain decoding and baselines."""

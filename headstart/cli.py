@@ -1,0 +1,59 @@
+"""`headstart <command> ...`: parse and dispatch only.
+
+Each subcommand lives in a module with `add_arguments(parser)` and `run(args) -> int`; this file
+only lists them. Modules import heavy libraries (torch, transformers) inside `run`, so `--help`
+is instant. A `HeadstartError` prints one line (what is wrong, and the fix) and exits with status
+2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from headstart import __version__
+from headstart.errors import HeadstartError
+
+COMMANDS = {
+    "info": ("headstart.commands.info", "load a target and print its shape, load time and forward latency"),
+    "generate": ("headstart.commands.generate", "generate a reply, streaming to stdout"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headstart",
+        description="Lossless self-speculative decoding with trained draft heads (Medusa, EAGLE-1/2/3).",
+    )
+    parser.add_argument("--version", action="version", version=f"headstart {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text, description=help_text)
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
+        importlib.import_module(module).add_arguments(command)
+        command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except HeadstartError as err:
+        if args.debug:
+            raise
+        print(err.one_line(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

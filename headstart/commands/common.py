@@ -1,0 +1,65 @@
+"""Arguments shared by subcommands (target selection, sampling) and the quiet-loading context."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("target")
+    group.add_argument(
+        "--target",
+        default="smollm2",
+        help="Hub id, local model directory, .gguf file, or 'smollm2' (embedded default)",
+    )
+    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
+    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    group.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+
+
+def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-new-tokens", type=int, default=128)
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    group.add_argument("--top-p", type=float, default=1.0)
+    group.add_argument("--top-k", type=int, default=0, help="0 = no limit")
+    group.add_argument("--seed", type=int, default=None)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    from headstart.inference.plain import SamplingConfig
+
+    return SamplingConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' info logs and per-tensor progress bars while loading a target."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging
+
+    previous = logging.get_verbosity()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(previous)
+        logging.enable_progress_bar()
+
+
+def load_target_from_args(args: argparse.Namespace) -> Any:
+    from headstart.target import load_target
+
+    with quiet_transformers():
+        return load_target(args.target, dtype=args.dtype, device=args.device, revision=args.revision)

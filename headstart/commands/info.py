@@ -1,0 +1,46 @@
+"""`headstart info`: what the target is, how long it took to load, and its forward latency."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from headstart.commands.common import add_target_arguments, load_target_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--context", type=int, default=128, help="KV context for the latency measurement")
+
+
+def run(args: argparse.Namespace) -> int:
+    from headstart.target.latency import single_token_latency_ms
+
+    target = load_target_from_args(args)
+    fp = target.fingerprint
+    info = {
+        "target": target.spec,
+        "architecture": fp["architecture"],
+        "model_type": fp["model_type"],
+        "layers": target.num_layers,
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+        "parameters": sum(p.numel() for p in target.model.parameters()),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "chat_template": target.chat.has_template,
+        "eos_token_ids": list(target.eos_token_ids),
+        "load_s": round(target.load_s, 3),
+        "single_token_forward_ms": round(single_token_latency_ms(target, context=args.context), 2),
+        "sha256": fp.get("sha256"),
+    }
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if key == "parameters":
+            value = f"{value:,} ({value / 1e6:.1f} M)"
+        print(f"{key:<{width}}  {value}")
+    return 0

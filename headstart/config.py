@@ -1,0 +1,159 @@
+"""Typed configs: dataclasses per stage, loaded from YAML plus dotted command-line overrides.
+
+Every stage (distill, train, generate, bench) owns a frozen-shape dataclass whose fields carry a
+docstring-style comment. `load_config(cls, path, overrides)` reads YAML, applies `a.b=c` overrides
+and builds the dataclass; any unknown key is a `HeadstartError` that names the offending flag and
+suggests the closest valid one (difflib). Values from the command line are parsed as YAML scalars,
+so `train.lr=3e-4`, `heads.kind=eagle3` and `layers=[1,2,3]` all do what they look like.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from headstart.errors import HeadstartError
+
+C = TypeVar("C")
+
+
+def _closest(name: str, options: list[str]) -> str:
+    match = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(sorted(options))}"
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _coerce(value: Any, tp: Any, flag: str) -> Any:
+    """Check (and gently convert) one value against its annotation; errors name the flag."""
+    if value is None:
+        return None
+    tp = _unwrap_optional(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise HeadstartError(f"'{flag}' must be a mapping, got {value!r}", f"write it as {flag}.KEY=VALUE")
+        return _build(tp, value, prefix=f"{flag}.")
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple):
+        if isinstance(value, str | int | float):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise HeadstartError(f"'{flag}' must be a list, got {value!r}", f"for example {flag}=[1,2]")
+        args = typing.get_args(tp)
+        inner = args[0] if args else Any
+        items = [_coerce(v, inner, flag) for v in value]
+        return tuple(items) if origin is tuple else items
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise HeadstartError(f"'{flag}' must be one of {list(choices)}, got {value!r}", f"set {flag}={choices[0]}")
+        return value
+    if tp is Any or origin is dict or tp is dict:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise HeadstartError(f"'{flag}' must be true or false, got {value!r}", f"set {flag}=true")
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is str and isinstance(value, str | int | float):
+        return str(value)
+    if isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise HeadstartError(f"'{flag}' expects {getattr(tp, '__name__', tp)}, got {value!r}", f"fix the value of {flag}")
+
+
+def _build(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise HeadstartError(
+                f"unknown config key '{prefix}{key}'{_closest(key, list(fields))}",
+                f"check the spelling of '{prefix}{key}' in the recipe or on the command line",
+            )
+        kwargs[key] = _coerce(value, hints[key], prefix + key)
+    try:
+        return cls(**kwargs)
+    except TypeError as err:  # a required field without a default
+        raise HeadstartError(f"incomplete config {cls.__name__}: {err}", "add the missing key to the recipe") from None
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=x"]` -> `{"a": {"b": 1}, "c": "x"}`; values are parsed as YAML scalars."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip().removeprefix("--")
+        if not sep or not key:
+            raise HeadstartError(f"cannot parse override '{item}'", "write overrides as dotted.key=value")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise HeadstartError(f"override '{item}' conflicts with an earlier one", "give each key once")
+        node[parts[-1]] = value
+    return tree
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise HeadstartError(f"recipe file not found: {path}", "pass an existing YAML file, e.g. recipes/")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise HeadstartError(f"recipe {path} is not valid YAML: {err}".replace("\n", " "), "fix the YAML syntax") from None
+    if not isinstance(data, dict):
+        raise HeadstartError(f"recipe {path} must be a YAML mapping at top level", "write key: value pairs")
+    return data
+
+
+def load_config(cls: type[C], path: str | Path | None = None, overrides: list[str] | None = None) -> C:
+    """Build `cls` from an optional YAML recipe and dotted overrides (overrides win)."""
+    data = read_yaml(path) if path else {}
+    data = merge(data, parse_overrides(overrides or []))
+    return _build(cls, data)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A config as plain YAML-able data (tuples become lists)."""
+    return _plain(dataclasses.asdict(config))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,19 @@
+"""One error type for everything a user can fix; the CLI prints it as one line, exit status 2."""
+
+from __future__ import annotations
+
+
+class HeadstartError(Exception):
+    """An error the user can act on: what went wrong, and the exact fix.
+
+    The CLI prints `error: <what>` followed by `fix: <fix>` and exits with status 2; the
+    traceback only appears with `--debug`.
+    """
+
+    def __init__(self, what: str, fix: str | None = None) -> None:
+        self.what = what
+        self.fix = fix
+        super().__init__(what if fix is None else f"{what} (fix: {fix})")
+
+    def one_line(self) -> str:
+        return f"error: {self.what}" + (f" -- fix: {self.fix}" if self.fix else "")

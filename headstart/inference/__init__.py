@@ -1,0 +1,1 @@
+"""Decoding: plain generation today; the tree-attention speculative decoder lands here."""

@@ -1,0 +1,78 @@
+"""Plain (non-speculative) generation with the target: the reference every decoder must match."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headstart.target import Target
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen; shared by plain and speculative decoding."""
+
+    max_new_tokens: int = 128
+    """Generate at most this many new tokens (exactly this many unless a stop hits first)."""
+    temperature: float = 0.0
+    """0 means greedy (argmax); > 0 samples from softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with cumulative probability >= top_p."""
+    top_k: int = 0
+    """Keep only the top_k most likely tokens (0 = no limit)."""
+    seed: int | None = None
+    """Seed for sampling (None = nondeterministic)."""
+
+    def __post_init__(self) -> None:
+        from headstart.errors import HeadstartError
+
+        if self.max_new_tokens < 1:
+            raise HeadstartError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}", "use --max-new-tokens 128")
+        if self.temperature < 0:
+            raise HeadstartError(f"--temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if not 0 < self.top_p <= 1:
+            raise HeadstartError(f"--top-p must be in (0, 1], got {self.top_p}", "use --top-p 1.0 to disable")
+        if self.top_k < 0:
+            raise HeadstartError(f"--top-k must be >= 0, got {self.top_k}", "use --top-k 0 to disable")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    new_tokens: int
+    target_forwards: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def plain_generate(target: Target, input_ids: list[int], sampling: SamplingConfig, streamer: Any = None) -> GenerationResult:
+    """`target.model.generate` with our sampling settings; stops at every declared EOS id."""
+    if sampling.seed is not None:
+        torch.manual_seed(sampling.seed)
+    ids = torch.tensor([input_ids], device=target.device)
+    kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
+    if not sampling.greedy:
+        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    start = time.perf_counter()
+    out = target.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=sampling.max_new_tokens,
+        eos_token_id=list(target.eos_token_ids) or None,
+        pad_token_id=target.tokenizer.pad_token_id,
+        streamer=streamer,
+        **kwargs,
+    )
+    wall = time.perf_counter() - start
+    new = out[0, ids.shape[1] :].tolist()
+    return GenerationResult(token_ids=new, new_tokens=len(new), target_forwards=len(new), wall_s=wall)

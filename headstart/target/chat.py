@@ -1,0 +1,43 @@
+"""The chat-template helper: one place that turns messages into the target's prompt token ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from headstart.errors import HeadstartError
+
+
+@dataclass(frozen=True)
+class Chat:
+    """Wraps the tokenizer's chat template (if any).
+
+    `prompt_ids(messages)` renders a conversation up to the start of the assistant's reply;
+    `encode_raw(text)` tokenises plain text the way `--raw` prompts are fed to the target.
+    """
+
+    tokenizer: Any
+
+    @property
+    def has_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        """The template's text for `messages` (a list of {role, content})."""
+        if not self.has_template:
+            raise HeadstartError(
+                "this target's tokenizer has no chat template",
+                "pass --raw to feed the prompt as plain text, or use a tokenizer with a chat_template",
+            )
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def prompt_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the rendered conversation (the template supplies any BOS itself)."""
+        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def user_prompt_ids(self, prompt: str) -> list[int]:
+        return self.prompt_ids([{"role": "user", "content": prompt}])
+
+    def encode_raw(self, text: str) -> list[int]:
+        return self.tokenizer(text)["input_ids"]

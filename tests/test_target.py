@@ -1,0 +1,114 @@
+"""The target layer: loading, feature capture convention, tree-ready forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import make_target_dir
+
+from headstart.errors import HeadstartError
+from headstart.target import capture, forward, load_target, new_cache, resolve_spec, tree_attention_mask
+
+FAMILIES = ["llama", "qwen2", "mistral", "gemma"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def target(request, tiny_root):
+    return load_target(str(make_target_dir(tiny_root, request.param)))
+
+
+def test_load_local_dir_is_frozen_and_fingerprinted(target):
+    model = target.model
+    assert not model.training
+    assert all(not p.requires_grad for p in model.parameters())
+    fp = target.fingerprint
+    assert fp["kind"] == "local" and fp["hidden_size"] == 64 and fp["vocab_size"] == 288
+    assert target.eos_token_ids == (2,)
+    assert target.chat.has_template
+    ids = target.chat.user_prompt_ids("hi")
+    assert target.tokenizer.decode(ids).startswith("<|im_start|>user\nhi<|im_end|>")
+
+
+def test_capture_matches_output_hidden_states(target):
+    torch.manual_seed(0)
+    ids = torch.randint(3, 280, (2, 9))
+    ref = target.model(ids, output_hidden_states=True)
+    feats = capture(target.model, ids, layers=[0, 1])
+    torch.testing.assert_close(feats.logits, ref.logits)
+    # id i == hidden_states[i + 1] for all but the last layer (HF applies the final norm there)
+    torch.testing.assert_close(feats.layers[0], ref.hidden_states[1])
+    torch.testing.assert_close(feats.last_hidden, ref.hidden_states[-1])
+    head = target.model.get_output_embeddings()
+    torch.testing.assert_close(head(feats.last_hidden), ref.logits, rtol=1e-5, atol=1e-4) if target.config.model_type != "gemma" else None
+    assert set(feats.layers) == {0, 1}
+
+
+def _ancestors(parents: list[int]) -> torch.Tensor:
+    n = len(parents)
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j != -1:
+            anc[i, j] = True
+            j = parents[j]
+    return anc
+
+
+def test_tree_forward_matches_sequential(target):
+    """Nodes of a token tree verified in one forward give the logits of decoding each path."""
+    torch.manual_seed(1)
+    prefix = torch.randint(3, 280, (1, 11))
+    # tree: 0 -> {1, 2}; 1 -> {3}; 2 -> {4}
+    parents = [-1, 0, 0, 1, 2]
+    tokens = torch.randint(3, 280, (1, 5))
+    anc = _ancestors(parents)
+    depth = anc.sum(-1) - 1
+    cache = new_cache(target.model)
+    forward(target.model, prefix, past_key_values=cache)
+    mask = tree_attention_mask(torch.ones(1, 11, dtype=torch.bool), anc, target.dtype)
+    tree = forward(target.model, tokens, attention_mask=mask, position_ids=(11 + depth)[None], past_key_values=cache)
+    for node in range(5):
+        path = [j for j in range(5) if anc[node, j]]
+        seq = torch.cat([prefix, tokens[:, path]], dim=1)
+        ref = target.model(seq).logits[0, -1]
+        torch.testing.assert_close(tree.logits[0, node], ref, rtol=0, atol=1e-4)
+        assert tree.logits[0, node].argmax() == ref.argmax()
+
+
+def test_padded_rows_do_not_produce_nan(target):
+    prefix_visible = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    ids = torch.randint(3, 280, (2, 4))
+    cache = new_cache(target.model)
+    mask = tree_attention_mask(torch.zeros(2, 0, dtype=torch.bool), torch.ones(4, 4).tril().bool(), target.dtype)
+    mask[0, :, :, :2] = torch.finfo(target.dtype).min  # left padding of row 0
+    mask[0, :, :2, :] = torch.finfo(target.dtype).min  # padded queries see nothing at all
+    out = forward(target.model, ids, attention_mask=mask, position_ids=torch.tensor([[0, 0, 0, 1], [0, 1, 2, 3]]), past_key_values=cache)
+    assert torch.isfinite(out.logits).all()
+    del prefix_visible
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no-such-thing", "unknown target"),
+        ("/nonexistent/model.gguf", "GGUF file not found"),
+    ],
+)
+def test_bad_specs_fail_clearly(spec, message):
+    with pytest.raises(HeadstartError, match=message):
+        resolve_spec(spec)
+
+
+def test_dir_without_config_and_non_causal_model(tmp_path):
+    with pytest.raises(HeadstartError, match="without config.json"):
+        load_target(str(tmp_path))
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).save_pretrained(tmp_path / "bert")
+    with pytest.raises(HeadstartError, match="not a causal language model"):
+        load_target(str(tmp_path / "bert"))
+
+
+def test_layer_ids_are_validated(target):
+    with pytest.raises(HeadstartError, match="out of range"):
+        capture(target.model, torch.tensor([[3, 4]]), layers=[5])
