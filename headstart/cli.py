@@ -31,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks")
+        command.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks"
+        )
         importlib.import_module(module).add_arguments(command)
         command.set_defaults(_module=module)
     return parser

@@ -46,7 +46,9 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise HeadstartError(f"'{flag}' must be a mapping, got {value!r}", f"write it as {flag}.KEY=VALUE")
+            raise HeadstartError(
+                f"'{flag}' must be a mapping, got {value!r}", f"write it as {flag}.KEY=VALUE"
+            )
         return _build(tp, value, prefix=f"{flag}.")
     origin = typing.get_origin(tp)
     if origin in (list, tuple):
@@ -61,7 +63,9 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
     if origin is typing.Literal:
         choices = typing.get_args(tp)
         if value not in choices:
-            raise HeadstartError(f"'{flag}' must be one of {list(choices)}, got {value!r}", f"set {flag}={choices[0]}")
+            raise HeadstartError(
+                f"'{flag}' must be one of {list(choices)}, got {value!r}", f"set {flag}={choices[0]}"
+            )
         return value
     if tp is Any or origin is dict or tp is dict:
         return value
@@ -69,6 +73,12 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         if isinstance(value, bool):
             return value
         raise HeadstartError(f"'{flag}' must be true or false, got {value!r}", f"set {flag}=true")
+    if tp in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads "3e-4" (no dot) as a string; users write it that way on the command line.
+        try:
+            value = tp(value)
+        except ValueError:
+            pass
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
@@ -77,7 +87,9 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         return str(value)
     if isinstance(tp, type) and isinstance(value, tp):
         return value
-    raise HeadstartError(f"'{flag}' expects {getattr(tp, '__name__', tp)}, got {value!r}", f"fix the value of {flag}")
+    raise HeadstartError(
+        f"'{flag}' expects {getattr(tp, '__name__', tp)}, got {value!r}", f"fix the value of {flag}"
+    )
 
 
 def _build(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
@@ -94,7 +106,9 @@ def _build(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
     try:
         return cls(**kwargs)
     except TypeError as err:  # a required field without a default
-        raise HeadstartError(f"incomplete config {cls.__name__}: {err}", "add the missing key to the recipe") from None
+        raise HeadstartError(
+            f"incomplete config {cls.__name__}: {err}", "add the missing key to the recipe"
+        ) from None
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -133,7 +147,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise HeadstartError(f"recipe {path} is not valid YAML: {err}".replace("\n", " "), "fix the YAML syntax") from None
+        raise HeadstartError(
+            f"recipe {path} is not valid YAML: {err}".replace("\n", " "), "fix the YAML syntax"
+        ) from None
     if not isinstance(data, dict):
         raise HeadstartError(f"recipe {path} must be a YAML mapping at top level", "write key: value pairs")
     return data

@@ -39,7 +39,9 @@ def test_capture_matches_output_hidden_states(target):
     torch.testing.assert_close(feats.layers[0], ref.hidden_states[1])
     torch.testing.assert_close(feats.last_hidden, ref.hidden_states[-1])
     head = target.model.get_output_embeddings()
-    torch.testing.assert_close(head(feats.last_hidden), ref.logits, rtol=1e-5, atol=1e-4) if target.config.model_type != "gemma" else None
+    torch.testing.assert_close(
+        head(feats.last_hidden), ref.logits, rtol=1e-5, atol=1e-4
+    ) if target.config.model_type != "gemma" else None
     assert set(feats.layers) == {0, 1}
 
 
@@ -66,7 +68,9 @@ def test_tree_forward_matches_sequential(target):
     cache = new_cache(target.model)
     forward(target.model, prefix, past_key_values=cache)
     mask = tree_attention_mask(torch.ones(1, 11, dtype=torch.bool), anc, target.dtype)
-    tree = forward(target.model, tokens, attention_mask=mask, position_ids=(11 + depth)[None], past_key_values=cache)
+    tree = forward(
+        target.model, tokens, attention_mask=mask, position_ids=(11 + depth)[None], past_key_values=cache
+    )
     for node in range(5):
         path = [j for j in range(5) if anc[node, j]]
         seq = torch.cat([prefix, tokens[:, path]], dim=1)
@@ -79,10 +83,18 @@ def test_padded_rows_do_not_produce_nan(target):
     prefix_visible = torch.tensor([[False, False, True, True], [True, True, True, True]])
     ids = torch.randint(3, 280, (2, 4))
     cache = new_cache(target.model)
-    mask = tree_attention_mask(torch.zeros(2, 0, dtype=torch.bool), torch.ones(4, 4).tril().bool(), target.dtype)
+    mask = tree_attention_mask(
+        torch.zeros(2, 0, dtype=torch.bool), torch.ones(4, 4).tril().bool(), target.dtype
+    )
     mask[0, :, :, :2] = torch.finfo(target.dtype).min  # left padding of row 0
     mask[0, :, :2, :] = torch.finfo(target.dtype).min  # padded queries see nothing at all
-    out = forward(target.model, ids, attention_mask=mask, position_ids=torch.tensor([[0, 0, 0, 1], [0, 1, 2, 3]]), past_key_values=cache)
+    out = forward(
+        target.model,
+        ids,
+        attention_mask=mask,
+        position_ids=torch.tensor([[0, 0, 0, 1], [0, 1, 2, 3]]),
+        past_key_values=cache,
+    )
     assert torch.isfinite(out.logits).all()
     del prefix_visible
 
@@ -104,7 +116,9 @@ def test_dir_without_config_and_non_causal_model(tmp_path):
         load_target(str(tmp_path))
     from transformers import BertConfig, BertModel
 
-    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)).save_pretrained(tmp_path / "bert")
+    BertModel(
+        BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(tmp_path / "bert")
     with pytest.raises(HeadstartError, match="not a causal language model"):
         load_target(str(tmp_path / "bert"))
 

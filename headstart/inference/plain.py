@@ -30,7 +30,9 @@ class SamplingConfig:
         from headstart.errors import HeadstartError
 
         if self.max_new_tokens < 1:
-            raise HeadstartError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}", "use --max-new-tokens 128")
+            raise HeadstartError(
+                f"--max-new-tokens must be >= 1, got {self.max_new_tokens}", "use --max-new-tokens 128"
+            )
         if self.temperature < 0:
             raise HeadstartError(f"--temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
         if not 0 < self.top_p <= 1:
@@ -55,7 +57,9 @@ class GenerationResult:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def plain_generate(target: Target, input_ids: list[int], sampling: SamplingConfig, streamer: Any = None) -> GenerationResult:
+def plain_generate(
+    target: Target, input_ids: list[int], sampling: SamplingConfig, streamer: Any = None
+) -> GenerationResult:
     """`target.model.generate` with our sampling settings; stops at every declared EOS id."""
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)

@@ -29,7 +29,9 @@ class Chat:
                 "this target's tokenizer has no chat template",
                 "pass --raw to feed the prompt as plain text, or use a tokenizer with a chat_template",
             )
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def prompt_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation (the template supplies any BOS itself)."""

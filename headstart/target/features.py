@@ -49,7 +49,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 def eagle3_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """Low/middle/high taps matching the EAGLE-3 reference (inputs of 2, L//2, L-3)."""
-    return (1, num_layers // 2 - 1, num_layers - 4) if num_layers >= 5 else (0, num_layers // 2, num_layers - 1)
+    return (
+        (1, num_layers // 2 - 1, num_layers - 4) if num_layers >= 5 else (0, num_layers // 2, num_layers - 1)
+    )
 
 
 def check_layer_ids(model: nn.Module, layer_ids: Sequence[int]) -> None:
@@ -69,7 +71,9 @@ def new_cache(model: nn.Module) -> Any:
     return DynamicCache(config=model.config)
 
 
-def tree_attention_mask(prefix_visible: torch.Tensor, tree_visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def tree_attention_mask(
+    prefix_visible: torch.Tensor, tree_visible: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """The 4D additive mask for verifying new tokens (a tree, or a chain) after a cached prefix.
 
     prefix_visible: (B, P) bool, which cached positions every new token may see (False = padding).
@@ -154,4 +158,6 @@ def capture(
         for handle in handles:
             handle.remove()
     last_hidden = taken.pop(-1)
-    return Features(logits=out.logits, last_hidden=last_hidden, layers=taken, past_key_values=out.past_key_values)
+    return Features(
+        logits=out.logits, last_hidden=last_hidden, layers=taken, past_key_values=out.past_key_values
+    )

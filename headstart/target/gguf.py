@@ -53,7 +53,11 @@ def embedded_gguf_path() -> Path:
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     """sha256 of a file, memoised next to the conversion cache by (path, size, mtime)."""
     stat = path.stat()
-    memo = cache_root() / "sha256" / hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    memo = (
+        cache_root()
+        / "sha256"
+        / hashlib.sha1(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    )
     if memo.is_file():
         return memo.read_text().strip()
     digest = hashlib.sha256()

@@ -71,7 +71,9 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
             )
         return "local", path
     if path.exists():
-        raise HeadstartError(f"{spec} is a file but not a .gguf model", "pass a model directory, a .gguf file or a Hub id")
+        raise HeadstartError(
+            f"{spec} is a file but not a .gguf model", "pass a model directory, a .gguf file or a Hub id"
+        )
     if HUB_ID.match(spec) and not spec.startswith((".", "/", "~")):
         return "hub", None
     raise HeadstartError(
@@ -104,16 +106,24 @@ def _load_model(source: str, dtype: Any, revision: str | None) -> Any:
     try:
         config = AutoConfig.from_pretrained(source, revision=revision)
     except OSError as err:
-        raise HeadstartError(f"cannot load target '{source}': {str(err).splitlines()[0]}", "check the id/path and your network or HF_TOKEN") from None
+        raise HeadstartError(
+            f"cannot load target '{source}': {str(err).splitlines()[0]}",
+            "check the id/path and your network or HF_TOKEN",
+        ) from None
     except ValueError as err:
-        raise HeadstartError(f"transformers cannot read the config of '{source}': {str(err).splitlines()[0]}", "upgrade transformers or use a supported model") from None
+        raise HeadstartError(
+            f"transformers cannot read the config of '{source}': {str(err).splitlines()[0]}",
+            "upgrade transformers or use a supported model",
+        ) from None
     if not _is_causal_lm(config):
         raise HeadstartError(
             f"'{source}' ({type(config).__name__}) is not a causal language model",
             "choose a decoder model that AutoModelForCausalLM loads (Llama, Qwen2, Mistral, Gemma, ...)",
         )
     # sdpa/eager pass a custom 4D float mask through unchanged; FlashAttention-2 would not.
-    return AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(
+        source, revision=revision, dtype=dtype, attn_implementation="sdpa"
+    )
 
 
 def _is_causal_lm(config: Any) -> bool:
@@ -131,7 +141,9 @@ def _is_causal_lm(config: Any) -> bool:
     return not declared or any(name in names for name in declared)
 
 
-def load_target(spec: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None) -> Target:
+def load_target(
+    spec: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None
+) -> Target:
     """Load and freeze the target named by `spec`; see `resolve_spec` for the accepted forms."""
     from transformers import AutoTokenizer
 
@@ -196,7 +208,9 @@ def fingerprint(target: Target, kind: str, source_hash: str | None, revision: st
 def fingerprint_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
     """Fields that differ between two fingerprints (shape fields and the weight identity)."""
     keys = ("architecture", "num_layers", "hidden_size", "vocab_size", "sha256", "name")
-    return [k for k in keys if expected.get(k) != actual.get(k) and not (k == "name" and expected.get("sha256"))]
+    return [
+        k for k in keys if expected.get(k) != actual.get(k) and not (k == "name" and expected.get("sha256"))
+    ]
 
 
 def describe(fp: dict[str, Any]) -> str:

