@@ -1,0 +1,93 @@
+"""Build a fresh head for a target from a HeadSpec, and load any saved head by its kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.heads.config import HeadConfig, HeadSpec
+from headstart.target.features import check_layer_ids, eagle3_layer_ids
+
+
+def head_class(kind: str) -> type:
+    from headstart.heads.eagle import Eagle3Head, EagleHead
+    from headstart.heads.medusa import MedusaHeads
+
+    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3Head}
+    if kind not in classes:
+        raise HeadstartError(f"unknown head kind '{kind}'", f"use one of {', '.join(classes)}")
+    return classes[kind]
+
+
+def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
+    """The checkpoint config for `spec` on `target`; checks the spec fits before any compute."""
+    vocab = target.vocab_size
+    layers: list[int] = []
+    if spec.kind == "eagle3":
+        layers = (
+            list(spec.feature_layers)
+            if spec.feature_layers is not None
+            else list(eagle3_layer_ids(target.num_layers))
+        )
+        check_layer_ids(target.model, layers)
+    elif spec.feature_layers:
+        raise HeadstartError(
+            f"head.feature_layers is only used by eagle3, not {spec.kind}", "remove head.feature_layers"
+        )
+    if spec.draft_vocab_size > vocab:
+        raise HeadstartError(
+            f"head.draft_vocab_size={spec.draft_vocab_size} exceeds the target vocabulary ({vocab})",
+            f"set head.draft_vocab_size <= {vocab} (0 = full vocabulary)",
+        )
+    if spec.draft_vocab_size and spec.kind != "eagle3":
+        raise HeadstartError(
+            f"head.draft_vocab_size is only used by eagle3, not {spec.kind}", "remove head.draft_vocab_size"
+        )
+    return HeadConfig(
+        kind=spec.kind,
+        hidden_size=target.hidden_size,
+        vocab_size=vocab,
+        target=dict(target.fingerprint),
+        target_config=target.model.config.to_dict(),
+        num_heads=spec.num_heads if spec.kind == "medusa" else 1,
+        num_layers=spec.num_layers if spec.kind == "medusa" else 1,
+        shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
+        feature_layers=layers,
+        draft_vocab_size=spec.draft_vocab_size if spec.kind == "eagle3" else vocab,
+    )
+
+
+def draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The `size` most frequent target ids (ties broken by lower id), sorted, (size,)."""
+    # A stable sort on -counts keeps lower ids first among equals: deterministic across runs.
+    order = torch.sort(-token_counts.to(torch.float64), stable=True).indices
+    return order[:size].sort().values
+
+
+def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = None, seed: int = 0) -> Any:
+    """A new head for `target`, initialised from it and bound to it (on the target's device).
+
+    token_counts (V,): how often each target token occurs in the training data; EAGLE-3 with a
+    reduced draft vocabulary needs it.
+    """
+    config = head_config(spec, target)
+    torch.manual_seed(seed)
+    head = head_class(spec.kind)(config)
+    if spec.kind == "eagle3" and config.draft_vocab_size < config.vocab_size:
+        if token_counts is None:
+            raise HeadstartError(
+                "eagle3 with a reduced draft vocabulary needs token counts", "build it from training data"
+            )
+        head.set_draft_vocab(draft_vocab(token_counts, config.draft_vocab_size))
+    head.to(device=target.device, dtype=target.dtype)
+    head.init_from_target(target.model)
+    head.bind(target.model)
+    return head
+
+
+def load_heads(path: str | Path, target: Any = None) -> Any:
+    """Load any headstart head by the kind in its config.json; with `target`, check and bind."""
+    return head_class(HeadConfig.read(path).kind).from_pretrained(path, target)

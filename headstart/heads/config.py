@@ -1,0 +1,97 @@
+"""What a head is (the recipe's `head:` section) and what its checkpoint records (config.json)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from headstart.errors import HeadstartError
+from headstart.heads.base import HEAD_KINDS
+
+FORMAT = "headstart-heads/1"
+
+
+@dataclass
+class HeadSpec:
+    """The head to train, as written in a recipe's `head:` section."""
+
+    kind: Literal["medusa", "eagle", "eagle3"] = "medusa"
+    """medusa (Medusa-1/2), eagle (EAGLE-1/2) or eagle3."""
+    num_heads: int = 3
+    """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
+    num_layers: int = 1
+    """Medusa: residual blocks `x + SiLU(Linear(x))` per head."""
+    shared_lm_head: bool = True
+    """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
+    feature_layers: list[int] | None = None
+    """EAGLE-3: three target layer ids (low, middle, high); None = the reference's taps
+    (headstart.target.eagle3_layer_ids). Ids follow headstart.target.features."""
+    draft_vocab_size: int = 0
+    """EAGLE-3: size N of the draft vocabulary (the N most frequent target tokens in the training
+    data); 0 = the full target vocabulary."""
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1:
+            raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
+        if self.num_layers < 1:
+            raise HeadstartError(
+                f"head.num_layers must be >= 1, got {self.num_layers}", "set head.num_layers=1"
+            )
+        if self.draft_vocab_size < 0:
+            raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
+        if self.feature_layers is not None and self.kind == "eagle3" and len(self.feature_layers) != 3:
+            raise HeadstartError(
+                f"head.feature_layers must name 3 layers for eagle3, got {self.feature_layers}",
+                "set head.feature_layers=[1,14,26] or leave it unset for the default taps",
+            )
+
+
+@dataclass
+class HeadConfig:
+    """A head checkpoint's config.json: its shape, the target it belongs to, how it was trained."""
+
+    kind: str
+    hidden_size: int
+    vocab_size: int
+    target: dict[str, Any]
+    """The target's fingerprint (headstart.target.load.fingerprint)."""
+    target_config: dict[str, Any]
+    """The target's transformers config (EAGLE heads build their decoder layer from it)."""
+    num_heads: int = 1
+    num_layers: int = 1
+    shared_lm_head: bool = True
+    feature_layers: list[int] = field(default_factory=list)
+    draft_vocab_size: int = 0
+    training: dict[str, Any] = field(default_factory=dict)
+    """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
+    format: str = FORMAT
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise HeadstartError(f"unknown head kind '{self.kind}'", f"use one of {', '.join(HEAD_KINDS)}")
+        if self.format != FORMAT:
+            raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
+        if not self.draft_vocab_size:
+            self.draft_vocab_size = self.vocab_size
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def read(cls, path: str | Path) -> HeadConfig:
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise HeadstartError(
+                f"no head checkpoint at {path} (config.json missing)",
+                "pass a directory written by save_pretrained",
+            )
+        data = json.loads(file.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        if "kind" not in data or not known.issuperset(data):
+            raise HeadstartError(
+                f"{file} is not a headstart head config", "pass a directory written by headstart train"
+            )
+        return cls(**data)

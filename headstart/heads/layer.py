@@ -1,0 +1,102 @@
+"""One decoder layer of the target's own architecture, for EAGLE-style heads.
+
+No modeling code is copied: the layer and rotary-embedding classes are taken from a 1-layer copy
+of the target's transformers config, instantiated on the meta device (no memory, no weights), so
+Llama, Qwen2, Mistral, Gemma, ... all work without a line of per-architecture code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headstart.errors import HeadstartError
+from headstart.target.features import decoder_layers, tree_attention_mask
+
+
+def one_layer_config(target_config: dict[str, Any]) -> Any:
+    """The target's transformers config reduced to one decoder layer, with sdpa attention
+    (sdpa passes our 4D float masks through unchanged)."""
+    from transformers import AutoConfig
+
+    data = dict(target_config)
+    model_type = data.pop("model_type", None)
+    if not model_type:
+        raise HeadstartError("head config has no target model_type", "re-create the head from its target")
+    for key in ("architectures", "transformers_version", "_name_or_path", "auto_map"):
+        data.pop(key, None)
+    data["num_hidden_layers"] = 1
+    if isinstance(data.get("layer_types"), list):
+        # Per-layer attention kinds (sliding/full) must match the layer count.
+        data["layer_types"] = data["layer_types"][:1]
+    config = AutoConfig.for_model(model_type, **data)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def layer_classes(config: Any) -> tuple[type[nn.Module], type[nn.Module], type[nn.Module]]:
+    """(decoder layer, rotary embedding, final norm) classes of the architecture, found structurally."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        base = AutoModel.from_config(config)
+    rotary = getattr(base, "rotary_emb", None)
+    if rotary is None:
+        raise HeadstartError(
+            f"{type(base).__name__} has no rotary_emb: cannot build an EAGLE head for it",
+            "use a RoPE decoder target (Llama, Qwen2, Mistral, Gemma, ...)",
+        )
+    norm = getattr(base, "norm", None)
+    if not isinstance(norm, nn.Module):
+        raise HeadstartError(f"{type(base).__name__} has no final .norm", "use a Llama-style decoder target")
+    return type(decoder_layers(base)[0]), type(rotary), type(norm)
+
+
+class DraftLayer(nn.Module):
+    """The head's single decoder layer plus its rotary embedding, callable with a KV cache."""
+
+    def __init__(self, target_config: dict[str, Any]) -> None:
+        super().__init__()
+        self.config = one_layer_config(target_config)
+        layer_cls, rotary_cls, self.norm_cls = layer_classes(self.config)
+        self.layer = layer_cls(self.config, layer_idx=0)
+        self.rotary_emb = rotary_cls(config=self.config)
+
+    def new_norm(self) -> nn.Module:
+        """A final norm of the architecture's class (EAGLE-3's own norm before its lm_head)."""
+        eps = getattr(self.config, "rms_norm_eps", 1e-6)
+        return self.norm_cls(self.config.hidden_size, eps=eps)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+    ) -> torch.Tensor:
+        """hidden (B, T, H) -> (B, T, H). Without a mask, attention is causal over the cache and
+        the new tokens; right padding is harmless because no real token attends forward."""
+        batch, steps, _ = hidden.shape
+        if attention_mask is None:
+            cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+            prefix = torch.ones(batch, cached, dtype=torch.bool, device=hidden.device)
+            causal = torch.ones(steps, steps, dtype=torch.bool, device=hidden.device).tril()
+            attention_mask = tree_attention_mask(prefix, causal, hidden.dtype)  # (B, 1, T, cached + T)
+        cos_sin = self.rotary_emb(hidden, position_ids)
+        out = self.layer(
+            hidden,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=past_key_values is not None,
+            position_embeddings=cos_sin,
+        )
+        return out[0] if isinstance(out, tuple) else out

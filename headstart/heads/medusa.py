@@ -1,0 +1,81 @@
+"""Medusa heads: K heads of residual blocks over the target's last hidden state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headstart.heads.checkpoint import HeadCheckpoint
+from headstart.heads.config import HeadConfig
+
+
+class ResBlock(nn.Module):
+    """`x + SiLU(Linear(x))`, zero-initialised so a fresh head starts as the identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(HeadCheckpoint, nn.Module):
+    """K heads; head k (1-based) reads f_t and predicts x_{t+1+k} (see headstart.heads.base).
+
+    The vocabulary projection is either one trainable copy per head (initialised from the target's
+    lm_head when built with `headstart.heads.build_head`) or the target's own lm_head, bound and
+    frozen and never saved (`shared_lm_head`).
+    """
+
+    kind = "medusa"
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_heads
+        hidden, vocab = config.hidden_size, config.vocab_size
+        # A fresh module per block and per head: `[ResBlock()] * n` would share weights.
+        self.heads = nn.ModuleList(
+            nn.Sequential(*(ResBlock(hidden) for _ in range(config.num_layers)))
+            for _ in range(config.num_heads)
+        )
+        self.lm_heads = (
+            None
+            if config.shared_lm_head
+            else nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(config.num_heads))
+        )
+        self._bound: dict[str, nn.Module] = {}
+
+    def bind(self, target_model: Any) -> None:
+        """Keep a frozen reference to the target's lm_head (used when shared; not saved)."""
+        self._bound["lm_head"] = target_model.get_output_embeddings()
+
+    def init_from_target(self, target_model: Any) -> None:
+        """Copy the target's lm_head into each own projection (the Medusa reference's init)."""
+        if self.lm_heads is not None:
+            weight = target_model.get_output_embeddings().weight
+            with torch.no_grad():
+                for proj in self.lm_heads:
+                    proj.weight.copy_(weight)
+
+    def projection(self, k: int) -> nn.Module:
+        if self.lm_heads is not None:
+            return self.lm_heads[k]
+        if "lm_head" not in self._bound:
+            from headstart.errors import HeadstartError
+
+            raise HeadstartError(
+                "Medusa heads with a shared lm_head are not bound to a target",
+                "call heads.bind(target.model)",
+            )
+        return self._bound["lm_head"]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (B, T, H) -> logits (K, B, T, V). Memory: K * B * T * V floats."""
+        return torch.stack([self.projection(k)(head(hidden)) for k, head in enumerate(self.heads)])

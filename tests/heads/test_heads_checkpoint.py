@@ -1,0 +1,86 @@
+"""save_pretrained / from_pretrained / load_heads / push_to_hub round trips and refusals."""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.heads import Eagle3Head, HeadSpec, MedusaHeads, build_head, load_heads
+
+
+def _perturb(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_round_trip_gives_identical_outputs(kind, llama_target, tmp_path):
+    counts = torch.arange(llama_target.vocab_size, dtype=torch.float32)
+    spec = HeadSpec(kind=kind, draft_vocab_size=50 if kind == "eagle3" else 0)
+    head = build_head(spec, llama_target, token_counts=counts)
+    _perturb(head)
+    head.config.training = {"data": "tiny", "steps": 3, "metrics": {"top1/step0": 0.5}}
+    path = head.save_pretrained(tmp_path / kind)
+    assert sorted(p.name for p in path.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
+    card = (path / "README.md").read_text()
+    assert "steps: 3" in card and "top1/step0 | 0.5000" in card and str(llama_target.spec) in card
+    loaded = load_heads(path, llama_target)
+    assert type(loaded) is type(head)
+    ids = torch.randint(0, llama_target.vocab_size, (1, 5))
+    hidden = torch.randn(1, 5, 64)
+    if kind == "medusa":
+        torch.testing.assert_close(loaded(hidden), head(hidden))
+    else:
+        pos = torch.arange(5)[None]
+        torch.testing.assert_close(
+            loaded.logits(loaded(hidden, ids, position_ids=pos)),
+            head.logits(head(hidden, ids, position_ids=pos)),
+        )
+    if kind == "eagle3":
+        assert torch.equal(loaded.d2t, head.d2t) and torch.equal(loaded.t2d, head.t2d)
+
+
+def test_loading_onto_another_target_names_both(llama_target, qwen2_target, tmp_path):
+    path = build_head(HeadSpec(kind="medusa"), llama_target).save_pretrained(tmp_path / "m")
+    with pytest.raises(HeadstartError) as err:
+        load_heads(path, qwen2_target)
+    assert "tiny-llama" in err.value.what and "tiny-qwen2" in err.value.what
+    with pytest.raises(HeadstartError, match="not eagle3"):
+        Eagle3Head.from_pretrained(path)
+    assert isinstance(MedusaHeads.from_pretrained(path), MedusaHeads)  # no target: no check, unbound
+
+
+def test_resave_replaces_atomically_and_bad_dirs_fail(llama_target, tmp_path):
+    head = build_head(HeadSpec(kind="medusa"), llama_target)
+    head.save_pretrained(tmp_path / "h")
+    head.config.training = {"steps": 9}
+    head.save_pretrained(tmp_path / "h")
+    assert json.loads((tmp_path / "h" / "config.json").read_text())["training"] == {"steps": 9}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h"]
+    with pytest.raises(HeadstartError, match="config.json missing"):
+        load_heads(tmp_path / "nothing")
+
+
+def test_push_to_hub_uploads_the_saved_folder(llama_target):
+    head = build_head(HeadSpec(kind="eagle"), llama_target)
+    seen = {}
+
+    def upload_folder(**kwargs):
+        from pathlib import Path
+
+        seen["files"] = sorted(p.name for p in Path(kwargs["folder_path"]).iterdir())
+        seen["repo"] = kwargs["repo_id"]
+        return mock.Mock(commit_url="https://hf.co/me/head/commit/1")
+
+    with mock.patch("huggingface_hub.HfApi") as api_cls:
+        api_cls.return_value.upload_folder.side_effect = upload_folder
+        url = head.push_to_hub("me/head", token="x")
+    api_cls.return_value.create_repo.assert_called_once()
+    assert seen == {"files": ["README.md", "config.json", "model.safetensors"], "repo": "me/head"}
+    assert url.endswith("/commit/1")

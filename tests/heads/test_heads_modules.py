@@ -1,0 +1,98 @@
+"""Head modules on tiny Llama and Qwen2 targets: shapes, contract, init, cache consistency."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.heads import DraftHead, EagleLike, HeadSpec, MedusaLike, build_head
+from headstart.target import capture, tree_attention_mask
+
+
+@pytest.fixture(params=["llama", "qwen2"])
+def target(request, llama_target, qwen2_target):
+    return {"llama": llama_target, "qwen2": qwen2_target}[request.param]
+
+
+def test_medusa_shapes_zero_init_and_distinct_blocks(target):
+    heads = build_head(HeadSpec(kind="medusa", num_heads=3, num_layers=2, shared_lm_head=False), target)
+    assert isinstance(heads, MedusaLike) and isinstance(heads, DraftHead)
+    ids = torch.randint(0, target.vocab_size, (2, 7))
+    feats = capture(target.model, ids)
+    logits = heads(feats.last_hidden)
+    assert logits.shape == (3, 2, 7, target.vocab_size)
+    # Zero-initialised blocks + lm_head copied from the target: every head starts as the target.
+    torch.testing.assert_close(logits[1], feats.logits)
+    blocks = [b.linear.weight for head in heads.heads for b in head]
+    assert len({id(w) for w in blocks}) == 6
+    # Own projections are trainable copies, not the target's tensor.
+    assert heads.lm_heads[0].weight.data_ptr() != target.model.get_output_embeddings().weight.data_ptr()
+
+
+def test_medusa_shared_lm_head_is_not_saved(target, tmp_path):
+    heads = build_head(HeadSpec(kind="medusa", num_heads=2), target)
+    assert not any("lm_head" in k for k in heads.state_dict())
+    assert sum(p.numel() for p in heads.parameters()) == 2 * (64 * 64 + 64)
+
+
+def test_eagle_head_cache_matches_full_forward(target):
+    head = build_head(HeadSpec(kind="eagle"), target)
+    assert isinstance(head, EagleLike)
+    torch.manual_seed(1)
+    hidden, ids = torch.randn(2, 6, 64), torch.randint(0, target.vocab_size, (2, 6))
+    pos = torch.arange(6).expand(2, 6)
+    full = head(head.fuse(hidden, {}), ids, position_ids=pos)
+    assert full.shape == (2, 6, 64)
+    assert head.logits(full).shape == (2, 6, target.vocab_size)
+    cache = head.new_cache()
+    first = head(hidden[:, :4], ids[:, :4], position_ids=pos[:, :4], past_key_values=cache)
+    # Two tree nodes as siblings after the prefix: each sees the prefix and itself only.
+    mask = tree_attention_mask(
+        torch.ones(2, 4, dtype=torch.bool), torch.eye(2, dtype=torch.bool), torch.float32
+    )
+    second = head(
+        hidden[:, 4:],
+        ids[:, 4:],
+        position_ids=torch.full((2, 2), 4),
+        attention_mask=mask,
+        past_key_values=cache,
+    )
+    torch.testing.assert_close(first, full[:, :4], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(second[:, 0], full[:, 4], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(second[:, 1], full[:, 5], atol=1e-3)  # node 2 did not see node 1
+
+
+def test_eagle3_draft_vocab_maps_and_fuse(target):
+    counts = torch.zeros(target.vocab_size)
+    counts[[5, 9, 40, 100, 7]] = torch.tensor([10.0, 3.0, 8.0, 1.0, 3.0])
+    head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=4), target, token_counts=counts)
+    assert head.feature_layers == (0, 1, 1)  # 2-layer target: (0, L//2, L-1)
+    assert (
+        head.d2t.dtype == torch.long
+        and head.t2d.dtype == torch.bool
+        and head.t2d.shape == (target.vocab_size,)
+    )
+    assert head.draft_ids().tolist() == [5, 7, 9, 40]  # top-4 by count, ties by lower id
+    assert head.draft_to_target(torch.arange(4)).tolist() == [5, 7, 9, 40]
+    assert head.t2d.nonzero().flatten().tolist() == [5, 7, 9, 40]
+    ids = torch.randint(0, target.vocab_size, (1, 5))
+    feats = capture(target.model, ids, layers=head.feature_layers)
+    h = head.fuse(feats.last_hidden, feats.layers)
+    g = head(h, ids, position_ids=torch.arange(5)[None])
+    assert head.logits(g).shape == (1, 5, 4)
+    # The draft lm_head starts from the target's rows for those tokens.
+    torch.testing.assert_close(
+        head.lm_head.weight, target.model.get_output_embeddings().weight[[5, 7, 9, 40]]
+    )
+
+
+def test_head_spec_that_does_not_fit_the_target_fails_before_compute(llama_target):
+    with pytest.raises(HeadstartError, match="draft_vocab_size=100000 exceeds"):
+        build_head(HeadSpec(kind="eagle3", draft_vocab_size=100000), llama_target)
+    with pytest.raises(HeadstartError, match="out of range"):
+        build_head(HeadSpec(kind="eagle3", feature_layers=[0, 1, 7]), llama_target)
+    with pytest.raises(HeadstartError, match="needs token counts"):
+        build_head(HeadSpec(kind="eagle3", draft_vocab_size=10), llama_target)
+    with pytest.raises(HeadstartError, match="3 layers"):
+        HeadSpec(kind="eagle3", feature_layers=[0, 1])
