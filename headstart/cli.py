@@ -18,6 +18,7 @@ from headstart.errors import HeadstartError
 COMMANDS = {
     "info": ("headstart.commands.info", "load a target and print its shape, load time and forward latency"),
     "generate": ("headstart.commands.generate", "generate a reply, streaming to stdout"),
+    "distill": ("headstart.commands.distill", "self-distillation: the target's own replies to prompts, as resumable shards"),
 }
 
 

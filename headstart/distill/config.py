@@ -1,0 +1,154 @@
+"""The typed configuration of `headstart distill` (recipe YAML, dotted overrides and CLI flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from headstart.errors import HeadstartError
+
+SHAPES = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text")
+Shape = Literal["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"]
+
+
+@dataclass
+class DatafreeConfig:
+    """How the target writes its own user prompts when no prompt set is given."""
+
+    temperature: float = 1.0
+    """Sampling temperature for the prompts (high: varied prompts)."""
+    top_p: float = 0.95
+    """Nucleus cut-off for the prompts (drops the long tail where garbage lives)."""
+    max_prompt_tokens: int = 96
+    """A prompt that has not ended (end-of-turn) within this many tokens is rejected as too long."""
+    min_words: int = 3
+    """Reject prompts with fewer words."""
+    max_repeat_ratio: float = 0.5
+    """Reject prompts whose word 3-grams repeat more than this fraction (loops like 'the the the')."""
+    min_text_ratio: float = 0.8
+    """Reject prompts where letters, digits, spaces and common punctuation are below this fraction."""
+    filter: bool = True
+    """Apply the length/repetition/garbage filters (dedupe always applies)."""
+    max_attempts: int = 8
+    """Sample at most max_attempts * num candidate prompts before giving up."""
+    batch_size: int = 16
+    """Candidate prompts sampled per target call."""
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise HeadstartError(
+                f"datafree.temperature must be > 0, got {self.temperature}", "use datafree.temperature=1.0"
+            )
+        if not 0 < self.top_p <= 1:
+            raise HeadstartError(
+                f"datafree.top_p must be in (0, 1], got {self.top_p}", "use datafree.top_p=0.95"
+            )
+        for name in ("max_prompt_tokens", "max_attempts", "batch_size"):
+            if getattr(self, name) < 1:
+                raise HeadstartError(
+                    f"datafree.{name} must be >= 1, got {getattr(self, name)}", f"set datafree.{name}=8"
+                )
+
+
+@dataclass
+class DistillConfig:
+    """Everything `headstart distill` needs; the settings that change the data are fixed per output dir."""
+
+    out: str = ""
+    """Output directory (created; rerunning the same command resumes it)."""
+    target: str = "smollm2"
+    """Hub id, local model directory, .gguf file, or 'smollm2' (the embedded default)."""
+    dtype: str = "float32"
+    """Target weights dtype: float32, bfloat16, float16 or auto."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto."""
+    revision: str | None = None
+    """Hub revision of the target (branch, tag or commit)."""
+    prompts: str | None = None
+    """Prompt source: a .json/.jsonl/.parquet file (optionally .gz), a local dataset directory or a Hub
+    dataset name; None = data-free (the target writes its own prompts)."""
+    split: str = "train"
+    """Dataset split, for dataset directories and Hub names."""
+    shape: Shape = "auto"
+    """Row shape: auto, sharegpt, messages, alpaca, mtbench, prompt or text."""
+    field: str | None = None
+    """Column holding the prompt or conversation (e.g. 'question' for GSM8K); None = by shape."""
+    system: str | None = None
+    """System message prepended to every conversation; None = the template's own default."""
+    num: int = 1000
+    """Number of records (conversations) wanted in the output, counting those already there."""
+    max_turns: int = 0
+    """Regenerate at most this many user turns per conversation (0 = all)."""
+    max_new_tokens: int = 256
+    """Longest reply per turn, in tokens."""
+    temperature: float = 0.0
+    """0 = greedy replies; > 0 samples."""
+    top_p: float = 1.0
+    """Nucleus sampling for replies."""
+    top_k: int = 0
+    """Top-k sampling for replies (0 = no limit)."""
+    seed: int = 0
+    """Seed for sampling (replies and data-free prompts); each batch reseeds from it."""
+    batch_size: int = 8
+    """Conversations generated together (left padding, KV cache)."""
+    max_prompt_tokens: int = 1024
+    """Skip rows whose rendered prompt is longer; later turns past it end the conversation."""
+    shard_size: int = 256
+    """Records per shard (a shard is also written after flush_seconds)."""
+    flush_seconds: float = 120.0
+    """Write a (smaller) shard at least this often so a crash loses little work."""
+    cache_features: bool = False
+    """Also store the target's hidden states for each record (offline training)."""
+    feature_layers: str = "eagle3"
+    """Layers to cache: ids like '1,14,25' (output of decoder layer i), 'eagle3', 'last', or a mix."""
+    feature_dtype: Literal["float16", "bfloat16"] = "float16"
+    """Storage dtype of cached features."""
+    max_feature_gb: float = 20.0
+    """Refuse to start when the estimated feature size exceeds this many GB."""
+    datafree: DatafreeConfig = dataclasses.field(default_factory=DatafreeConfig)
+    """Settings of the data-free prompt writer."""
+
+    def __post_init__(self) -> None:
+        if not self.out:
+            raise HeadstartError("no output directory given", "pass --out DIR (or out: DIR in the recipe)")
+        for name in ("num", "max_new_tokens", "batch_size", "max_prompt_tokens", "shard_size"):
+            if getattr(self, name) < 1:
+                raise HeadstartError(
+                    f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}",
+                    f"set {name} to a positive number",
+                )
+        if self.max_turns < 0:
+            raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
+        if self.temperature < 0:
+            raise HeadstartError(f"--temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if not 0 < self.top_p <= 1:
+            raise HeadstartError(f"--top-p must be in (0, 1], got {self.top_p}", "use --top-p 1.0")
+        if self.top_k < 0:
+            raise HeadstartError(f"--top-k must be >= 0, got {self.top_k}", "use --top-k 0")
+        if self.max_feature_gb <= 0:
+            raise HeadstartError(
+                f"--max-feature-gb must be > 0, got {self.max_feature_gb}", "use --max-feature-gb 20"
+            )
+        if self.flush_seconds <= 0:
+            raise HeadstartError(
+                f"flush_seconds must be > 0, got {self.flush_seconds}", "use flush_seconds=120"
+            )
+
+    def identity(self) -> dict[str, object]:
+        """The settings that change what a record contains: an output dir is bound to them.
+
+        num, batch_size, shard_size, flush_seconds, device and max_feature_gb may change between runs
+        (greedy replies are the same at any batch size up to float rounding).
+        """
+        keys = (
+            "prompts", "split", "shape", "field", "system", "max_turns", "max_new_tokens", "temperature",
+            "top_p", "top_k", "seed", "max_prompt_tokens", "dtype", "cache_features", "feature_dtype",
+        )  # fmt: skip
+        out: dict[str, object] = {k: getattr(self, k) for k in keys}
+        out["feature_layers"] = self.feature_layers if self.cache_features else None
+        if self.prompts is None:
+            out["datafree"] = {
+                k: getattr(self.datafree, k) for k in DatafreeConfig.__dataclass_fields__ if k != "batch_size"
+            }
+        return out

@@ -1,0 +1,194 @@
+"""`run_distill(cfg)`: prompts in, the target's own replies out, as resumable shards."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from headstart.distill.config import DistillConfig
+from headstart.distill.features import compute_features, estimate_bytes, parse_feature_layers
+from headstart.distill.masks import assistant_spans, loss_mask
+from headstart.distill.plan import Item, make_plan
+from headstart.distill.replies import Sampling, generate_batch
+from headstart.distill.sources import describe_source
+from headstart.distill.store import ShardWriter, atomic_write_bytes, done_indices, open_output
+from headstart.errors import HeadstartError
+from headstart.target import Target
+
+
+@dataclass
+class Summary:
+    records_total: int = 0
+    records_written: int = 0
+    tokens: int = 0  # all tokens of the written records (prompt + replies, template included)
+    generated_tokens: int = 0
+    replies: int = 0
+    truncated_replies: int = 0  # hit --max-new-tokens before the end-of-turn
+    retokenized: int = 0  # replies whose stored ids differ from the generated ids (text round trip)
+    wall_s: float = 0.0  # the whole run: target load, planning (data-free prompts), generation
+    generation_s: float = 0.0  # the reply loop only: what the throughput numbers divide by
+    skipped: Counter = field(default_factory=Counter)
+    exhausted: bool = False
+    datafree: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        gen = max(self.generation_s, 1e-9)
+        return {
+            "records_total": self.records_total,
+            "records_written": self.records_written,
+            "tokens": self.tokens,
+            "generated_tokens": self.generated_tokens,
+            "replies": self.replies,
+            "mean_reply_tokens": round(self.generated_tokens / self.replies, 1) if self.replies else 0.0,
+            "truncated_replies": self.truncated_replies,
+            "retokenized_replies": self.retokenized,
+            "replies_per_min": round(60 * self.replies / gen, 2),
+            "generated_tokens_per_s": round(self.generated_tokens / gen, 2),
+            "generation_s": round(self.generation_s, 2),
+            "wall_s": round(self.wall_s, 2),
+            "skipped": dict(self.skipped),
+            "source_exhausted": self.exhausted,
+            "datafree_prompts": self.datafree,
+        }
+
+
+def distill_items(
+    target: Target, items: list[Item], cfg: DistillConfig, summary: Summary
+) -> list[dict[str, Any]]:
+    """Answer every user turn of `items` turn by turn (batched across items); return records."""
+    sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+    history = [[{"role": "system", "content": it.system}] if it.system is not None else [] for it in items]
+    finished: list[list[bool]] = [[] for _ in items]
+    generated: list[list[list[int]]] = [[] for _ in items]
+    alive = [True] * len(items)
+    turns = max(len(it.conversation.turns) for it in items)
+    for turn in range(min(turns, cfg.max_turns or turns)):
+        rows, prompts = [], []
+        for j, item in enumerate(items):
+            if not alive[j] or turn >= len(item.conversation.turns):
+                continue
+            messages = history[j] + [{"role": "user", "content": item.conversation.turns[turn]}]
+            ids = target.chat.prompt_ids(messages)
+            if len(ids) > cfg.max_prompt_tokens:  # earlier turns stay; the conversation ends here
+                alive[j] = False
+                summary.skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
+                continue
+            rows.append(j)
+            prompts.append(ids)
+        if not rows:
+            break
+        # Seed from the first item's index and the turn: a resumed run regenerates the same batch.
+        replies = generate_batch(
+            target, prompts, sampling, seed=cfg.seed * 1_000_003 + items[rows[0]].index * 131 + turn
+        )
+        for j, reply in zip(rows, replies, strict=True):
+            text = target.tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+            history[j] += [
+                {"role": "user", "content": items[j].conversation.turns[turn]},
+                {"role": "assistant", "content": text},
+            ]
+            finished[j].append(reply.finished)
+            generated[j].append(reply.token_ids)
+            summary.generated_tokens += len(reply.token_ids) + int(reply.finished)
+            summary.replies += 1
+            summary.truncated_replies += int(not reply.finished)
+    settings = sampling.as_dict() | {"seed": cfg.seed, "system": cfg.system, "max_turns": cfg.max_turns}
+    records = []
+    for j, item in enumerate(items):
+        ids, spans = assistant_spans(target.chat, history[j], target.eos_token_ids)
+        mask = loss_mask(len(ids), spans)
+        for (begin, end), reply_ids in zip(spans, generated[j], strict=True):
+            # The record holds the rendered conversation; count replies whose decoded text
+            # re-encodes to other ids than the target generated (e.g. a reply cut mid-character).
+            summary.retokenized += int(
+                ids[begin : begin + len(reply_ids)] != reply_ids or end - begin != len(reply_ids) + 1
+            )
+        records.append(
+            {
+                "index": item.index,
+                "source_id": item.source_id,
+                "messages": history[j],
+                "input_ids": ids,
+                "loss_mask": mask,
+                "turns_finished": finished[j],
+                "reply_tokens": sum(mask),
+                "settings": settings,
+                "fingerprint": target.fingerprint,
+            }
+        )
+    return records
+
+
+def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Distill until `cfg.out` holds `cfg.num` records (resuming what is there); return the summary."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    if target is None:
+        from headstart.target import load_target
+
+        target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
+    context = getattr(target.config, "max_position_embeddings", None)
+    if context and cfg.max_prompt_tokens + cfg.max_new_tokens > context:
+        raise HeadstartError(
+            f"--max-prompt-tokens {cfg.max_prompt_tokens} + --max-new-tokens {cfg.max_new_tokens} exceeds the target's context ({context})",
+            f"lower them so that they sum to at most {context}",
+        )
+    names = parse_feature_layers(cfg.feature_layers, target.num_layers) if cfg.cache_features else None
+    settings = cfg.identity() | {"prompts": describe_source(cfg.prompts) if cfg.prompts else None}
+    open_output(cfg.out, {"fingerprint": target.fingerprint, "settings": settings, "feature_layers": names})
+    done = done_indices(cfg.out)
+    plan = make_plan(target, cfg, done, quiet)
+    summary = Summary(skipped=plan.skipped, exhausted=plan.exhausted, datafree=plan.datafree)
+    if names and plan.todo:
+        turns = sum(min(len(i.conversation.turns), cfg.max_turns or 10**9) for i in plan.todo) / len(
+            plan.todo
+        )
+        per_record = sum(i.prompt_tokens for i in plan.todo) / len(plan.todo) + turns * (
+            cfg.max_new_tokens + 8
+        )
+        size_gb = (
+            estimate_bytes(len(plan.todo), per_record, target.hidden_size, len(names), cfg.feature_dtype)
+            / 1e9
+        )
+        print(
+            f"feature cache: {len(names)} layers {names}, estimated {size_gb:.2f} GB (replies at full length; cap {cfg.max_feature_gb} GB)",
+            file=sys.stderr,
+        )
+        if size_gb > cfg.max_feature_gb:
+            raise HeadstartError(
+                f"the feature cache would take ~{size_gb:.1f} GB, over --max-feature-gb {cfg.max_feature_gb}",
+                "raise --max-feature-gb, cache fewer layers, or lower --num",
+            )
+    writer = ShardWriter(cfg.out)
+    bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
+    gen_start, last_flush = time.perf_counter(), time.perf_counter()
+    for at in range(0, len(plan.todo), cfg.batch_size):
+        records = distill_items(target, plan.todo[at : at + cfg.batch_size], cfg, summary)
+        feats = (
+            compute_features(target, [r["input_ids"] for r in records], names, cfg.feature_dtype)
+            if names
+            else [None] * len(records)
+        )
+        for record, feat in zip(records, feats, strict=True):
+            writer.add(record, feat)
+            summary.tokens += len(record["input_ids"])
+        if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
+            writer.flush()
+            last_flush = time.perf_counter()
+        bar.update(len(records))
+        bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
+    writer.flush()
+    bar.close()
+    summary.generation_s = time.perf_counter() - gen_start
+    summary.records_written = writer.written
+    summary.records_total = len(done) + writer.written
+    summary.wall_s = time.perf_counter() - start
+    result = summary.as_dict()
+    atomic_write_bytes(Path(cfg.out) / "summary.json", json.dumps(result, indent=2).encode())
+    return result

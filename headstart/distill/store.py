@@ -1,0 +1,186 @@
+"""The on-disk layout of a distilled data set: append-only shards, a meta file, resume state.
+
+    OUT/distill_meta.json              fingerprint of the target + the settings that shaped the data
+    OUT/data/shard-00000.jsonl         records (one JSON object per line), readable by `datasets`
+    OUT/features/shard-00000.safetensors  optional cached hidden states, keys "<index>/<layer>"
+
+Every file is written under a temporary name starting with "." and renamed into place, so a reader
+(or a resumed run) never sees half a shard. The features file of a shard is renamed BEFORE its
+records: a records shard on disk is the commit point, and an orphaned features file left by a
+crash is simply overwritten when that shard number is written again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+
+META = "distill_meta.json"
+FORMAT_VERSION = 1
+
+
+def data_dir(out: str | Path) -> Path:
+    return Path(out) / "data"
+
+
+def features_dir(out: str | Path) -> Path:
+    return Path(out) / "features"
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write `payload` to a hidden temp file in the same directory, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())  # cost: a disk sync per shard, so the rename publishes real bytes
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_meta(out: str | Path) -> dict[str, Any]:
+    """The meta of a distilled output directory: fingerprint, settings, feature layers."""
+    path = Path(out) / META
+    if not path.is_file():
+        raise HeadstartError(
+            f"{out} is not a distilled data set (no {META})", "run `headstart distill --out DIR` first"
+        )
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise HeadstartError(
+            f"cannot read {path}: {err}", "the file is damaged; distill into a new --out"
+        ) from None
+
+
+def shard_paths(out: str | Path) -> list[Path]:
+    return sorted(data_dir(out).glob("shard-*.jsonl"))
+
+
+def done_indices(out: str | Path) -> set[int]:
+    """Prompt indices already written (a resumed run skips them)."""
+    done: set[int] = set()
+    for path in shard_paths(out):
+        with path.open(encoding="utf-8") as handle:
+            for line in handle:
+                done.add(int(json.loads(line)["index"]))
+    return done
+
+
+class ShardWriter:
+    """Buffers records (and their features) and publishes them as numbered, atomically written shards."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = Path(out)
+        numbers = [int(p.stem.split("-")[1]) for p in shard_paths(out)]
+        self.next_number = max(numbers, default=-1) + 1
+        self.records: list[dict[str, Any]] = []
+        self.features: dict[str, Any] = {}  # "<index>/<layer>" -> (T, H) tensor
+        self.written = 0
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def add(self, record: dict[str, Any], features: dict[str, Any] | None = None) -> None:
+        name = f"shard-{self.next_number:05d}"
+        if features:
+            record["features_file"] = f"features/{name}.safetensors"
+            self.features.update({f"{record['index']}/{k}": v for k, v in features.items()})
+        self.records.append(record)
+
+    def flush(self) -> None:
+        """Publish the buffered records as the next shard (no-op when empty)."""
+        if not self.records:
+            return
+        name = f"shard-{self.next_number:05d}"
+        if self.features:
+            from safetensors.torch import save
+
+            payload = save(
+                {k: v.contiguous() for k, v in self.features.items()},
+                metadata={"format": "headstart-features"},
+            )
+            atomic_write_bytes(features_dir(self.out) / f"{name}.safetensors", payload)
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.records)
+        atomic_write_bytes(data_dir(self.out) / f"{name}.jsonl", lines.encode("utf-8"))
+        self.written += len(self.records)
+        self.records, self.features = [], {}
+        self.next_number += 1
+
+
+def load_distilled(out: str | Path) -> Any:
+    """The records of a distilled output directory as a `datasets.Dataset`.
+
+    Columns: index, messages, input_ids, loss_mask, turns_finished, reply_tokens, settings,
+    fingerprint (+ features_file when features were cached).
+    """
+    import datasets
+
+    read_meta(out)
+    files = [str(p) for p in shard_paths(out)]
+    if not files:
+        raise HeadstartError(
+            f"{out} holds no records yet", "run `headstart distill` on it to completion (or resume it)"
+        )
+    return datasets.load_dataset("json", data_files=files, split="train")
+
+
+def load_features(out: str | Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The cached hidden states of one record: layer name ('layer<i>' or 'last') -> (T, H) tensor."""
+    from safetensors import safe_open
+
+    if not record.get("features_file"):
+        raise HeadstartError("this record has no cached features", "distill with --cache-features")
+    prefix = f"{record['index']}/"
+    with safe_open(str(Path(out) / record["features_file"]), framework="pt") as handle:
+        return {k[len(prefix) :]: handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)}
+
+
+def open_output(out: str | Path, meta: dict[str, Any]) -> None:
+    """Create `out` with `meta`, or check that an existing `out` was made with the same target and settings.
+
+    `meta` holds `fingerprint`, `settings` (DistillConfig.identity()) and `feature_layers`; mixing
+    records of two targets or two settings in one data set would silently poison training.
+    """
+    from headstart.target import describe, fingerprint_mismatch
+
+    out = Path(out)
+    meta = json.loads(json.dumps({"format_version": FORMAT_VERSION, **meta}))  # tuples -> lists, as on disk
+    if not (out / META).is_file():
+        if out.exists() and any(out.iterdir()):
+            raise HeadstartError(
+                f"{out} exists, is not empty and is not a distill output", "choose a new or empty --out"
+            )
+        atomic_write_bytes(out / META, json.dumps(meta, indent=2).encode())
+        return
+    old = read_meta(out)
+    bad = fingerprint_mismatch(old.get("fingerprint", {}), meta["fingerprint"])
+    if bad:
+        raise HeadstartError(
+            f"{out} was distilled from another target ({', '.join(bad)} differ: {describe(old.get('fingerprint', {}))})",
+            "use a new --out for this target, or the --target that made this one",
+        )
+    for key in ("settings", "feature_layers"):
+        before, now = old.get(key) or {}, meta.get(key) or {}
+        if key == "feature_layers" and before != now:
+            raise HeadstartError(
+                f"{out} caches feature layers {before}, this run asks for {now}",
+                "use the same --feature-layers or a new --out",
+            )
+        if key == "settings":
+            diff = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            if diff:
+                shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in diff)
+                raise HeadstartError(
+                    f"{out} was made with other settings ({shown})",
+                    "rerun with the original settings, or use a new --out",
+                )
