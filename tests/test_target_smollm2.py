@@ -43,7 +43,14 @@ def test_tree_forward_matches_sequential_on_smollm2(smollm2):
     forward(model, prefix, past_key_values=cache)
     mask = tree_attention_mask(torch.ones(1, p, dtype=torch.bool), anc, smollm2.dtype)
     depth = anc.sum(-1) - 1
-    tree = capture(model, tokens, attention_mask=mask, position_ids=(p + depth)[None], past_key_values=cache, layers=[1, 14])
+    tree = capture(
+        model,
+        tokens,
+        attention_mask=mask,
+        position_ids=(p + depth)[None],
+        past_key_values=cache,
+        layers=[1, 14],
+    )
     for node in range(6):
         path = [j for j in range(6) if anc[node, j]]
         ref = model(torch.cat([prefix, tokens[:, path]], dim=1), output_hidden_states=True)

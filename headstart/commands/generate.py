@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     sampling = sampling_from_args(args)
     target = load_target_from_args(args)
     ids = prompt_ids(target, args.prompt, args.raw)
-    streamer = None if args.json else TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    streamer = (
+        None if args.json else TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    )
     result = plain_generate(target, ids, sampling, streamer=streamer)
     stats = {
         "new_tokens": result.new_tokens,
