@@ -19,6 +19,7 @@ COMMANDS = {
     "info": ("headstart.commands.info", "load a target and print its shape, load time and forward latency"),
     "generate": ("headstart.commands.generate", "generate a reply, streaming to stdout"),
     "distill": ("headstart.commands.distill", "self-distillation: the target's own replies to prompts, as resumable shards"),
+    "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
 }
 
 

@@ -1,0 +1,112 @@
+"""report.json, report.md and PNG plots of a bench run."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from headstart.bench.runner import Record, summarise
+
+
+def build_report(config: dict[str, Any], records: list[Record], greedy: bool) -> dict[str, Any]:
+    categories = sorted({r.category for r in records})
+    return {
+        "config": config,
+        "methods": summarise(records, greedy),
+        "by_category": {c: summarise([r for r in records if r.category == c], greedy) for c in categories},
+        "accept_length_histogram": {
+            name: dict(
+                sorted(Counter(n for r in records if r.method == name for n in r.accept_lengths).items())
+            )
+            for name in dict.fromkeys(r.method for r in records)
+            if name.startswith("headstart:")
+        },
+    }
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    cfg = report["config"]
+    lines = [
+        f"# headstart bench: {cfg['target']} on {cfg['questions']}",
+        "",
+        f"{cfg['num_prompts']} prompts, max_new_tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
+        f"{cfg['device']} {cfg['dtype']}, {cfg['threads']} threads. tau = mean tokens committed per target "
+        "forward, bonus token included; speedup vs vanilla in the same run.",
+        "",
+    ]
+    header = "| category | method | tokens/s | speedup | tau | tokens/forward | identical |"
+    rule = "|---|---|---:|---:|---:|---:|---:|"
+    lines += [header, rule]
+    sections = [("**all**", report["methods"])] + list(report["by_category"].items())
+    for category, methods in sections:
+        for name, m in methods.items():
+            lines.append(
+                f"| {category} | {name} | {_fmt(m['tokens_per_s'])} | {_fmt(m['speedup'])} | {_fmt(m['tau'])} "
+                f"| {_fmt(m['tokens_per_forward'])} | {_fmt(m['identical_fraction'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def plot(report: dict[str, Any], out: Path) -> list[Path]:
+    """speedup_by_category.png and accept_lengths.png (matplotlib, headless)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    categories = list(report["by_category"])
+    methods = [m for m in report["methods"] if m != "vanilla"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories)), 4))
+    width = 0.8 / max(1, len(methods))
+    for i, name in enumerate(methods):
+        values = [report["by_category"][c].get(name, {}).get("speedup") or 0 for c in categories]
+        ax.bar([x + i * width for x in range(len(categories))], values, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(
+        [x + width * (len(methods) - 1) / 2 for x in range(len(categories))], categories, rotation=30
+    )
+    ax.set_ylabel("speed-up vs vanilla")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "speedup_by_category.png")
+    fig.savefig(paths[-1], dpi=100)
+    plt.close(fig)
+    hist = report["accept_length_histogram"]
+    if hist:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, counts in hist.items():
+            total = sum(counts.values()) or 1
+            ax.plot(list(counts), [v / total for v in counts.values()], marker="o", label=name)
+        ax.set_xlabel("tokens committed per target forward (bonus included)")
+        ax.set_ylabel("fraction of steps")
+        ax.legend()
+        fig.tight_layout()
+        paths.append(out / "accept_lengths.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "report.json", json.dumps(report, indent=2))
+    _atomic_write(out / "report.md", markdown(report))
+    plot(report, out)

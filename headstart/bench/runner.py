@@ -1,0 +1,105 @@
+"""Run several decoding methods over the same prompts, interleaved prompt by prompt.
+
+Interleaving (every method on prompt 1, then every method on prompt 2, ...) exposes all methods to
+the same machine noise, so ratios measured in one run are meaningful on a shared CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from headstart.bench.methods import Method, Run
+from headstart.bench.questions import Question
+
+
+@dataclass
+class Record:
+    question_id: str
+    category: str
+    method: str
+    token_ids: list[int]
+    new_tokens: int
+    target_forwards: int
+    wall_s: float
+    accept_lengths: list[int]
+
+    @classmethod
+    def of(cls, question: Question, method: str, run: Run) -> Record:
+        return cls(
+            question.question_id,
+            question.category,
+            method,
+            run.token_ids,
+            len(run.token_ids),
+            run.target_forwards,
+            run.wall_s,
+            run.accept_lengths,
+        )
+
+
+def run_bench(
+    methods: dict[str, Method],
+    questions: list[Question],
+    prompt_ids: dict[str, list[int]],
+    outputs: Path,
+    warmup: int = 1,
+) -> list[Record]:
+    """Warm every method up, then measure each prompt with every method; append to `outputs`."""
+    for question in questions[:warmup]:
+        for method in methods.values():
+            method(prompt_ids[question.question_id][:64])
+    records: list[Record] = []
+    outputs.parent.mkdir(parents=True, exist_ok=True)
+    tmp = outputs.with_name(outputs.name + ".partial")
+    started = time.perf_counter()
+    with tmp.open("w") as handle, tqdm(total=len(questions) * len(methods), desc="bench", unit="run") as bar:
+        for index, question in enumerate(questions):
+            for name, method in methods.items():
+                bar.set_postfix_str(f"{name} q{question.question_id}")
+                record = Record.of(question, name, method(prompt_ids[question.question_id]))
+                records.append(record)
+                handle.write(json.dumps(record.__dict__) + "\n")
+                handle.flush()
+                bar.update(1)
+            if index == 0 and len(questions) > 1:
+                per_prompt = time.perf_counter() - started
+                bar.write(f"estimated time: ~{per_prompt * (len(questions) - 1) / 60:.1f} min more")
+    tmp.replace(outputs)  # complete file only once every prompt ran
+    return records
+
+
+def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
+    """Per-method figures: tokens/s, speedup vs vanilla, tau, identical_fraction, totals."""
+    by_method: dict[str, list[Record]] = {}
+    for record in records:
+        by_method.setdefault(record.method, []).append(record)
+    reference = {r.question_id: r.token_ids for r in by_method.get("vanilla", [])}
+    summary: dict[str, Any] = {}
+    for name, rows in by_method.items():
+        new = sum(r.new_tokens for r in rows)
+        wall = sum(r.wall_s for r in rows)
+        forwards = sum(r.target_forwards for r in rows)
+        speculative = name.startswith("headstart:")
+        same = [r.token_ids == reference[r.question_id] for r in rows if r.question_id in reference]
+        summary[name] = {
+            "tokens_per_s": new / wall if wall else 0.0,
+            "speedup": None,
+            # tau: mean tokens committed per target forward, bonus token included (heads only)
+            "tau": new / forwards if speculative and forwards else None,
+            "tokens_per_forward": new / forwards if forwards else None,
+            "identical_fraction": (sum(same) / len(same)) if greedy and same else None,
+            "new_tokens": new,
+            "target_forwards": forwards,
+            "wall_s": wall,
+            "prompts": len(rows),
+        }
+    base = summary.get("vanilla", {}).get("tokens_per_s")
+    for figures in summary.values():
+        figures["speedup"] = figures["tokens_per_s"] / base if base else None
+    return summary

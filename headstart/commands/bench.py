@@ -1,0 +1,100 @@
+"""`headstart bench`: vanilla, PLD and headstart heads on the same prompts, interleaved."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from headstart.commands.common import add_target_arguments, load_target_from_args
+from headstart.errors import HeadstartError
+
+BASELINES = ("vanilla", "pld")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--heads",
+        action="append",
+        default=[],
+        metavar="[LABEL=]DIR_OR_HUB_ID",
+        help="trained heads to measure as headstart:LABEL (repeatable; LABEL defaults to the directory name)",
+    )
+    parser.add_argument(
+        "--questions",
+        required=True,
+        help="JSONL (MT-bench/Spec-Bench turns, HumanEval prompt, prompt/text) or a name: mt_bench, humaneval",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="first N questions only")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--baselines",
+        default="vanilla,pld",
+        help=f"comma list from {','.join(BASELINES)} (vanilla is always run)",
+    )
+    parser.add_argument(
+        "--tree", default=None, help="tree for the heads (default: the tuned tree stored with them)"
+    )
+    parser.add_argument("--warmup", type=int, default=1, help="prompts used to warm every method up")
+    parser.add_argument(
+        "--output", required=True, help="directory for report.json, report.md, outputs.jsonl, plots"
+    )
+
+
+def _baselines(spec: str) -> list[str]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise HeadstartError(f"unknown baseline(s) {unknown}", f"choose from {','.join(BASELINES)}")
+    return ["vanilla"] + [n for n in names if n != "vanilla"]
+
+
+def _label(spec: str) -> tuple[str, str]:
+    label, sep, path = spec.partition("=")
+    if sep and label and path:
+        return label, path
+    return Path(spec.rstrip("/")).name or spec, spec
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from headstart.bench import methods as bench_methods
+    from headstart.bench.questions import load_questions
+    from headstart.bench.report import build_report, write_report
+    from headstart.bench.runner import run_bench
+    from headstart.inference.plain import SamplingConfig
+
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
+    )
+    baselines = _baselines(args.baselines)
+    questions = load_questions(args.questions, limit=args.limit)
+    target = load_target_from_args(args)
+    torch.manual_seed(args.seed)
+    methods = {"vanilla": bench_methods.vanilla(target, sampling)}
+    if "pld" in baselines:
+        methods["pld"] = bench_methods.pld(target, sampling)
+    for spec in args.heads:
+        label, path = _label(spec)
+        methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=args.tree)
+    prompt_ids = {q.question_id: target.chat.user_prompt_ids(q.turns[0]) for q in questions}
+    out = Path(args.output)
+    records = run_bench(methods, questions, prompt_ids, out / "outputs.jsonl", warmup=args.warmup)
+    config = {
+        "target": args.target,
+        "questions": args.questions,
+        "num_prompts": len(questions),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "heads": {name: spec for name, spec in zip(list(methods)[len(baselines) :], args.heads, strict=True)},
+    }
+    report = build_report(config, records, greedy=sampling.greedy)
+    write_report(report, out)
+    print((out / "report.md").read_text())
+    return 0
