@@ -1,0 +1,225 @@
+"""`run_distill` end to end on a tiny random target: every shape, resume, refusal, bad input, features."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headstart.distill import load_distilled, load_features, read_meta
+from headstart.distill.pipeline import run_distill
+from headstart.errors import HeadstartError
+
+SHAPED_ROWS = {
+    "sharegpt": [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "x"},
+                {"from": "human", "value": "Again"},
+            ],
+        }
+    ],
+    "messages": [{"messages": [{"role": "system", "content": "Sys"}, {"role": "user", "content": "Hi"}]}],
+    "alpaca": [{"instruction": "Add", "input": "1 2", "output": "3"}],
+    "mtbench": [{"question_id": 81, "turns": ["One", "Two"]}],
+    "prompt": [{"prompt": "Hi"}],
+    "text": [{"text": "Hi"}],
+}
+
+
+def _write(path, rows):
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def _check_records(target, out, expected_turns):
+    data = load_distilled(out)
+    eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for row in data:
+        assert row["fingerprint"] == target.fingerprint
+        assert row["settings"]["max_new_tokens"] == 6
+        ids, mask = row["input_ids"], row["loss_mask"]
+        assert ids == target.chat.prompt_ids(row["messages"], add_generation_prompt=False) and len(
+            mask
+        ) == len(ids)
+        # every masked run ends with the end-of-turn token; one run per assistant turn
+        ends = [i for i in range(len(ids)) if mask[i] and (i + 1 == len(ids) or not mask[i + 1])]
+        assert all(ids[i] == eos for i in ends) and len(ends) == expected_turns
+        assert [m["role"] for m in row["messages"] if m["role"] != "system"] == [
+            "user",
+            "assistant",
+        ] * expected_turns
+    return data
+
+
+@pytest.mark.parametrize(
+    ("shape", "suffix", "turns"),
+    [
+        ("sharegpt", ".json", 2),
+        ("messages", ".jsonl", 1),
+        ("alpaca", ".parquet", 1),
+        ("mtbench", ".jsonl", 2),
+        ("prompt", ".json", 1),
+        ("text", ".parquet", 1),
+    ],
+)
+def test_every_shape_end_to_end(distill_target, make_cfg, tmp_path, shape, suffix, turns):
+    source = _write(tmp_path / f"p{suffix}", SHAPED_ROWS[shape] * 2)
+    summary = run_distill(make_cfg(prompts=source, num=2), target=distill_target, quiet=True)
+    assert summary["records_total"] == 2 and summary["replies"] == 2 * turns
+    data = _check_records(distill_target, str(tmp_path / "out"), turns)
+    if shape == "messages":
+        assert data[0]["messages"][0] == {"role": "system", "content": "Sys"}
+    if shape == "mtbench":
+        assert data[0]["source_id"] == "81"
+
+
+def test_resume_after_a_crash_gives_the_same_records(distill_target, make_cfg, tmp_path, monkeypatch):
+    import headstart.distill.pipeline as pipeline
+
+    source = _write(tmp_path / "p.jsonl", [{"prompt": f"question {i}"} for i in range(7)])
+    clean = make_cfg(prompts=source, num=7, out=str(tmp_path / "clean"))
+    run_distill(clean, target=distill_target, quiet=True)
+    real, calls = pipeline.generate_batch, {"n": 0}
+
+    def crashing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "generate_batch", crashing)
+    cfg = make_cfg(prompts=source, num=7)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_distill(cfg, target=distill_target, quiet=True)
+    assert len(load_distilled(cfg.out)) == 4  # two published shards of two records
+    monkeypatch.setattr(pipeline, "generate_batch", real)
+    summary = run_distill(cfg, target=distill_target, quiet=True)
+    assert summary["records_written"] == 3 and summary["records_total"] == 7
+    resumed = sorted(load_distilled(cfg.out), key=lambda r: r["index"])
+    reference = sorted(load_distilled(clean.out), key=lambda r: r["index"])
+    assert [r["index"] for r in resumed] == list(range(7))
+    assert [r["input_ids"] for r in resumed] == [r["input_ids"] for r in reference]
+    # nothing left to do: a rerun writes nothing
+    assert run_distill(cfg, target=distill_target, quiet=True)["records_written"] == 0
+
+
+def test_a_failed_rename_leaves_no_visible_shard(distill_target, make_cfg, tmp_path, monkeypatch):
+    import headstart.distill.store as store
+
+    source = _write(tmp_path / "p.jsonl", [{"prompt": "hi"}] * 2)
+    cfg = make_cfg(prompts=source, num=2)
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    run_distill(make_cfg(prompts=source, num=1), target=distill_target, quiet=True)  # meta + first shard
+    monkeypatch.setattr(store.os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        run_distill(cfg, target=distill_target, quiet=True)
+    assert sorted(p.name for p in (tmp_path / "out" / "data").iterdir()) == ["shard-00000.jsonl"]
+
+
+def test_output_of_another_target_or_settings_is_refused(distill_target, make_cfg, tmp_path):
+    from tiny import make_target_dir
+
+    from headstart.target import load_target
+
+    source = _write(tmp_path / "p.jsonl", [{"prompt": "hi"}] * 3)
+    run_distill(make_cfg(prompts=source, num=1), target=distill_target, quiet=True)
+    with pytest.raises(HeadstartError, match="other settings.*max_new_tokens"):
+        run_distill(make_cfg(prompts=source, num=2, max_new_tokens=7), target=distill_target, quiet=True)
+    other = load_target(
+        str(make_target_dir(tmp_path / "other", "llama", seed=3, hidden_size=32, intermediate_size=64))
+    )
+    with pytest.raises(HeadstartError, match="another target"):
+        run_distill(make_cfg(prompts=source, num=2), target=other, quiet=True)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "file").write_text("x")
+    with pytest.raises(HeadstartError, match="not a distill output"):
+        run_distill(make_cfg(prompts=source, out=str(tmp_path / "junk")), target=distill_target, quiet=True)
+    # more records with the same settings are fine (num and batch size are not settings of the data)
+    assert (
+        run_distill(make_cfg(prompts=source, num=3, batch_size=1), target=distill_target, quiet=True)[
+            "records_total"
+        ]
+        == 3
+    )
+
+
+def test_bad_rows_are_skipped_and_counted(distill_target, make_cfg, tmp_path):
+    rows = [
+        '{"prompt": "fine"}',
+        "{oops",
+        '{"prompt": ""}',
+        '{"prompt": 7}',
+        '{"weird": 1}',
+        json.dumps({"prompt": "long " * 200}),
+        '{"turns": ["short", "' + "x" * 300 + '"]}',
+    ]
+    source = tmp_path / "p.jsonl"
+    source.write_text("\n".join(rows) + "\n")
+    summary = run_distill(
+        make_cfg(prompts=str(source), num=10, max_prompt_tokens=120), target=distill_target, quiet=True
+    )
+    assert summary["records_total"] == 2 and summary["source_exhausted"]
+    assert summary["skipped"] == {
+        "malformed JSON line": 1,
+        "empty turn": 1,
+        "non-string turn": 1,
+        "unknown row shape": 1,
+        "too long for --max-prompt-tokens": 1,
+        "later turns past --max-prompt-tokens (conversation cut)": 1,
+    }
+    (tmp_path / "none.jsonl").write_text('{"prompt": ""}\n{"x": 1}\n')
+    with pytest.raises(HeadstartError, match="no usable row"):
+        run_distill(
+            make_cfg(prompts=str(tmp_path / "none.jsonl"), out=str(tmp_path / "o2")),
+            target=distill_target,
+            quiet=True,
+        )
+
+
+def test_cached_features_match_a_direct_forward(distill_target, make_cfg, tmp_path):
+    import torch
+
+    from headstart.target import forward
+
+    source = _write(
+        tmp_path / "p.jsonl", [{"prompt": "hi"}, {"prompt": "a longer question here"}, {"prompt": "third"}]
+    )
+    cfg = make_cfg(
+        prompts=source, num=3, cache_features=True, feature_layers="0,last", feature_dtype="float16"
+    )
+    run_distill(cfg, target=distill_target, quiet=True)
+    assert read_meta(cfg.out)["feature_layers"] == ["layer0", "last"]
+    for row in load_distilled(cfg.out):
+        feats = load_features(cfg.out, row)
+        ref = forward(distill_target.model, torch.tensor([row["input_ids"]]), layers=[0])
+        assert feats["layer0"].dtype == torch.float16 and feats["layer0"].shape == (len(row["input_ids"]), 64)
+        torch.testing.assert_close(feats["layer0"].float(), ref.layers[0][0], rtol=1e-3, atol=2e-3)
+        torch.testing.assert_close(feats["last"].float(), ref.last_hidden[0], rtol=1e-3, atol=2e-3)
+    with pytest.raises(HeadstartError, match="max-feature-gb"):
+        run_distill(
+            make_cfg(
+                prompts=source, num=3, out=str(tmp_path / "o2"), cache_features=True, max_feature_gb=1e-9
+            ),
+            target=distill_target,
+            quiet=True,
+        )
+    with pytest.raises(HeadstartError, match="out of range"):
+        run_distill(
+            make_cfg(prompts=source, out=str(tmp_path / "o3"), cache_features=True, feature_layers="5"),
+            target=distill_target,
+            quiet=True,
+        )
