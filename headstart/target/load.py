@@ -191,7 +191,9 @@ def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
 def fingerprint(target: Target, kind: str, source_hash: str | None, revision: str | None) -> dict[str, Any]:
     """What identifies the target for data and heads: name, revision or file hash, shapes."""
     config = target.model.config
-    commit = getattr(config, "_commit_hash", None)
+    commit = getattr(config, "_commit_hash", None) or (
+        _hub_commit(target.spec, revision) if kind == "hub" else None
+    )
     return {
         "name": target.spec if kind in ("embedded", "hub") else str(Path(target.spec).resolve()),
         "kind": kind,
@@ -203,6 +205,17 @@ def fingerprint(target: Target, kind: str, source_hash: str | None, revision: st
         "hidden_size": target.hidden_size,
         "vocab_size": target.vocab_size,
     }
+
+
+def _hub_commit(repo_id: str, revision: str | None) -> str | None:
+    """The snapshot commit a Hub load resolved to (huggingface_hub cache: .../snapshots/<commit>/)."""
+    from transformers.utils import cached_file
+
+    try:
+        path = Path(cached_file(repo_id, "config.json", revision=revision))
+    except OSError:
+        return None
+    return path.parent.name if path.parent.parent.name == "snapshots" else None
 
 
 def fingerprint_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
