@@ -1,0 +1,65 @@
+"""KV-cache surgery on transformers' DynamicCache: keep only accepted tree nodes, drop rows.
+
+Every layer holds keys/values of shape (B, kv_heads, S, D). After verifying an n-node tree the
+cache ends with n tree entries; `keep_entries` gathers the accepted path's entries into place and
+drops the rest, so the cache never holds rejected branches. Rows of a batch accept different
+path lengths: shorter rows get repeated entries that the caller masks out (`visible` is False),
+which keeps the cache one rectangular tensor per layer (no per-row Python loops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+
+
+def _layers(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise HeadstartError(f"unsupported KV cache {type(cache).__name__} (no .layers)", "use transformers >= 4.56 (DynamicCache)")
+    return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
+
+
+def cache_length(cache: Any) -> int:
+    """Entries per row (the same for every layer)."""
+    layers = _layers(cache)
+    return int(layers[0].keys.shape[-2]) if layers else 0
+
+
+def check_tree_compatible(cache: Any) -> None:
+    """Sliding-window layers drop old entries on update, which breaks entry gathering."""
+    if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
+        raise HeadstartError(
+            "this target uses sliding-window attention layers, which the tree verifier does not support",
+            "use --no-heads for plain decoding with this target",
+        )
+
+
+def truncate(cache: Any, length: int) -> None:
+    """Keep the first `length` entries of every layer (in place)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, :length]
+        layer.values = layer.values[:, :, :length]
+
+
+def keep_entries(cache: Any, start: int, keep: torch.Tensor) -> None:
+    """Entries start + keep[b, j] move to start + j; everything after start + A is dropped.
+
+    keep: (B, A) long offsets into the entries appended after `start` (in place, one gather per
+    layer; the cache shrinks to start + A entries)."""
+    for layer in _layers(cache):
+        index = keep[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+        kept_k = layer.keys[:, :, start:].gather(2, index)  # (B, kv_heads, A, D)
+        kept_v = layer.values[:, :, start:].gather(2, index)
+        layer.keys = torch.cat([layer.keys[:, :, :start], kept_k], dim=2)
+        layer.values = torch.cat([layer.values[:, :, :start], kept_v], dim=2)
+
+
+def select_rows(cache: Any, rows: torch.Tensor) -> None:
+    """Keep batch rows `rows` (B',) of every layer (finished rows leave the batch)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[rows]
+        layer.values = layer.values[rows]

@@ -1,0 +1,200 @@
+"""The self-speculative decoder: named steps over a typed state.
+
+    prefill -> [draft -> verify -> accept -> commit] * -> done
+
+* prefill: one target forward over the (left-padded) prompts; the first token comes from it.
+* draft:   the heads draft a token tree under each row's root (static or dynamic tree).
+* verify:  ONE target forward over every tree node: 4D tree mask, position_ids = length + depth,
+           the target's KV cache (no forked modeling code).
+* accept:  greedy / exact rejection sampling / typical (LOSSY) picks a path and a bonus token.
+* commit:  keep only the accepted path's KV entries, feed its target features back to the head,
+           append tokens up to the stops, drop finished rows.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from headstart.inference import cache as kv
+from headstart.inference.draft_tree import DraftTree
+from headstart.inference.drafters import make_drafter
+from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.prompts import Prompts, prepare_prompts
+from headstart.inference.results import DecodeState, DecodeStats, GenerateOutput
+from headstart.inference.sampling import probabilities, sample
+from headstart.inference.stops import StopRule
+from headstart.inference.tree_spec import TreeSpec, parse_tree
+from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
+from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
+
+
+class SpeculativeDecoder:
+    """Target + heads -> exactly the target's output, faster. `generate` feels like transformers'.
+
+    tree: a `--tree` string, a TreeBuffers, a DynamicTree or None (the default static tree).
+    typical: use Medusa's typical acceptance when sampling. LOSSY: the output is then NOT
+    distributed as the target's; stats carry a `lossy` label.
+    """
+
+    def __init__(self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False) -> None:
+        self.target = target
+        self.heads = heads
+        heads.bind(target.model)
+        self.max_depth = make_drafter(heads, target.vocab_size).max_depth
+        self.tree = parse_tree(tree, self.max_depth)
+        self.typical = typical
+        self.generator: torch.Generator | None = None
+
+    # ---- steps -------------------------------------------------------------------------------
+    def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any) -> DecodeState:
+        model = self.target.model
+        ids, valid = prompts.ids, prompts.valid  # (B, T)
+        steps = ids.shape[1]
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=ids.device).tril()
+        sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
+        mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
+        positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        cache = new_cache(model)
+        kv.check_tree_compatible(cache)
+        feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                        layers=drafter.feature_layers)  # fmt: skip
+        root = self._choose(feats.logits[:, -1], sampling)  # (B,)
+        last = torch.full_like(root, steps - 1)
+        drafter.observe(feats.last_hidden, feats.layers, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid, last)
+        return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
+
+    def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any) -> DraftTree:
+        if isinstance(self.tree, DynamicTree):
+            return draft_dynamic(self.tree, drafter, state.root, sampling, self.max_depth)
+        return draft_static(self.tree, drafter, state.root, sampling, self.generator)
+
+    def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
+        mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
+        positions = state.lengths[:, None] + tree.depths  # (B, n)
+        return forward(self.target.model, tree.tokens, attention_mask=mask, position_ids=positions,
+                       past_key_values=state.cache, layers=drafter.feature_layers)  # fmt: skip
+
+    def accept(self, tree: DraftTree, feats: Features, sampling: SamplingConfig) -> Acceptance:
+        if sampling.greedy:
+            return accept_greedy(tree, feats.logits)
+        if self.typical:
+            return accept_typical(tree, feats.logits, sampling, generator=self.generator)
+        return accept_sampling(tree, feats.logits, sampling, self.generator)
+
+    def commit(self, state: DecodeState, tree: DraftTree, feats: Features, acc: Acceptance, drafter: Any) -> torch.Tensor:
+        """Compact the KV cache to the accepted path, feed the head, advance the state.
+        Returns the committed tokens (B, A); row b's first acc.lengths[b] are real."""
+        prefix = kv.cache_length(state.cache) - tree.size
+        kv.keep_entries(state.cache, prefix, acc.path)
+        width = acc.path.shape[1]
+        slot = torch.arange(width, device=acc.path.device)[None]  # (1, A)
+        real = slot < acc.lengths[:, None]  # (B, A)
+        path_tokens = tree.tokens.gather(1, acc.path)  # (B, A): root + accepted drafts
+        shifted = torch.cat([path_tokens[:, 1:], acc.bonus[:, None]], dim=1)
+        committed = torch.where(slot == acc.lengths[:, None] - 1, acc.bonus[:, None], shifted)  # (B, A)
+        index = acc.path[..., None].expand(-1, -1, feats.last_hidden.shape[-1])
+        layers = {i: x.gather(1, index) for i, x in feats.layers.items()}
+        positions = state.lengths[:, None] + slot
+        drafter.observe(feats.last_hidden.gather(1, index), layers, committed, positions, real, acc.lengths - 1)
+        state.visible = torch.cat([state.visible, real], dim=1)
+        state.lengths = state.lengths + acc.lengths
+        state.root = acc.bonus
+        return committed
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        if sampling.greedy:
+            return logits.argmax(-1)
+        return sample(probabilities(logits, sampling), self.generator)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Any,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int = 128,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        sampling: SamplingConfig | None = None,
+        eos_token_id: int | list[int] | None | str = "default",
+        stop_strings: str | list[str] | tuple[str, ...] = (),
+        streamer: Any = None,
+        truncate_prompt: bool = False,
+    ) -> GenerateOutput:
+        """Decode `input_ids` (a list of ids, a list of lists, or a (B, T) tensor with an
+        optional attention mask; left or right padding). Greedy unless `do_sample`."""
+        if sampling is None:
+            sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
+                                      top_p=top_p, top_k=top_k, seed=seed)  # fmt: skip
+        device = self.target.device
+        self.generator = torch.Generator(device=device).manual_seed(sampling.seed) if sampling.seed is not None else None
+        pad_id = self.target.tokenizer.pad_token_id or 0
+        limit = getattr(self.target.config, "max_position_embeddings", None)
+        prompts = prepare_prompts(input_ids, attention_mask, pad_id, sampling.max_new_tokens, limit, truncate_prompt, device)
+        eos = self.target.eos_token_ids if eos_token_id == "default" else _as_ids(eos_token_id)
+        strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+        rule = StopRule(sampling.max_new_tokens, frozenset(eos), strings, self.target.tokenizer)
+        if streamer is not None and prompts.batch > 1:
+            from headstart.errors import HeadstartError
+
+            raise HeadstartError("streaming needs a single prompt", "drop the streamer or decode one prompt at a time")
+        stats = DecodeStats(batch_size=prompts.batch, lossy=self.typical and not sampling.greedy)
+        emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
+        drafter = make_drafter(self.heads, self.target.vocab_size)
+        if streamer is not None:
+            streamer.put(prompts.ids[0, prompts.valid[0]].cpu())
+        start = time.perf_counter()
+        state = self.prefill(prompts, sampling, drafter)
+        stats.target_forwards += 1
+        first = state.root[:, None]
+        done = self._take(state, first, torch.ones_like(state.root), rule, emitted, streamer)
+        while True:
+            keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=device)
+            if keep.numel() == 0:
+                break
+            if keep.numel() < len(done):
+                state.select_rows(keep)
+                drafter.select_rows(keep)
+            tree = self.draft(state, sampling, drafter)
+            feats = self.verify(state, tree, drafter)
+            drafter.end_step()
+            stats.target_forwards += 1
+            acc = self.accept(tree, feats, sampling)
+            committed = self.commit(state, tree, feats, acc, drafter)
+            done = self._take(state, committed, acc.lengths, rule, emitted, streamer, stats)
+        stats.wall_s = time.perf_counter() - start
+        if streamer is not None:
+            streamer.end()
+        stats.new_tokens = sum(len(row) for row in emitted)
+        return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
+
+    def _take(self, state: DecodeState, tokens: torch.Tensor, lengths: torch.Tensor, rule: StopRule,
+              emitted: list[list[int]], streamer: Any, stats: DecodeStats | None = None) -> list[bool]:  # fmt: skip
+        """Append each live row's committed tokens up to its stop; one host sync per step."""
+        rows, counts = tokens.tolist(), lengths.tolist()
+        done = []
+        for live, (row, count) in enumerate(zip(rows, counts, strict=True)):
+            out = emitted[state.rows[live]]
+            before = len(out)
+            done.append(rule.take(out, row[:count]))
+            if stats is not None:
+                stats.row_steps += 1
+                stats.committed += len(out) - before
+                stats.accept_lengths[count] += 1
+            if streamer is not None and len(out) > before:
+                streamer.put(torch.tensor(out[before:]))
+        return done
+
+
+def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (int(value),) if isinstance(value, int) else tuple(int(v) for v in value)

@@ -1,0 +1,161 @@
+"""Drafters: the decoder's view of a head (see headstart.heads.base for the contract).
+
+A drafter sees the target's features of every newly committed position (`observe`), gives the
+draft logits of the root's children (`root_logits`), and expands frontier nodes of the tree
+being drafted (`expand`), all batched over rows and frontier nodes. Logits are always over the
+TARGET vocabulary: an EAGLE-3 draft vocabulary is mapped back through `draft_to_target` (d2t),
+non-draft tokens get -inf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.inference import cache as kv
+from headstart.target import tree_attention_mask
+
+
+class MedusaDrafter:
+    """Medusa: head k at the last committed position's feature predicts the token at depth k;
+    the draft does not depend on the parent's token, so `expand` only broadcasts."""
+
+    def __init__(self, heads: Any) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
+        self.max_depth: int | None = int(heads.num_heads)  # head k drafts depth k
+        self._logits: torch.Tensor | None = None  # (B, K, V): head k's logits at the last feature
+
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        rows = torch.arange(last_hidden.shape[0], device=last.device)
+        hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
+        with torch.no_grad():
+            self._logits = self.heads(hidden)[:, :, 0].transpose(0, 1)  # (K, B, 1, V) -> (B, K, V)
+
+    def root_logits(self) -> torch.Tensor:
+        assert self._logits is not None, "observe() first"
+        return self._logits[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth` (their children sit at depth + 1)."""
+        assert self._logits is not None
+        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
+
+    def end_step(self) -> None:
+        """Nothing drafted is cached by Medusa heads."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self._logits is not None:
+            self._logits = self._logits[rows]
+
+
+class EagleDrafter:
+    """EAGLE-1/2/3: an autoregressive head with its own KV cache. Committed positions enter the
+    cache with the TARGET's features; drafted nodes enter it with the head's own guesses and
+    are dropped at `end_step` (the accepted ones come back with target features at `observe`)."""
+
+    def __init__(self, heads: Any, vocab_size: int) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
+        self.max_depth: int | None = None
+        self.vocab_size = vocab_size
+        draft_ids = torch.arange(int(heads.draft_vocab_size))
+        self._to_target = heads.draft_to_target(draft_ids.to(_device(heads))).long()  # (Vd,)
+        if self._to_target.numel() and int(self._to_target.max()) >= vocab_size:
+            raise HeadstartError("the head's draft vocabulary maps outside the target vocabulary (bad d2t)",
+                                 "re-export the head for this target")  # fmt: skip
+        self._identity = self._to_target.numel() == vocab_size and bool((self._to_target == draft_ids.to(self._to_target.device)).all())
+        self.cache = heads.new_cache()
+        self.visible: torch.Tensor | None = None  # (B, P) committed head-cache entries that are real
+        self.committed = 0  # head-cache entries that hold committed positions
+        self.g: torch.Tensor | None = None  # (B, N, H): g computed at each drafted node (0 = root)
+        self.entries: list[torch.Tensor] = []  # node ids (B, k) of drafted entries, in cache order
+        self.root_pos: torch.Tensor | None = None  # (B,) position id of the root token
+
+    def _target_logits(self, g: torch.Tensor) -> torch.Tensor:
+        logits = self.heads.logits(g)  # (..., Vd)
+        if self._identity:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.scatter(-1, self._to_target.expand_as(logits), logits)
+
+    @torch.no_grad()
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        """Feed committed positions: target features (B, T, H) with the NEXT tokens (B, T)."""
+        batch, steps = next_tokens.shape
+        hidden = self.heads.fuse(last_hidden, layers)  # (B, T, H)
+        prefix = self.visible if self.visible is not None else valid.new_zeros(batch, 0)
+        causal = torch.ones(steps, steps, dtype=torch.bool, device=valid.device).tril()
+        tree = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=valid.device)
+        mask = tree_attention_mask(prefix, tree, hidden.dtype)  # (B, 1, T, P + T)
+        g = self.heads(hidden, next_tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache)
+        self.visible = torch.cat([prefix, valid], dim=1)
+        self.committed = kv.cache_length(self.cache)
+        rows = torch.arange(batch, device=last.device)
+        self.g = g[rows, last][:, None]  # (B, 1, H): the root's g
+        self.root_pos = positions[rows, last] + 1
+
+    def root_logits(self) -> torch.Tensor:
+        assert self.g is not None, "observe() first"
+        return self._target_logits(self.g[:, 0])
+
+    @torch.no_grad()
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """One head step for frontier `nodes` (B, k) holding `tokens` at `depth`; `visible` (B, N, N)
+        is the ancestor-or-self relation of the tree so far. Returns child logits (B, k, V)."""
+        assert self.g is not None and self.visible is not None and self.root_pos is not None
+        batch, width = nodes.shape
+        rows = torch.arange(batch, device=nodes.device)[:, None]
+        if self.g.shape[1] < visible.shape[1]:  # grow the per-node g table to the pool size
+            pad = self.g.new_zeros(batch, visible.shape[1] - self.g.shape[1], self.g.shape[2])
+            self.g = torch.cat([self.g, pad], dim=1)
+        hidden = self.g[rows, parents]  # (B, k, H): the g that predicted each node's token
+        sees = visible[rows, nodes]  # (B, k, N)
+        drafted = [sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in self.entries]
+        prefix = self.visible[:, None, :].expand(-1, width, -1)
+        allowed = torch.cat([prefix, *drafted, sees.gather(2, nodes[:, None, :].expand(-1, width, -1))], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (B, 1, k, kv)
+        positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
+        g = self.heads(hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache)
+        self.entries.append(nodes)
+        self.g[rows, nodes] = g
+        return self._target_logits(g)
+
+    def end_step(self) -> None:
+        """Drop the drafted entries: only committed positions stay in the head's cache."""
+        kv.truncate(self.cache, self.committed)
+        self.entries = []
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        kv.select_rows(self.cache, rows)
+        for name in ("visible", "g", "root_pos"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value[rows])
+
+
+def _device(module: Any) -> torch.device:
+    try:
+        return next(module.parameters()).device
+    except (AttributeError, StopIteration):
+        return torch.device("cpu")
+
+
+def make_drafter(heads: Any, vocab_size: int) -> Any:
+    """The drafter for `heads`; an object that already is a drafter (observe/root_logits/expand,
+    e.g. a scripted test drafter) is used as is."""
+    if all(hasattr(heads, name) for name in ("observe", "root_logits", "expand", "end_step")):
+        return heads
+    kind = getattr(heads, "kind", None)
+    if kind == "medusa":
+        return MedusaDrafter(heads)
+    if kind in ("eagle", "eagle3"):
+        return EagleDrafter(heads, vocab_size)
+    raise HeadstartError(f"unknown head kind {kind!r}", "load heads saved by `headstart train` (medusa, eagle, eagle3)")

@@ -1,0 +1,126 @@
+"""Drafting a token tree with a drafter: static (fixed index paths) or dynamic (EAGLE-2).
+
+Candidates under a node: greedy decoding takes the draft's top-k. Sampling with a static tree
+DRAWS the children without replacement from the warped draft distribution q (recorded in
+`DraftTree.draft_probs`, so acceptance can use q exactly). A dynamic tree's shape depends on the
+draft's scores, which would bias draws kept by score, so its children are the deterministic
+top-k and acceptance treats each as a one-point proposal (still exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.inference.draft_tree import DraftTree, children_from_parents
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.sampling import order_without_replacement, probabilities, warp_logits
+from headstart.inference.tree import TreeBuffers
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 expansion: `depth` draft steps, `top_k` children per frontier node and frontier
+    width, then the best `total_tokens` drafted nodes (root excluded) by cumulative log-prob."""
+
+    depth: int = 4
+    top_k: int = 4
+    total_tokens: int = 12
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "top_k", "total_tokens"):
+            if getattr(self, name) < 1:
+                raise HeadstartError(f"dynamic tree {name} must be >= 1, got {getattr(self, name)}", "e.g. --tree dynamic:depth=4,top_k=4,total_tokens=12")
+
+
+def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
+                 generator: torch.Generator | None = None) -> DraftTree:  # fmt: skip
+    """Fill a static tree level by level; each level's frontier is one batched drafter call."""
+    batch, n, device = root.shape[0], tree.size, root.device
+    tokens = torch.zeros(batch, n, dtype=torch.long, device=device)
+    tokens[:, 0] = root
+    valid = torch.ones(batch, n, dtype=torch.bool, device=device)
+    visible = tree.visible.to(device).expand(batch, n, n)
+    parents, children = tree.parents.to(device), tree.children.to(device)
+    draft_probs = None
+    frontier = torch.zeros(1, dtype=torch.long, device=device)  # (m,) node ids being expanded
+    logits = drafter.root_logits()[:, None]  # (B, 1, V)
+    for depth in range(tree.max_depth):
+        kids = children[frontier]  # (m, C)
+        width = int((kids >= 0).sum(-1).max())
+        if sampling.greedy:
+            cand = logits.topk(width, dim=-1).indices  # (B, m, C)
+            ok = torch.ones_like(cand, dtype=torch.bool)
+        else:
+            q = probabilities(logits, sampling)  # (B, m, V)
+            if draft_probs is None:
+                draft_probs = q.new_zeros(batch, n, q.shape[-1])
+            draft_probs[:, frontier] = q
+            cand, ok = order_without_replacement(q, width, generator)
+        slots = kids[:, :width]  # (m, C)
+        has = slots >= 0
+        tokens[:, slots[has]] = cand[:, has]
+        valid[:, slots[has]] = ok[:, has]
+        frontier = tree.expanding(depth + 1).to(device)
+        if frontier.numel() == 0:
+            break
+        nodes = frontier.expand(batch, -1)
+        logits = drafter.expand(nodes, parents[frontier].expand(batch, -1), tokens[:, frontier], depth + 1, visible)
+    return DraftTree.from_static(tree, tokens, valid, draft_probs)
+
+
+def draft_dynamic(spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None) -> DraftTree:
+    """EAGLE-2: expand the top_k best frontier nodes for `depth` steps, keep the best total_tokens."""
+    depth = min(spec.depth, max_depth) if max_depth else spec.depth
+    k, batch, device = spec.top_k, root.shape[0], root.device
+    size = 1 + k + (depth - 1) * k * k
+    tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
+    parent = torch.zeros(batch, size, dtype=torch.long, device=device)
+    level = torch.zeros(batch, size, dtype=torch.long, device=device)
+    score = torch.zeros(batch, size, device=device)  # cumulative draft log-prob; root 0
+    visible = torch.eye(size, dtype=torch.bool, device=device).expand(batch, size, size).clone()
+    tokens[:, 0] = root
+    rows = torch.arange(batch, device=device)[:, None]
+
+    def add(start: int, new_tokens: torch.Tensor, new_parents: torch.Tensor, new_scores: torch.Tensor, d: int) -> torch.Tensor:
+        ids = torch.arange(start, start + new_tokens.shape[1], device=device).expand(batch, -1)
+        tokens[:, ids[0]], parent[:, ids[0]], score[:, ids[0]], level[:, ids[0]] = new_tokens, new_parents, new_scores, d
+        visible[rows, ids] |= visible[rows, new_parents]  # ancestors of the parent, plus self (eye)
+        return ids
+
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:
+        return warp_logits(logits, sampling).log_softmax(-1)  # -inf where the warped q is 0
+
+    first = log_probs(drafter.root_logits()).topk(k, dim=-1)  # (B, k)
+    frontier = add(1, first.indices, torch.zeros_like(first.indices), first.values, 1)
+    start = 1 + k
+    for d in range(2, depth + 1):
+        logits = drafter.expand(frontier, parent.gather(1, frontier), tokens.gather(1, frontier), d - 1, visible)
+        top = log_probs(logits).topk(k, dim=-1)  # (B, k, k)
+        cum = score.gather(1, frontier)[..., None] + top.values  # (B, k, k)
+        ids = add(start, top.indices.flatten(1), frontier[..., None].expand(-1, -1, k).flatten(1), cum.flatten(1), d)
+        start += k * k
+        frontier = ids.gather(1, cum.flatten(1).topk(k, dim=-1).indices)
+    # Stable sort, best first: a child never outscores its parent and parents come first in the
+    # pool, so any kept child's parent is kept too (the selection is a tree).
+    keep = min(spec.total_tokens, size - 1)
+    best = score[:, 1:].argsort(dim=1, descending=True, stable=True)[:, :keep] + 1
+    chosen = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), best.sort(dim=1).values], dim=1)
+    where = torch.full((batch, size), -1, dtype=torch.long, device=device)
+    where[rows, chosen] = torch.arange(keep + 1, device=device).expand(batch, -1)
+    new_parents = where.gather(1, parent.gather(1, chosen))  # (B, n)
+    sel_scores = score.gather(1, chosen)
+    n = keep + 1
+    tree_visible = visible.gather(1, chosen[..., None].expand(-1, -1, size)).gather(2, chosen[:, None, :].expand(-1, n, -1))
+    return DraftTree(
+        tokens=tokens.gather(1, chosen),
+        parents=new_parents,
+        depths=level.gather(1, chosen),
+        visible=tree_visible,
+        children=children_from_parents(new_parents, sel_scores),
+        valid=sel_scores > float("-inf"),
+        draft_probs=None,
+    )

@@ -1,0 +1,63 @@
+"""Logit processing shared by the target and the draft, so both are warped IDENTICALLY.
+
+Exact speculative sampling needs p (target) and q (draft) to be the distributions the user asked
+for: temperature, then top-k, then top-p, the order and tie rules of transformers' warpers
+(`TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`), so plain `generate` and the
+speculative decoder sample from the same p.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headstart.inference.plain import SamplingConfig
+
+
+def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """logits (..., V) -> warped logits (..., V) with -inf on filtered tokens (float32).
+
+    Greedy configs are returned unwarped (only the argmax matters)."""
+    scores = logits.float()
+    if sampling.greedy:
+        return scores
+    scores = scores / sampling.temperature
+    if sampling.top_k > 0:
+        k = min(sampling.top_k, scores.shape[-1])
+        kth = torch.topk(scores, k, dim=-1).values[..., -1:]  # (..., 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cumulative <= (1 - sampling.top_p)
+        remove_sorted[..., -1:] = False  # keep at least the most likely token
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores
+
+
+def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Warped probabilities (..., V); one-hot at the argmax for greedy configs."""
+    if sampling.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    return warp_logits(logits, sampling).softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of probs (..., V) -> (...,) long."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def order_without_replacement(
+    probs: torch.Tensor, count: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`count` tokens per row drawn WITHOUT replacement from probs (..., V), in draw order.
+
+    Gumbel-top-k: the top-k of log p + Gumbel noise is distributed exactly as k sequential
+    draws without replacement. Returns (tokens (..., count), valid (..., count)); a draw is invalid
+    once the row's support is exhausted (fewer than `count` tokens with p > 0).
+    """
+    uniform = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
+    keys = probs.log() - (-uniform.log()).log()  # log p + Gumbel(0, 1); -inf where p == 0
+    values, tokens = torch.topk(keys, count, dim=-1)
+    return tokens, values > float("-inf")

@@ -1,0 +1,112 @@
+"""Token trees: static Medusa-style trees (built once, frozen) and the per-step batched tree.
+
+Node 0 is the root: the last committed token, not yet in the target's KV cache. A static tree is
+a set of index paths: path (i, j) is "the j-th candidate under the i-th candidate of the root";
+candidates are ranked by the draft (top-k for greedy, draws without replacement for sampling).
+Nodes are stored in (depth, path) order, so every parent precedes its children and ancestors of a
+node in index order are its path from the root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from headstart.errors import HeadstartError
+
+Path = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """A static tree's index tensors (CPU; `DraftTree.from_static` moves them per step)."""
+
+    paths: tuple[Path, ...]  # root excluded, sorted by (depth, path)
+    parents: torch.Tensor  # (n,) long; parents[0] == 0 (the root is its own parent)
+    depths: torch.Tensor  # (n,) long; root depth 0
+    ranks: torch.Tensor  # (n,) long; candidate rank under the parent (root 0)
+    visible: torch.Tensor  # (n, n) bool; node i sees node j iff j is i or an ancestor of i
+    children: torch.Tensor  # (n, C) long; child node ids by rank, -1 padded
+    retrieve: torch.Tensor  # (leaves, depth + 1) long; each root-to-leaf path, -1 padded
+
+    @property
+    def size(self) -> int:
+        return int(self.parents.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    def level(self, depth: int) -> torch.Tensor:
+        """Node ids at `depth`, (m,)."""
+        return torch.nonzero(self.depths == depth).flatten()
+
+    def expanding(self, depth: int) -> torch.Tensor:
+        """Node ids at `depth` that have children: the frontier a drafter must expand, (m,)."""
+        has_children = (self.children >= 0).any(-1)
+        return torch.nonzero((self.depths == depth) & has_children).flatten()
+
+    @property
+    def max_rank(self) -> int:
+        return int(self.ranks.max()) + 1
+
+
+def build_tree(paths: Sequence[Sequence[int]]) -> TreeBuffers:
+    """Validate index paths and build the tree buffers."""
+    clean: list[Path] = []
+    for raw in paths:
+        path = tuple(int(i) for i in raw)
+        if not path or min(path) < 0:
+            raise HeadstartError(f"bad tree path {list(raw)}: paths are non-empty lists of ranks >= 0", "e.g. [[0], [1], [0, 0]]")
+        clean.append(path)
+    ordered = sorted(set(clean), key=lambda p: (len(p), p))
+    if len(ordered) != len(clean):
+        raise HeadstartError("the tree lists a path twice", "remove the duplicate paths")
+    index = {(): 0} | {p: i + 1 for i, p in enumerate(ordered)}
+    missing = [list(p[:-1]) for p in ordered if p[:-1] not in index]
+    if missing:
+        raise HeadstartError(f"tree paths {missing} are missing (every prefix of a path must be a node)", "add the parent paths")
+    n = len(ordered) + 1
+    parents = torch.zeros(n, dtype=torch.long)
+    ranks = torch.zeros(n, dtype=torch.long)
+    depths = torch.zeros(n, dtype=torch.long)
+    visible = torch.eye(n, dtype=torch.bool)
+    for path, i in index.items():
+        if path:
+            parents[i], ranks[i], depths[i] = index[path[:-1]], path[-1], len(path)
+            visible[i] = visible[index[path[:-1]]]
+            visible[i, i] = True
+    width = int(ranks.max()) + 1
+    children = torch.full((n, width), -1, dtype=torch.long)
+    for i in range(1, n):
+        children[parents[i], ranks[i]] = i
+    leaves = [i for i in range(n) if (children[i] < 0).all()]
+    retrieve = torch.full((len(leaves), int(depths.max()) + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves):
+        nodes = torch.nonzero(visible[leaf]).flatten()
+        retrieve[row, : nodes.numel()] = nodes
+    return TreeBuffers(tuple(ordered), parents, depths, ranks, visible, children, retrieve)
+
+
+def chain(depth: int) -> list[Path]:
+    """A single path of `depth` top-1 candidates (classic speculative decoding)."""
+    return [(0,) * d for d in range(1, depth + 1)]
+
+
+# Sized for a 2-core CPU, where verifying 12 tokens costs ~1.4x one token (see DESIGN.md):
+# wide near the root where the draft is least sure, a long top-1 spine where it is most sure.
+DEFAULT_PATHS: tuple[Path, ...] = (
+    (0,), (1,), (2,),
+    (0, 0), (0, 1), (1, 0),
+    (0, 0, 0), (0, 0, 1), (0, 1, 0),
+    (0, 0, 0, 0),
+    (0, 0, 0, 0, 0),
+)  # fmt: skip
+
+
+def default_tree(max_depth: int | None = None) -> TreeBuffers:
+    """The default static tree, cut to `max_depth` (a Medusa head with K heads drafts K levels)."""
+    paths = [p for p in DEFAULT_PATHS if max_depth is None or len(p) <= max_depth]
+    return build_tree(paths)

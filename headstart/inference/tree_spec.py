@@ -1,0 +1,70 @@
+"""`--tree` values: a static tree (default, chain, JSON paths or a JSON file) or a dynamic one.
+
+    static                                   the default static tree (cut to a Medusa head's depth)
+    chain:4                                  a single top-1 path of 4 drafts
+    [[0],[1],[0,0]]                          index paths, inline JSON
+    tree.json                                a file with a JSON list of paths, or {"paths": [...]}
+    dynamic                                  EAGLE-2 dynamic tree with default sizes
+    dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+from headstart.inference.drafting import DynamicTree
+from headstart.inference.tree import TreeBuffers, build_tree, chain, default_tree
+
+TreeSpec = TreeBuffers | DynamicTree
+
+
+def _paths_from_json(data: Any, source: str) -> TreeBuffers:
+    if isinstance(data, dict) and "paths" in data:
+        data = data["paths"]
+    if not isinstance(data, list) or not all(isinstance(p, list) and all(isinstance(i, int) for i in p) for p in data):
+        raise HeadstartError(f"{source} is not a list of index paths", 'write e.g. [[0], [1], [0, 0]] or {"paths": [...]}')
+    return build_tree(data)
+
+
+def _dynamic(options: str) -> DynamicTree:
+    values: dict[str, int] = {}
+    for item in filter(None, options.split(",")):
+        key, _, value = item.partition("=")
+        if key not in ("depth", "top_k", "total_tokens") or not value.isdigit():
+            raise HeadstartError(f"bad dynamic tree option '{item}'", "use dynamic:depth=4,top_k=4,total_tokens=12")
+        values[key] = int(value)
+    return DynamicTree(**values)
+
+
+def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> TreeSpec:
+    """Resolve a `--tree` value; static trees deeper than `max_depth` (Medusa heads) are errors,
+    except the default tree, which is cut to fit."""
+    if spec is None or spec == "static":
+        return default_tree(max_depth)
+    if isinstance(spec, TreeBuffers | DynamicTree):
+        tree = spec
+    elif spec == "dynamic" or spec.startswith("dynamic:"):
+        tree = _dynamic(spec.partition(":")[2])
+    elif spec.startswith("chain:"):
+        depth = spec.partition(":")[2]
+        if not depth.isdigit() or int(depth) < 1:
+            raise HeadstartError(f"bad chain tree '{spec}'", "use chain:N with N >= 1, e.g. chain:4")
+        tree = build_tree(chain(int(depth)))
+    elif spec.lstrip().startswith("["):
+        try:
+            tree = _paths_from_json(json.loads(spec), "--tree")
+        except json.JSONDecodeError as err:
+            raise HeadstartError(f"--tree is not valid JSON: {err}", "e.g. --tree '[[0],[1],[0,0]]'") from None
+    elif Path(spec).is_file():
+        try:
+            tree = _paths_from_json(json.loads(Path(spec).read_text()), spec)
+        except json.JSONDecodeError as err:
+            raise HeadstartError(f"tree file {spec} is not valid JSON: {err}", "fix the file") from None
+    else:
+        raise HeadstartError(f"unknown tree '{spec}'", "use static, dynamic[:depth=..,top_k=..,total_tokens=..], chain:N, JSON paths or a .json file")
+    if isinstance(tree, TreeBuffers) and max_depth is not None and tree.max_depth > max_depth:
+        raise HeadstartError(f"the tree is {tree.max_depth} levels deep but the heads draft only {max_depth}", f"use a tree of depth <= {max_depth}")
+    return tree
