@@ -1,1 +1,10 @@
-"""Training draft heads on a frozen target: data collation, pure loss functions, one accelerate loop."""
+"""Training draft heads on a frozen target: one accelerate loop (`train`), pure losses, data checks.
+
+`train(cfg)` runs a TrainConfig (see recipes/train_*.yaml); `plan(cfg)` checks a recipe against
+its target and data without computing anything.
+"""
+
+from headstart.train.config import DataConfig, LoraConfig, LossConfig, OptimConfig, TrainConfig
+from headstart.train.data import TrainData
+
+__all__ = ["DataConfig", "LoraConfig", "LossConfig", "OptimConfig", "TrainConfig", "TrainData"]

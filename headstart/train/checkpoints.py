@@ -1,0 +1,65 @@
+"""Resumable training checkpoints: accelerate's full state (model, optimizer, scheduler, RNG of
+every process) plus our step counter, written to a temp directory and renamed into place."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+STATE = "trainer_state.json"
+
+
+def checkpoints(root: str | Path) -> list[Path]:
+    """Complete checkpoints under root, oldest first (a temp dir is never complete)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / STATE).is_file()]
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))  # type: ignore[union-attr]
+
+
+def save_checkpoint(
+    accelerator: Any, root: str | Path, step: int, extra: dict[str, Any], keep_last: int
+) -> Path:
+    """Every process writes its part into root/.tmp-step-N; the main process publishes it."""
+    root = Path(root)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))  # collective: model/optimizer/scheduler + per-process RNG
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / STATE).write_text(json.dumps({"step": step, **extra}, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(accelerator: Any, root: str | Path) -> dict[str, Any]:
+    """Restore the newest checkpoint; returns its trainer state ({} when there is none)."""
+    found = checkpoints(root)
+    if not found:
+        return {}
+    latest = found[-1]
+    try:
+        accelerator.load_state(str(latest))
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise HeadstartError(
+            f"cannot resume from {latest}: {str(err).splitlines()[0]}",
+            "resume with the same recipe and number of processes, or start a new output_dir",
+        ) from None
+    return json.loads((latest / STATE).read_text())

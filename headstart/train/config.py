@@ -1,0 +1,156 @@
+"""TrainConfig: everything a training recipe (recipes/train_*.yaml) can set, with a docstring per field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from headstart.errors import HeadstartError
+from headstart.heads.config import HeadSpec
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None
+    """A directory written by `headstart distill` (its fingerprint must match the target)."""
+    mode: Literal["online", "offline"] = "online"
+    """online: the frozen target runs inside the loop; offline: read features cached by distill."""
+    max_length: int = 1024
+    """Truncate conversations to this many tokens."""
+    holdout: float = 0.05
+    """Held-out share for metrics: a fraction (< 1) or a number of conversations (>= 1)."""
+    max_records: int = 0
+    """Use only the first N conversations (0 = all)."""
+
+    def __post_init__(self) -> None:
+        if self.max_length < 8:
+            raise HeadstartError(
+                f"data.max_length must be >= 8, got {self.max_length}", "set data.max_length=1024"
+            )
+        if self.holdout < 0:
+            raise HeadstartError("data.holdout must be >= 0", "set data.holdout=0.05")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up of the learning rate over this many optimizer steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "cosine"
+    """Learning-rate decay after warm-up (to 0 at max_steps for cosine/linear)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm (0 = no clipping)."""
+
+
+@dataclass
+class LossConfig:
+    medusa_decay: float = 0.8
+    """Medusa: head k (0-based) weighs decay**k."""
+    eagle_feature_weight: float = 1.0
+    """EAGLE-1: weight of the SmoothL1 feature-regression loss."""
+    eagle_ce_weight: float = 0.1
+    """EAGLE-1: weight of the cross-entropy against the target's next-token distribution."""
+    eagle_noise: float = 0.2
+    """EAGLE-1: uniform noise U(-noise/2, noise/2) added to input features while training."""
+    ttt_steps: int = 7
+    """EAGLE-3: training-time-test unroll length (the head runs on its own outputs)."""
+    ttt_decay: float = 0.8
+    """EAGLE-3: step j weighs decay**j."""
+    eval_steps: int = 5
+    """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses ttt_steps)."""
+
+    def __post_init__(self) -> None:
+        if self.ttt_steps < 1 or self.eval_steps < 1:
+            raise HeadstartError("loss.ttt_steps and loss.eval_steps must be >= 1", "set loss.ttt_steps=7")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Medusa-2: train the target jointly through LoRA adapters (the decoded text then follows the
+    adapted target, not the original one)."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: int = 32
+    """LoRA alpha."""
+    dropout: float = 0.0
+    """LoRA dropout."""
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names of the target to adapt."""
+    lm_weight: float = 1.0
+    """Weight of the target's own next-token loss; the heads' loss is scaled by heads_weight."""
+    heads_weight: float = 0.2
+    """Weight of the summed Medusa losses in the joint loss (the Medusa-2 paper's 0.2)."""
+    warmup_steps: int = 0
+    """Train the heads alone (target frozen) for this many optimizer steps first."""
+
+
+@dataclass
+class TrainConfig:
+    target: str = "smollm2"
+    """The frozen target: Hub id, local directory, .gguf or 'smollm2'."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Target (and head) weights dtype."""
+    output_dir: str = "runs/heads"
+    """Where checkpoints, logs and the final head (output_dir/final) go."""
+    head: HeadSpec = field(default_factory=HeadSpec)
+    """The head to train (headstart.heads.HeadSpec)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    batch_size: int = 4
+    """Conversations per process per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (global batch = batch_size * grad_accum * processes)."""
+    max_steps: int = 1000
+    """Optimizer steps to train."""
+    seed: int = 0
+    """Seeds data order, initialisation and noise."""
+    topk: int = 5
+    """Held-out metrics report top-1 and top-`topk` accuracy."""
+    eval_every: int = 200
+    """Evaluate on the held-out split every N steps (and at the end)."""
+    eval_batches: int = 0
+    """Limit each evaluation to N batches (0 = the whole held-out split)."""
+    log_every: int = 10
+    """Log training loss every N steps."""
+    save_every: int = 200
+    """Write a resumable checkpoint every N steps (0 = only at the end)."""
+    keep_last: int = 2
+    """Keep this many checkpoints."""
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """accelerate trackers: tensorboard, wandb (offline unless WANDB_MODE says otherwise), or none."""
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """accelerate mixed precision."""
+    cpu: bool = False
+    """Force CPU even when a GPU is present."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_steps", "topk", "eval_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise HeadstartError(
+                    f"{name} must be >= 1, got {getattr(self, name)}", f"set {name}=1 or more"
+                )
+        if self.keep_last < 1:
+            raise HeadstartError("keep_last must be >= 1", "set keep_last=2")
+        if self.lora.enabled and self.head.kind != "medusa":
+            raise HeadstartError(
+                f"lora.enabled (Medusa-2) needs head.kind=medusa, not {self.head.kind}",
+                "set head.kind=medusa",
+            )
+        if self.lora.enabled and self.data.mode == "offline":
+            raise HeadstartError(
+                "Medusa-2 (lora.enabled) trains the target: it cannot use cached features",
+                "set data.mode=online",
+            )
+        unknown = [t for t in self.trackers if t not in ("tensorboard", "wandb", "none")]
+        if unknown:
+            raise HeadstartError(
+                f"unknown trackers {unknown}", "use trackers=[tensorboard], [wandb] or [none]"
+            )

@@ -1,0 +1,188 @@
+"""Training data: conversations (input_ids + loss_mask) from a distilled directory or in memory,
+checked against the target before any compute; a held-out split; padding; a resumable order.
+
+The interface to distill is deliberately narrow: rows with `input_ids` and `loss_mask` (and,
+offline, cached features readable by `headstart.distill.load_features`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.target.load import describe, fingerprint_mismatch
+from headstart.train.config import DataConfig
+
+
+@dataclass
+class TrainData:
+    """Conversations plus where they came from."""
+
+    input_ids: list[list[int]]
+    loss_mask: list[list[int]]
+    fingerprint: dict[str, Any] | None
+    """The target the data was distilled from (None: unchecked in-memory data)."""
+    description: str = "in-memory"
+    features: Any = None
+    """Offline mode: `features(i) -> {'last' | 'layer<i>': (T, H)}` for conversation i."""
+    feature_names: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def load_distilled_data(cfg: DataConfig) -> TrainData:
+    """Read a `headstart distill` output directory."""
+    if not cfg.path:
+        raise HeadstartError(
+            "no training data: data.path is empty", "set data.path=DIR (a `headstart distill` output)"
+        )
+    from headstart.distill import load_distilled, read_meta
+
+    meta = read_meta(cfg.path)
+    rows = load_distilled(cfg.path)
+    if cfg.max_records:
+        rows = rows.select(range(min(cfg.max_records, len(rows))))
+    features = None
+    if cfg.mode == "offline":
+        from headstart.distill import load_features
+
+        records = rows.select_columns(
+            [c for c in ("index", "features_file") if c in rows.column_names]
+        ).to_list()
+        features = _feature_reader(cfg.path, records, load_features)
+    return TrainData(
+        input_ids=list(rows["input_ids"]) if len(rows) else [],
+        loss_mask=list(rows["loss_mask"]) if len(rows) else [],
+        fingerprint=meta.get("fingerprint"),
+        description=f"{cfg.path} ({len(rows)} conversations)",
+        features=features,
+        feature_names=list(meta.get("feature_layers") or []),
+    )
+
+
+def _feature_reader(root: str, records: list[dict[str, Any]], load: Any) -> Any:
+    def read(i: int) -> dict[str, torch.Tensor]:
+        return load(root, records[i])
+
+    return read
+
+
+def check_data(data: TrainData, target: Any, needed_layers: Sequence[int], mode: str) -> None:
+    """Every data problem a user can fix, raised before the first forward."""
+    if data.fingerprint is not None:
+        diff = fingerprint_mismatch(data.fingerprint, target.fingerprint)
+        if diff:
+            raise HeadstartError(
+                f"data {data.description} was distilled from {describe(data.fingerprint)} but the target is "
+                f"{describe(target.fingerprint)} (differs in {', '.join(diff)})",
+                "train on the target the data came from, or distil data with this target",
+            )
+    if len(data) == 0:
+        raise HeadstartError(f"training data {data.description} is empty", "distil some conversations first")
+    if not any(any(m) for m in data.loss_mask):
+        raise HeadstartError(
+            f"training data {data.description} has no reply tokens (all loss masks are 0)",
+            "check the distilled data",
+        )
+    for ids, mask in zip(data.input_ids, data.loss_mask, strict=True):
+        if len(ids) != len(mask):
+            raise HeadstartError(
+                f"a conversation in {data.description} has input_ids and loss_mask of different lengths",
+                "re-distil the data",
+            )
+    if mode == "offline":
+        want = ["last", *(f"layer{i}" for i in needed_layers)]
+        missing = [n for n in want if n not in data.feature_names]
+        if data.features is None or missing:
+            raise HeadstartError(
+                f"offline training needs cached features {want}, the data has {data.feature_names or 'none'}",
+                "distil with --cache-features and matching --feature-layers, or set data.mode=online",
+            )
+    vocab = target.vocab_size
+    top = max(max(ids) for ids in data.input_ids if ids)
+    if top >= vocab:
+        raise HeadstartError(
+            f"token id {top} in {data.description} is outside the target vocabulary ({vocab})",
+            "re-distil the data with this target",
+        )
+
+
+def split(count: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
+    """(train indices, held-out indices), a fixed random split."""
+    n_eval = int(round(holdout * count)) if holdout < 1 else int(holdout)
+    n_eval = min(n_eval, count - 1)
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    return sorted(order[n_eval:]), sorted(order[:n_eval])
+
+
+def token_counts(data: TrainData, indices: Sequence[int], vocab: int) -> torch.Tensor:
+    """How often each target token appears as a reply token, (V,) (EAGLE-3's draft vocabulary)."""
+    counts = torch.zeros(vocab, dtype=torch.float64)
+    for i in indices:
+        ids = torch.tensor(data.input_ids[i], dtype=torch.long)
+        keep = torch.tensor(data.loss_mask[i], dtype=torch.bool)
+        counts += torch.bincount(ids[keep], minlength=vocab).to(torch.float64)
+    return counts
+
+
+class Conversations(torch.utils.data.Dataset):
+    """The chosen conversations, truncated to max_length; offline items carry their features."""
+
+    def __init__(self, data: TrainData, indices: Sequence[int], max_length: int) -> None:
+        self.data, self.indices, self.max_length = data, list(indices), max_length
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        j = self.indices[i]
+        item: dict[str, Any] = {
+            "input_ids": torch.tensor(self.data.input_ids[j][: self.max_length], dtype=torch.long),
+            "loss_mask": torch.tensor(self.data.loss_mask[j][: self.max_length], dtype=torch.long),
+        }
+        if self.data.features is not None:
+            item["features"] = {k: v[: self.max_length] for k, v in self.data.features(j).items()}
+        return item
+
+
+def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
+    """Right-pad to the longest item: causal attention never lets a real token see padding."""
+    width = max(len(it["input_ids"]) for it in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, it in enumerate(items):
+        ids[row, : len(it["input_ids"])] = it["input_ids"]
+        mask[row, : len(it["loss_mask"])] = it["loss_mask"]
+    lengths = torch.tensor([len(it["input_ids"]) for it in items], dtype=torch.long)
+    batch: dict[str, Any] = {"input_ids": ids, "loss_mask": mask, "lengths": lengths}
+    if "features" in items[0]:
+        batch["features"] = {}
+        for name in items[0]["features"]:
+            first = items[0]["features"][name]
+            out = torch.zeros((len(items), width, first.shape[-1]), dtype=first.dtype)
+            for row, it in enumerate(items):
+                out[row, : len(it["features"][name])] = it["features"][name]
+            batch["features"][name] = out  # (B, T, H)
+    return batch
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """A fresh permutation per epoch from (seed, epoch) alone, so a resumed run replays the same order."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        self.size, self.seed, self.epoch = size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        return iter(torch.randperm(self.size, generator=generator).tolist())

@@ -1,0 +1,160 @@
+"""The one training loop: accelerator.prepare / accumulate, held-out metrics, checkpoints, resume."""
+
+from __future__ import annotations
+
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headstart.config import to_dict
+from headstart.train import checkpoints, metrics
+from headstart.train.config import TrainConfig
+from headstart.train.data import Conversations, EpochSampler, TrainData, collate
+from headstart.train.objective import Objective
+from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
+
+
+def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
+    pad = p.target.tokenizer.pad_token_id or 0
+    dataset = Conversations(p.data, indices, p.cfg.data.max_length)
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        collate_fn=lambda items: collate(items, pad),
+    )
+
+
+def train(
+    cfg: TrainConfig, data: TrainData | None = None, resume: bool = False, target: Any = None
+) -> dict[str, Any]:
+    """Train a head as `cfg` says; returns the run summary also written to output_dir/results.json."""
+    from tqdm.auto import tqdm
+
+    accelerator = make_accelerator(cfg)
+    p = plan(cfg, device=str(accelerator.device), data=data, target=target)
+    head = make_head(p)
+    lora = cfg.lora.enabled
+    target_model = add_lora(cfg, p.target.model) if lora else p.target.model
+    model = Objective(head, target_model, cfg, trainable_target=lora)
+    optimizer, scheduler = make_optimizer(cfg, [q for q in model.parameters() if q.requires_grad])
+    sampler = EpochSampler(len(p.train_idx), cfg.seed)
+    train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True)
+    eval_loader = _loader(p, p.eval_idx, None, cfg.batch_size, drop_last=False) if p.eval_idx else None
+    model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
+    if eval_loader is not None:
+        eval_loader = accelerator.prepare(eval_loader)
+    # Not prepared: accelerate would step it once per process; registered so it is checkpointed.
+    accelerator.register_for_checkpointing(scheduler)
+    out = Path(cfg.output_dir)
+    ckpt_root = out / "checkpoints"
+    state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}
+    step = int(state.get("step", 0))
+    tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
+    history: list[dict[str, Any]] = list(state.get("history", []))
+    if accelerator.is_main_process:
+        accelerator.init_trackers("headstart", config=metrics.flat_config(to_dict(cfg)))
+    per_epoch = len(train_loader)
+    if per_epoch == 0:
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            "the training split is smaller than one global batch", "lower batch_size or add data"
+        )
+    consumed = step * cfg.grad_accum
+    epoch, skip = divmod(consumed, per_epoch)
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=step,
+        disable=not accelerator.is_local_main_process,
+        desc=f"train {cfg.head.kind}",
+    )
+    start = time.perf_counter()
+    window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
+    parts_window: list[torch.Tensor] = []
+    model.train()
+    while step < cfg.max_steps:
+        sampler.set_epoch(epoch)
+        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        skip = 0
+        for batch in batches:
+            joint = lora and step >= cfg.lora.warmup_steps
+            with accelerator.accumulate(model):
+                result = model(batch, joint=joint)
+                accelerator.backward(result["loss"])
+                if accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            window.append(result["loss"].detach())
+            parts_window.append(result["parts"].detach())
+            tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            step += 1
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == cfg.max_steps:
+                logged = metrics.log_train(
+                    accelerator, step, window, parts_window, cfg.head.kind, scheduler.get_last_lr()[0]
+                )
+                history.append(logged)
+                bar.set_postfix(loss=f"{logged['loss']:.4f}")
+                window, parts_window = [], []
+            if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
+                model.train()
+            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+                extra = {
+                    "tokens": accelerator.reduce(tokens.clone(), "sum").item() / accelerator.num_processes,
+                    "history": history,
+                }
+                checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
+            if step >= cfg.max_steps:
+                break
+        epoch += 1
+    bar.close()
+    wall = time.perf_counter() - start
+    total_tokens = accelerator.reduce(tokens.clone(), "sum").item()  # cost: one sync at the end
+    final_eval = next((h for h in reversed(history) if h.get("kind") == "eval"), {})
+    summary = {
+        "steps": step,
+        "wall_s": round(wall, 2),
+        "tokens": int(total_tokens),
+        "tokens_per_s": round(total_tokens / wall, 1) if wall > 0 else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "processes": accelerator.num_processes,
+        "resumed_from": int(state.get("step", 0)),
+        "final_eval": final_eval,
+        "history": history,
+        "head": p.head_summary,
+        "data": p.data.description,
+    }
+    if accelerator.is_main_process:
+        summary["final"] = str(save_final(accelerator.unwrap_model(model), cfg, p, summary, out))
+        metrics.write_json(out / "results.json", summary)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return summary
+
+
+def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, Any], out: Path) -> Path:
+    """The trained head in HF layout (out/final), with what the model card needs."""
+    from headstart.heads.checkpoint import atomic_dir
+
+    head = model.head
+    head.config.training = {
+        "data": p.data.description,
+        "steps": summary["steps"],
+        "global_batch": cfg.batch_size * cfg.grad_accum * summary["processes"],
+        "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",
+        "metrics": {k: v for k, v in summary["final_eval"].items() if isinstance(v, float)},
+    }
+    final = head.save_pretrained(out / "final")
+    if cfg.lora.enabled:  # Medusa-2: the adapted target goes with its heads
+        atomic_dir(out / "final-lora", lambda tmp: model.target.save_pretrained(str(tmp)))
+    return final

@@ -1,0 +1,123 @@
+"""Losses and held-out statistics as pure functions of tensors (no modules, no state).
+
+Alignment (headstart.heads.base): tokens x_0..x_{T-1}, target features f_t and logits z_t (z_t
+predicts x_{t+1}); loss_mask[s] = 1 when x_s is a reply token to learn. Every per-position tensor
+here is aligned to the query position t of the head, padded with zeros on the right by `ahead`:
+    Medusa head i (0-based) at t predicts x_{t+2+i}; the target's own guess of it is z_{t+1+i}.
+    EAGLE unroll step j at t predicts x_{t+2+j}, trained towards z_{t+1+j} (soft labels).
+A prediction counts when its predicted token is a reply token: mask = ahead(loss_mask, 2 + i).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def ahead(x: torch.Tensor, shift: int) -> torch.Tensor:
+    """x[:, t + shift] at position t, zero past the end; x is (B, T, ...)."""
+    if shift == 0:
+        return x
+    rest = x[:, shift:]
+    pad = torch.zeros((x.shape[0], min(shift, x.shape[1]), *x.shape[2:]), dtype=x.dtype, device=x.device)
+    return torch.cat([rest, pad], dim=1)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` (B, T) where mask (B, T) is 1; 0 when nothing is selected."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per position: logits (B, T, V), labels (B, T) -> (B, T)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(
+        labels.shape
+    )
+
+
+def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """-sum_v softmax(target) * log_softmax(logits) per position: (B, T, V) x2 -> (B, T)."""
+    return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+
+
+def medusa_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, decay: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Medusa-1: sum_i decay**i * CE(head i, x_{t+2+i}). logits (K, B, T, V) -> (loss, per-head CE (K,))."""
+    per_head = torch.stack(
+        [
+            masked_mean(token_ce(logits[i], ahead(input_ids, 2 + i)), ahead(loss_mask, 2 + i))
+            for i in range(logits.shape[0])
+        ]
+    )
+    weights = decay ** torch.arange(logits.shape[0], device=logits.device, dtype=per_head.dtype)
+    return (weights * per_head).sum(), per_head.detach()
+
+
+def lm_loss(target_logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """The target's own next-token CE on reply tokens (Medusa-2's joint term)."""
+    return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1))
+
+
+def eagle1_loss(
+    g: torch.Tensor,
+    head_logits: torch.Tensor,
+    target_hidden: torch.Tensor,
+    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    feature_weight: float,
+    ce_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """EAGLE-1: SmoothL1(g_t, f_{t+1}) * feature_weight + soft CE(head, z_{t+1}) * ce_weight.
+    g, target_hidden (B, T, H); logits (B, T, V). Returns (loss, feature loss, CE)."""
+    mask = ahead(loss_mask, 2)
+    feature = F.smooth_l1_loss(g.float(), ahead(target_hidden, 1).float(), reduction="none").mean(
+        -1
+    )  # (B, T)
+    feature = masked_mean(feature, mask)
+    ce = masked_mean(soft_ce(head_logits, ahead(target_logits, 1)), mask)
+    return feature_weight * feature + ce_weight * ce, feature.detach(), ce.detach()
+
+
+def ttt_loss(
+    step_logits: list[torch.Tensor], target_draft_logits: torch.Tensor, loss_mask: torch.Tensor, decay: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-3 training-time test: sum_j decay**j * soft CE(step j, z_{t+1+j} over the draft vocab).
+    step_logits: per step (B, T, Vd); target_draft_logits (B, T, Vd) = the target's logits at the
+    draft vocabulary (softmax over them = the target's distribution restricted and renormalised)."""
+    per_step = torch.stack(
+        [
+            masked_mean(soft_ce(logits, ahead(target_draft_logits, 1 + j)), ahead(loss_mask, 2 + j))
+            for j, logits in enumerate(step_logits)
+        ]
+    )
+    weights = decay ** torch.arange(len(step_logits), device=per_step.device, dtype=per_step.dtype)
+    return (weights * per_step).sum(), per_step.detach()
+
+
+def draft_hits(
+    step_target_ids: list[torch.Tensor], target_argmax: torch.Tensor, loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Held-out counts per step/head: (S, 3) rows of [top-1 hits, top-k hits, predictions].
+
+    step_target_ids[j]: (B, T, k) the draft's top-k guesses at step/head j, as TARGET ids, best
+    first; target_argmax (B, T): the target's greedy token z_t.argmax(). Sums stay on device."""
+    rows = []
+    for j, top in enumerate(step_target_ids):
+        want = ahead(target_argmax, 1 + j)  # (B, T)
+        mask = ahead(loss_mask, 2 + j).bool()
+        hit1 = (top[..., 0] == want) & mask
+        hitk = (top == want[..., None]).any(-1) & mask
+        rows.append(torch.stack([hit1.sum(), hitk.sum(), mask.sum()]))
+    return torch.stack(rows).to(torch.float64)
+
+
+def acceptance_length(top1: list[float]) -> float:
+    """Estimated tokens per target forward for a chain draft, bonus token included:
+    1 + sum_j prod_{i<=j} acc_i (treats step j's accuracy as conditional on earlier steps)."""
+    tau, run = 1.0, 1.0
+    for acc in top1:
+        run *= acc
+        tau += run
+    return tau

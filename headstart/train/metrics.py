@@ -1,0 +1,96 @@
+"""Logging: training loss windows, held-out top-1/top-k per head or unroll step, the estimated
+acceptance length, accelerate trackers and the results file. Sums stay on device until log time."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headstart.train.losses import acceptance_length
+
+
+def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Trackers take flat scalar hyper-parameters: nested keys dotted, lists as strings."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, int | float | str | bool) else str(value)
+    return flat
+
+
+def part_names(kind: str, count: int) -> list[str]:
+    if kind == "medusa":
+        return [f"ce/head{k + 1}" for k in range(count)] if count else []
+    if kind == "eagle":
+        return ["feature_loss", "ce"]
+    return [f"ce/step{j}" for j in range(count)]
+
+
+def log_train(
+    accelerator: Any, step: int, window: list[torch.Tensor], parts: list[torch.Tensor], kind: str, lr: float
+) -> dict[str, Any]:
+    """Mean loss over the window, averaged across processes (cost: one collective + one sync)."""
+    loss = accelerator.reduce(torch.stack(window).mean(), "mean")
+    mean_parts = accelerator.reduce(torch.stack(parts).mean(0), "mean").tolist()
+    names = part_names(kind, len(mean_parts))
+    if len(names) < len(mean_parts):  # Medusa-2 appends the target's own LM loss
+        names.append("lm_loss")
+    logged = {"kind": "train", "step": step, "loss": float(loss.item()), "lr": lr}
+    logged.update({f"train/{n}": float(v) for n, v in zip(names, mean_parts, strict=False)})
+    accelerator.log(
+        {k: v for k, v in logged.items() if k not in ("kind", "step")} | {"train/loss": logged["loss"]},
+        step=step,
+    )
+    return logged
+
+
+@torch.no_grad()
+def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joint: bool) -> dict[str, Any]:
+    """Held-out top-1 / top-k per head (Medusa) or unroll step (EAGLE) and the estimated
+    acceptance length (tokens per target forward, bonus token included)."""
+    model.eval()
+    hits, loss_sum, batches = None, None, 0
+    for i, batch in enumerate(loader):
+        if cfg.eval_batches and i >= cfg.eval_batches:
+            break
+        out = model(batch, evaluate=True, joint=joint)
+        hits = out["hits"] if hits is None else hits + out["hits"]  # (S, 3) on device
+        loss_sum = out["loss"].detach() if loss_sum is None else loss_sum + out["loss"].detach()
+        batches += 1
+    if hits is None:
+        return {"kind": "eval", "step": step}
+    hits = accelerator.reduce(hits, "sum").cpu()  # cost: one collective + device->host copy
+    loss = accelerator.reduce(loss_sum / batches, "mean").item()
+    label = "head" if cfg.head.kind == "medusa" else "step"
+    offset = 1 if label == "head" else 0
+    result: dict[str, Any] = {
+        "kind": "eval",
+        "step": step,
+        "eval/loss": loss,
+        "eval/predictions": int(hits[0, 2]),
+    }
+    top1 = []
+    for j, (hit1, hitk, count) in enumerate(hits.tolist()):
+        acc1, acck = hit1 / max(count, 1.0), hitk / max(count, 1.0)
+        top1.append(acc1)
+        result[f"eval/top1/{label}{j + offset}"] = acc1
+        result[f"eval/top{cfg.topk}/{label}{j + offset}"] = acck
+    result["eval/accept_len_est"] = acceptance_length(top1)
+    accelerator.log({k: v for k, v in result.items() if k not in ("kind", "step")}, step=step)
+    return result
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomic JSON write (temp file in the same directory + os.replace)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2)
+    os.replace(tmp, path)

@@ -1,0 +1,140 @@
+"""The trainable module handed to `accelerator.prepare`: target features in, loss (and held-out
+hit counts) out. Computing the loss inside `forward` lets DDP/FSDP/DeepSpeed see every trainable
+parameter (the head, plus LoRA adapters for Medusa-2); the frozen target is NOT a submodule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headstart.target.features import Features, capture
+from headstart.train import losses
+from headstart.train.config import TrainConfig
+
+
+def ttt_mask(steps_before: int, length: int, batch: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """Attention of unroll step j = steps_before over the cached keys of steps 0..j, (B, 1, T, (j+1)T).
+
+    Query t at step j stands for draft position t+j: it sees the true prefix (step 0 keys at
+    positions <= t) and its own draft ancestors (steps 1..j at the same t), as in inference."""
+    eye = torch.eye(length, dtype=torch.bool, device=device)
+    blocks = [torch.ones(length, length, dtype=torch.bool, device=device).tril()] + [eye] * steps_before
+    visible = torch.cat(blocks, dim=-1)  # (T, (j+1)T)
+    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
+        ~visible, torch.finfo(dtype).min
+    )
+    return mask.expand(batch, 1, *visible.shape)
+
+
+def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """Run an EAGLE head `steps` times on its own outputs; g_j (B, T, H) per step.
+    Step j reads token x_{t+1+j} at position t+j and the previous step's g (step 0: h0)."""
+    batch, length, _ = h0.shape
+    cache = head.new_cache()
+    base = torch.arange(length, device=h0.device).expand(batch, length)
+    outs, hidden = [], h0
+    for j in range(steps):
+        mask = ttt_mask(j, length, batch, h0.dtype, h0.device)
+        hidden = head(
+            hidden,
+            losses.ahead(input_ids, 1 + j),
+            position_ids=base + j,
+            attention_mask=mask,
+            past_key_values=cache,
+        )
+        outs.append(hidden)
+    return outs
+
+
+class Objective(nn.Module):
+    """head (+ LoRA target) -> losses. forward returns {"loss", "parts"} or, with evaluate, "hits"."""
+
+    def __init__(
+        self, head: nn.Module, target_model: Any, cfg: TrainConfig, trainable_target: bool = False
+    ) -> None:
+        super().__init__()
+        self.head = head
+        self.cfg = cfg
+        if trainable_target:
+            self.target = target_model  # Medusa-2: the peft-wrapped target, its LoRA weights train
+        else:
+            self._frozen = [target_model]  # a list hides it from nn.Module: never saved, never wrapped
+
+    @property
+    def target_model(self) -> Any:
+        return self.target if "target" in self._modules else self._frozen[0]
+
+    def features(self, batch: dict[str, Any], grad: bool) -> Features:
+        layers = self.head.feature_layers
+        if "features" not in batch:
+            return capture(self.target_model, batch["input_ids"], layers=layers, grad=grad)
+        cached = batch["features"]  # offline: distill's cache, (B, T, H) each
+        dtype = next(self.head.parameters()).dtype
+        last = cached["last"].to(dtype)
+        with torch.no_grad():  # cost: the lm_head (V x H) over every position
+            logits = self.target_model.get_output_embeddings()(last)
+        return Features(
+            logits=logits, last_hidden=last, layers={i: cached[f"layer{i}"].to(dtype) for i in layers}
+        )
+
+    def forward(
+        self, batch: dict[str, Any], evaluate: bool = False, joint: bool = False
+    ) -> dict[str, torch.Tensor]:
+        kind = self.head.kind
+        feats = self.features(batch, grad=joint and not evaluate)
+        ids, mask = batch["input_ids"], batch["loss_mask"]
+        if kind == "medusa":
+            return self._medusa(feats, ids, mask, evaluate, joint)
+        return self._eagle(feats, ids, mask, evaluate)
+
+    def _medusa(
+        self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool, joint: bool
+    ) -> dict[str, torch.Tensor]:
+        logits = self.head(feats.last_hidden)  # (K, B, T, V)
+        loss, per_head = losses.medusa_loss(logits, ids, mask, self.cfg.loss.medusa_decay)
+        out = {"loss": loss, "parts": per_head}
+        if joint:  # Medusa-2: the target's own loss through its LoRA adapters
+            lm = losses.lm_loss(feats.logits, ids, mask)
+            out["loss"] = self.cfg.lora.lm_weight * lm + self.cfg.lora.heads_weight * loss
+            out["parts"] = torch.cat([per_head, lm.detach()[None]])
+        if evaluate:
+            top = logits.topk(self.cfg.topk, dim=-1).indices  # (K, B, T, k), already target ids
+            out["hits"] = losses.draft_hits(list(top), feats.logits.argmax(-1), mask)
+        return out
+
+    def _eagle(
+        self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool
+    ) -> dict[str, torch.Tensor]:
+        head, cfg = self.head, self.cfg.loss
+        h0 = head.fuse(feats.last_hidden, feats.layers)
+        if head.kind == "eagle":
+            if not evaluate and cfg.eagle_noise > 0:
+                h0 = h0 + (torch.rand_like(h0) - 0.5) * cfg.eagle_noise  # consumes the global RNG
+            steps = unroll(head, h0, ids, cfg.eval_steps if evaluate else 1)
+            loss, feature, ce = losses.eagle1_loss(
+                steps[0],
+                head.logits(steps[0]),
+                feats.last_hidden,
+                feats.logits,
+                mask,
+                cfg.eagle_feature_weight,
+                cfg.eagle_ce_weight,
+            )
+            out = {"loss": loss, "parts": torch.stack([feature, ce])}
+        else:
+            steps = unroll(head, h0, ids, cfg.ttt_steps)
+            target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
+            step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
+            loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay)
+            out = {"loss": loss, "parts": per_step}
+        if evaluate:
+            if head.kind == "eagle":
+                step_logits = [head.logits(g) for g in steps]
+            tops = [
+                head.draft_to_target(logits.topk(self.cfg.topk, dim=-1).indices) for logits in step_logits
+            ]
+            out["hits"] = losses.draft_hits(tops, feats.logits.argmax(-1), mask)
+        return out

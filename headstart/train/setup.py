@@ -1,0 +1,149 @@
+"""Everything before the first training step: accelerator, target, data checks, head, optimizer.
+
+All user-fixable problems (misspelt recipe keys are caught earlier by load_config; data from
+another target, empty data, a head that does not fit the target, a missing tracker) raise here,
+before any forward pass.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headstart.config import to_dict
+from headstart.errors import HeadstartError
+from headstart.heads import build_head, head_config
+from headstart.train.config import TrainConfig
+from headstart.train.data import TrainData, check_data, load_distilled_data, split, token_counts
+
+
+@dataclass
+class Plan:
+    """What a run will do, known before any compute (also what `--dry-run` prints)."""
+
+    cfg: TrainConfig
+    target: Any
+    data: TrainData
+    train_idx: list[int]
+    eval_idx: list[int]
+    head_summary: dict[str, Any]
+
+
+def trackers(cfg: TrainConfig) -> list[str]:
+    chosen = [t for t in cfg.trackers if t != "none"]
+    if "wandb" in chosen:
+        if importlib.util.find_spec("wandb") is None:
+            raise HeadstartError(
+                "trackers include wandb but wandb is not installed",
+                "pip install wandb, or set trackers=[tensorboard]",
+            )
+        os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user asks for it
+    if (
+        "tensorboard" in chosen
+        and importlib.util.find_spec("tensorboard") is None
+        and importlib.util.find_spec("tensorboardX") is None
+    ):
+        raise HeadstartError(
+            "trackers include tensorboard but it is not installed",
+            "pip install tensorboard, or set trackers=[none]",
+        )
+    return chosen
+
+
+def make_accelerator(cfg: TrainConfig) -> Any:
+    from accelerate import Accelerator
+    from accelerate.utils import (
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
+
+    chosen = trackers(cfg)
+    return Accelerator(
+        cpu=cfg.cpu,
+        mixed_precision=cfg.mixed_precision,
+        # Accumulation crosses epoch ends, so `step * grad_accum` batches is exactly what was consumed.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.grad_accum, sync_with_dataloader=False
+        ),
+        log_with=chosen or None,
+        project_config=ProjectConfiguration(
+            project_dir=cfg.output_dir, logging_dir=str(Path(cfg.output_dir) / "logs")
+        ),
+        # Medusa-2 warm-up leaves the LoRA weights without gradients.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.lora.enabled)],
+    )
+
+
+def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, target: Any = None) -> Plan:
+    """Load the target and the data and check that everything fits; no forward pass."""
+    from headstart.commands.common import quiet_transformers
+    from headstart.target import load_target
+
+    if target is None:
+        with quiet_transformers():
+            target = load_target(cfg.target, dtype=cfg.dtype, device=device)
+    if data is None:
+        data = load_distilled_data(cfg.data)
+    config = head_config(cfg.head, target)  # raises when the head does not fit the target
+    check_data(data, target, config.feature_layers, cfg.data.mode)
+    train_idx, eval_idx = split(len(data), cfg.data.holdout, cfg.seed)
+    if len(train_idx) < cfg.batch_size:
+        raise HeadstartError(
+            f"only {len(train_idx)} training conversations for batch_size={cfg.batch_size}",
+            "lower batch_size or data.holdout, or distil more data",
+        )
+    summary = {k: v for k, v in to_dict(cfg.head).items()} | {
+        "feature_layers": config.feature_layers,
+        "draft_vocab_size": config.draft_vocab_size,
+    }
+    return Plan(cfg, target, data, train_idx, eval_idx, summary)
+
+
+def make_head(p: Plan) -> Any:
+    counts = None
+    if p.cfg.head.kind == "eagle3" and p.cfg.head.draft_vocab_size:
+        counts = token_counts(p.data, p.train_idx, p.target.vocab_size)
+    return build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
+
+
+def add_lora(cfg: TrainConfig, target_model: Any) -> Any:
+    """Medusa-2: the target with trainable LoRA adapters (base weights stay frozen)."""
+    from peft import LoraConfig, get_peft_model
+
+    names = {n.rsplit(".", 1)[-1] for n, _ in target_model.named_modules()}
+    missing = [m for m in cfg.lora.target_modules if m not in names]
+    if missing:
+        raise HeadstartError(
+            f"lora.target_modules {missing} are not modules of the target", "use names like q_proj, v_proj"
+        )
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+    )
+    return get_peft_model(target_model, lora)
+
+
+def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> tuple[Any, Any]:
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
+    )
+    warm, total, kind = cfg.optim.warmup_steps, cfg.max_steps, cfg.optim.schedule
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if kind == "constant":
+            return 1.0
+        progress = min(1.0, (step - warm) / max(1, total - warm))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
