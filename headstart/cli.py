@@ -20,6 +20,7 @@ COMMANDS = {
     "generate": ("headstart.commands.generate", "generate a reply, streaming to stdout"),
     "distill": ("headstart.commands.distill", "self-distillation: the target's own replies to prompts, as resumable shards"),
     "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
+    "train": ("headstart.commands.train", "train draft heads (Medusa-1/2, EAGLE-1, EAGLE-3) on a frozen target"),
 }
 
 

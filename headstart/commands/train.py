@@ -1,0 +1,46 @@
+"""`headstart train --recipe recipes/FILE.yaml [dotted.overrides] [--resume] [--dry-run]`.
+
+Runs the same under `accelerate launch ... -m headstart train ...` for several processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--recipe", required=True, help="a YAML TrainConfig, e.g. recipes/train_smollm2_medusa.yaml"
+    )
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=100 head.num_heads=4")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint in output_dir"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the recipe (and --accelerate-config) and print the plan; loads no model or data",
+    )
+    parser.add_argument(
+        "--accelerate-config", default=None, help="with --dry-run: an accelerate config file to validate"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+
+    cfg = load_config(TrainConfig, args.recipe, args.overrides)  # misspelt keys fail here, before any compute
+    if args.dry_run:
+        from headstart.train.dryrun import dry_run
+
+        print(json.dumps(dry_run(cfg, args.accelerate_config), indent=2))
+        return 0
+    from headstart.train.loop import train
+
+    summary = train(cfg, resume=args.resume)
+    if summary.get("final"):
+        keep = ("steps", "wall_s", "tokens_per_s", "peak_rss_mb", "processes", "final")
+        print(json.dumps({k: summary[k] for k in keep} | {"final_eval": summary["final_eval"]}, indent=2))
+    return 0

@@ -1,0 +1,75 @@
+"""`headstart train --dry-run`: validate a recipe and its accelerate config and describe the run,
+without loading the target or the data (so GPU recipes for 7-8B targets can be checked anywhere)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from headstart.config import to_dict
+from headstart.errors import HeadstartError
+from headstart.train.config import TrainConfig
+from headstart.train.setup import trackers
+
+
+def accelerate_plan(path: str | Path) -> dict[str, Any]:
+    """Parse an accelerate config with accelerate's own reader; the fields that shape the run."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    if not Path(path).is_file():
+        raise HeadstartError(f"accelerate config not found: {path}", "pass a file from recipes/accelerate/")
+    try:
+        config = load_config_from_file(str(path))
+    except (ValueError, TypeError, KeyError) as err:
+        raise HeadstartError(
+            f"accelerate cannot read {path}: {err}", "fix the accelerate config (see `accelerate config`)"
+        ) from None
+    plan = {
+        "distributed_type": str(config.distributed_type).split(".")[-1],
+        "num_processes": int(config.num_processes or 1),
+        "num_machines": int(config.num_machines or 1),
+        "mixed_precision": str(config.mixed_precision).split(".")[-1],
+        "use_cpu": bool(config.use_cpu),
+    }
+    if plan["distributed_type"] == "DEEPSPEED":
+        ds = config.deepspeed_config or {}
+        if int(ds.get("zero_stage", -1)) not in (0, 1, 2, 3):
+            raise HeadstartError(f"{path}: deepspeed_config.zero_stage must be 0-3", "set zero_stage: 2 or 3")
+        plan["zero_stage"] = int(ds["zero_stage"])
+    if plan["distributed_type"] == "FSDP":
+        fsdp = config.fsdp_config or {}
+        plan["fsdp"] = {k: fsdp[k] for k in sorted(fsdp) if k.startswith("fsdp_")}
+    return plan
+
+
+def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str, Any]:
+    """The run a recipe describes: head, data, batch arithmetic, trackers, distributed layout."""
+    chosen = trackers(cfg)
+    procs = (
+        accelerate_plan(accelerate_config)
+        if accelerate_config
+        else {"num_processes": 1, "distributed_type": "NO"}
+    )
+    world = procs["num_processes"] * procs.get("num_machines", 1)
+    if cfg.mixed_precision != "no" and procs.get("mixed_precision") not in (None, "no", cfg.mixed_precision):
+        raise HeadstartError(
+            f"recipe mixed_precision={cfg.mixed_precision} but the accelerate config says {procs['mixed_precision']}",
+            "make them agree",
+        )
+    loss = {
+        "medusa": "Medusa-2 (joint LoRA)" if cfg.lora.enabled else "Medusa-1 (per-head CE)",
+        "eagle": "EAGLE-1 (SmoothL1 features + CE)",
+        "eagle3": f"EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)",
+    }[cfg.head.kind]
+    return {
+        "target": cfg.target,
+        "head": to_dict(cfg.head),
+        "loss": loss,
+        "data": {"path": cfg.data.path, "mode": cfg.data.mode, "max_length": cfg.data.max_length},
+        "global_batch": cfg.batch_size * cfg.grad_accum * world,
+        "max_steps": cfg.max_steps,
+        "conversations_seen": cfg.batch_size * cfg.grad_accum * world * cfg.max_steps,
+        "trackers": chosen,
+        "accelerate": procs,
+        "output_dir": cfg.output_dir,
+    }
