@@ -119,3 +119,12 @@ def test_unknown_baseline(tiny_llama, tmp_path):
         )
         == 2
     )
+
+
+def test_verify_cost_curve_keeps_context_fixed(tiny_llama):
+    from headstart.bench.cost import verify_cost_ms
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    costs = verify_cost_ms(target, node_counts=(1, 4, 16), context=32, repeats=2)
+    assert list(costs) == [1, 4, 16] and all(ms > 0 for ms in costs.values())

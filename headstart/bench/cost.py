@@ -1,0 +1,55 @@
+"""What a verify forward costs on this hardware, as a function of the number of tree nodes.
+
+The tuner combines this curve with the heads' measured acceptance: a bigger tree accepts more
+tokens per step but every node costs target compute, and on a CPU the cost grows fast.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from headstart.target import Target, forward, new_cache, tree_attention_mask
+
+
+@torch.no_grad()
+def verify_cost_ms(
+    target: Target,
+    node_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    context: int = 256,
+    repeats: int = 5,
+) -> dict[int, float]:
+    """Median ms of one target forward over `n` new tokens after a `context`-token cached prefix.
+
+    Uses a chain-shaped tree mask: the mask's shape, not its pattern, sets the cost.
+    """
+    model = target.model
+    vocab = min(target.vocab_size, target.tokenizer.vocab_size)
+    prefix = torch.randint(0, vocab, (1, context), device=target.device)
+    cache = new_cache(model)
+    forward(model, prefix, past_key_values=cache)
+    visible_prefix = torch.ones(1, context, dtype=torch.bool, device=target.device)
+    costs = {}
+    for n in node_counts:
+        tokens = torch.randint(0, vocab, (1, n), device=target.device)
+        mask = tree_attention_mask(visible_prefix, torch.ones(n, n, dtype=torch.bool).tril(), target.dtype)
+        positions = torch.arange(context, context + n, device=target.device)[None]
+        times = []
+        for _ in range(repeats + 1):
+            start = time.perf_counter()
+            forward(model, tokens, attention_mask=mask, position_ids=positions, past_key_values=cache)
+            if tokens.is_cuda:
+                torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
+            times.append(time.perf_counter() - start)
+            _drop_last(cache, n)  # keep the context fixed at `context`
+        costs[n] = 1000 * statistics.median(times[1:])
+    return costs
+
+
+def _drop_last(cache: object, n: int) -> None:
+    for layer in cache.layers:  # type: ignore[attr-defined]
+        layer.keys = layer.keys[..., :-n, :]
+        layer.values = layer.values[..., :-n, :]
