@@ -19,7 +19,10 @@ from headstart.errors import HeadstartError
 def _layers(cache: Any) -> list[Any]:
     layers = getattr(cache, "layers", None)
     if layers is None:
-        raise HeadstartError(f"unsupported KV cache {type(cache).__name__} (no .layers)", "use transformers >= 4.56 (DynamicCache)")
+        raise HeadstartError(
+            f"unsupported KV cache {type(cache).__name__} (no .layers)",
+            "use transformers >= 4.56 (DynamicCache)",
+        )
     return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
 
 

@@ -40,7 +40,9 @@ class SpeculativeDecoder:
     distributed as the target's; stats carry a `lossy` label.
     """
 
-    def __init__(self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False) -> None:
+    def __init__(
+        self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False
+    ) -> None:
         self.target = target
         self.heads = heads
         heads.bind(target.model)
@@ -64,7 +66,9 @@ class SpeculativeDecoder:
                         layers=drafter.feature_layers)  # fmt: skip
         root = self._choose(feats.logits[:, -1], sampling)  # (B,)
         last = torch.full_like(root, steps - 1)
-        drafter.observe(feats.last_hidden, feats.layers, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid, last)
+        drafter.observe(
+            feats.last_hidden, feats.layers, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid, last
+        )
         return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any) -> DraftTree:
@@ -85,7 +89,9 @@ class SpeculativeDecoder:
             return accept_typical(tree, feats.logits, sampling, generator=self.generator)
         return accept_sampling(tree, feats.logits, sampling, self.generator)
 
-    def commit(self, state: DecodeState, tree: DraftTree, feats: Features, acc: Acceptance, drafter: Any) -> torch.Tensor:
+    def commit(
+        self, state: DecodeState, tree: DraftTree, feats: Features, acc: Acceptance, drafter: Any
+    ) -> torch.Tensor:
         """Compact the KV cache to the accepted path, feed the head, advance the state.
         Returns the committed tokens (B, A); row b's first acc.lengths[b] are real."""
         prefix = kv.cache_length(state.cache) - tree.size
@@ -99,7 +105,9 @@ class SpeculativeDecoder:
         index = acc.path[..., None].expand(-1, -1, feats.last_hidden.shape[-1])
         layers = {i: x.gather(1, index) for i, x in feats.layers.items()}
         positions = state.lengths[:, None] + slot
-        drafter.observe(feats.last_hidden.gather(1, index), layers, committed, positions, real, acc.lengths - 1)
+        drafter.observe(
+            feats.last_hidden.gather(1, index), layers, committed, positions, real, acc.lengths - 1
+        )
         state.visible = torch.cat([state.visible, real], dim=1)
         state.lengths = state.lengths + acc.lengths
         state.root = acc.bonus
@@ -135,17 +143,23 @@ class SpeculativeDecoder:
             sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature if do_sample else 0.0,
                                       top_p=top_p, top_k=top_k, seed=seed)  # fmt: skip
         device = self.target.device
-        self.generator = torch.Generator(device=device).manual_seed(sampling.seed) if sampling.seed is not None else None
+        self.generator = (
+            torch.Generator(device=device).manual_seed(sampling.seed) if sampling.seed is not None else None
+        )
         pad_id = self.target.tokenizer.pad_token_id or 0
         limit = getattr(self.target.config, "max_position_embeddings", None)
-        prompts = prepare_prompts(input_ids, attention_mask, pad_id, sampling.max_new_tokens, limit, truncate_prompt, device)
+        prompts = prepare_prompts(
+            input_ids, attention_mask, pad_id, sampling.max_new_tokens, limit, truncate_prompt, device
+        )
         eos = self.target.eos_token_ids if eos_token_id == "default" else _as_ids(eos_token_id)
         strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
         rule = StopRule(sampling.max_new_tokens, frozenset(eos), strings, self.target.tokenizer)
         if streamer is not None and prompts.batch > 1:
             from headstart.errors import HeadstartError
 
-            raise HeadstartError("streaming needs a single prompt", "drop the streamer or decode one prompt at a time")
+            raise HeadstartError(
+                "streaming needs a single prompt", "drop the streamer or decode one prompt at a time"
+            )
         stats = DecodeStats(batch_size=prompts.batch, lossy=self.typical and not sampling.greedy)
         emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
         drafter = make_drafter(self.heads, self.target.vocab_size)

@@ -31,13 +31,23 @@ class DraftTree:
         return int(self.tokens.shape[1])
 
     @classmethod
-    def from_static(cls, tree: TreeBuffers, tokens: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor | None) -> DraftTree:
+    def from_static(
+        cls, tree: TreeBuffers, tokens: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor | None
+    ) -> DraftTree:
         batch, device = tokens.shape[0], tokens.device
 
         def rows(x: torch.Tensor) -> torch.Tensor:
             return x.to(device).expand(batch, *x.shape)
 
-        return cls(tokens, rows(tree.parents), rows(tree.depths), rows(tree.visible), rows(tree.children), valid, draft_probs)
+        return cls(
+            tokens,
+            rows(tree.parents),
+            rows(tree.depths),
+            rows(tree.visible),
+            rows(tree.children),
+            valid,
+            draft_probs,
+        )
 
 
 def children_from_parents(parents: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

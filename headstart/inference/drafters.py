@@ -68,7 +68,9 @@ class EagleDrafter:
         if self._to_target.numel() and int(self._to_target.max()) >= vocab_size:
             raise HeadstartError("the head's draft vocabulary maps outside the target vocabulary (bad d2t)",
                                  "re-export the head for this target")  # fmt: skip
-        self._identity = self._to_target.numel() == vocab_size and bool((self._to_target == draft_ids.to(self._to_target.device)).all())
+        self._identity = self._to_target.numel() == vocab_size and bool(
+            (self._to_target == draft_ids.to(self._to_target.device)).all()
+        )
         self.cache = heads.new_cache()
         self.visible: torch.Tensor | None = None  # (B, P) committed head-cache entries that are real
         self.committed = 0  # head-cache entries that hold committed positions
@@ -93,7 +95,9 @@ class EagleDrafter:
         causal = torch.ones(steps, steps, dtype=torch.bool, device=valid.device).tril()
         tree = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=valid.device)
         mask = tree_attention_mask(prefix, tree, hidden.dtype)  # (B, 1, T, P + T)
-        g = self.heads(hidden, next_tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache)
+        g = self.heads(
+            hidden, next_tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
+        )
         self.visible = torch.cat([prefix, valid], dim=1)
         self.committed = kv.cache_length(self.cache)
         rows = torch.arange(batch, device=last.device)
@@ -119,11 +123,15 @@ class EagleDrafter:
         sees = visible[rows, nodes]  # (B, k, N)
         drafted = [sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in self.entries]
         prefix = self.visible[:, None, :].expand(-1, width, -1)
-        allowed = torch.cat([prefix, *drafted, sees.gather(2, nodes[:, None, :].expand(-1, width, -1))], dim=-1)
+        allowed = torch.cat(
+            [prefix, *drafted, sees.gather(2, nodes[:, None, :].expand(-1, width, -1))], dim=-1
+        )
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
         mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (B, 1, k, kv)
         positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
-        g = self.heads(hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache)
+        g = self.heads(
+            hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
+        )
         self.entries.append(nodes)
         self.g[rows, nodes] = g
         return self._target_logits(g)
@@ -158,4 +166,6 @@ def make_drafter(heads: Any, vocab_size: int) -> Any:
         return MedusaDrafter(heads)
     if kind in ("eagle", "eagle3"):
         return EagleDrafter(heads, vocab_size)
-    raise HeadstartError(f"unknown head kind {kind!r}", "load heads saved by `headstart train` (medusa, eagle, eagle3)")
+    raise HeadstartError(
+        f"unknown head kind {kind!r}", "load heads saved by `headstart train` (medusa, eagle, eagle3)"
+    )

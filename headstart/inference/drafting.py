@@ -33,7 +33,10 @@ class DynamicTree:
     def __post_init__(self) -> None:
         for name in ("depth", "top_k", "total_tokens"):
             if getattr(self, name) < 1:
-                raise HeadstartError(f"dynamic tree {name} must be >= 1, got {getattr(self, name)}", "e.g. --tree dynamic:depth=4,top_k=4,total_tokens=12")
+                raise HeadstartError(
+                    f"dynamic tree {name} must be >= 1, got {getattr(self, name)}",
+                    "e.g. --tree dynamic:depth=4,top_k=4,total_tokens=12",
+                )
 
 
 def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
@@ -68,11 +71,15 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
         if frontier.numel() == 0:
             break
         nodes = frontier.expand(batch, -1)
-        logits = drafter.expand(nodes, parents[frontier].expand(batch, -1), tokens[:, frontier], depth + 1, visible)
+        logits = drafter.expand(
+            nodes, parents[frontier].expand(batch, -1), tokens[:, frontier], depth + 1, visible
+        )
     return DraftTree.from_static(tree, tokens, valid, draft_probs)
 
 
-def draft_dynamic(spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None) -> DraftTree:
+def draft_dynamic(
+    spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None
+) -> DraftTree:
     """EAGLE-2: expand the top_k best frontier nodes for `depth` steps, keep the best total_tokens."""
     depth = min(spec.depth, max_depth) if max_depth else spec.depth
     k, batch, device = spec.top_k, root.shape[0], root.device
@@ -85,9 +92,16 @@ def draft_dynamic(spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling:
     tokens[:, 0] = root
     rows = torch.arange(batch, device=device)[:, None]
 
-    def add(start: int, new_tokens: torch.Tensor, new_parents: torch.Tensor, new_scores: torch.Tensor, d: int) -> torch.Tensor:
+    def add(
+        start: int, new_tokens: torch.Tensor, new_parents: torch.Tensor, new_scores: torch.Tensor, d: int
+    ) -> torch.Tensor:
         ids = torch.arange(start, start + new_tokens.shape[1], device=device).expand(batch, -1)
-        tokens[:, ids[0]], parent[:, ids[0]], score[:, ids[0]], level[:, ids[0]] = new_tokens, new_parents, new_scores, d
+        tokens[:, ids[0]], parent[:, ids[0]], score[:, ids[0]], level[:, ids[0]] = (
+            new_tokens,
+            new_parents,
+            new_scores,
+            d,
+        )
         visible[rows, ids] |= visible[rows, new_parents]  # ancestors of the parent, plus self (eye)
         return ids
 
@@ -98,23 +112,31 @@ def draft_dynamic(spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling:
     frontier = add(1, first.indices, torch.zeros_like(first.indices), first.values, 1)
     start = 1 + k
     for d in range(2, depth + 1):
-        logits = drafter.expand(frontier, parent.gather(1, frontier), tokens.gather(1, frontier), d - 1, visible)
+        logits = drafter.expand(
+            frontier, parent.gather(1, frontier), tokens.gather(1, frontier), d - 1, visible
+        )
         top = log_probs(logits).topk(k, dim=-1)  # (B, k, k)
         cum = score.gather(1, frontier)[..., None] + top.values  # (B, k, k)
-        ids = add(start, top.indices.flatten(1), frontier[..., None].expand(-1, -1, k).flatten(1), cum.flatten(1), d)
+        ids = add(
+            start, top.indices.flatten(1), frontier[..., None].expand(-1, -1, k).flatten(1), cum.flatten(1), d
+        )
         start += k * k
         frontier = ids.gather(1, cum.flatten(1).topk(k, dim=-1).indices)
     # Stable sort, best first: a child never outscores its parent and parents come first in the
     # pool, so any kept child's parent is kept too (the selection is a tree).
     keep = min(spec.total_tokens, size - 1)
     best = score[:, 1:].argsort(dim=1, descending=True, stable=True)[:, :keep] + 1
-    chosen = torch.cat([torch.zeros(batch, 1, dtype=torch.long, device=device), best.sort(dim=1).values], dim=1)
+    chosen = torch.cat(
+        [torch.zeros(batch, 1, dtype=torch.long, device=device), best.sort(dim=1).values], dim=1
+    )
     where = torch.full((batch, size), -1, dtype=torch.long, device=device)
     where[rows, chosen] = torch.arange(keep + 1, device=device).expand(batch, -1)
     new_parents = where.gather(1, parent.gather(1, chosen))  # (B, n)
     sel_scores = score.gather(1, chosen)
     n = keep + 1
-    tree_visible = visible.gather(1, chosen[..., None].expand(-1, -1, size)).gather(2, chosen[:, None, :].expand(-1, n, -1))
+    tree_visible = visible.gather(1, chosen[..., None].expand(-1, -1, size)).gather(
+        2, chosen[:, None, :].expand(-1, n, -1)
+    )
     return DraftTree(
         tokens=tokens.gather(1, chosen),
         parents=new_parents,

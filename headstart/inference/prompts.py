@@ -39,7 +39,9 @@ def _rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]
         return [list(input_ids)]
     if isinstance(input_ids, list | tuple) and all(isinstance(r, list | tuple) for r in input_ids):
         return [list(r) for r in input_ids]
-    raise HeadstartError("input_ids must be a list of ids, a list of lists or a (B, T) tensor", "tokenize the prompt first")
+    raise HeadstartError(
+        "input_ids must be a list of ids, a list of lists or a (B, T) tensor", "tokenize the prompt first"
+    )
 
 
 def prepare_prompts(

@@ -24,7 +24,9 @@ class StopRule:
         if self.stop_strings and self.tokenizer is None:
             from headstart.errors import HeadstartError
 
-            raise HeadstartError("stop strings need a tokenizer to decode text", "pass the target's tokenizer")
+            raise HeadstartError(
+                "stop strings need a tokenizer to decode text", "pass the target's tokenizer"
+            )
         # A stop string of c characters spans at most c tokens (+ a few for partial UTF-8 bytes).
         self._tail_tokens = max((len(s) for s in self.stop_strings), default=0) + 4
 

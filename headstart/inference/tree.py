@@ -59,7 +59,10 @@ def build_tree(paths: Sequence[Sequence[int]]) -> TreeBuffers:
     for raw in paths:
         path = tuple(int(i) for i in raw)
         if not path or min(path) < 0:
-            raise HeadstartError(f"bad tree path {list(raw)}: paths are non-empty lists of ranks >= 0", "e.g. [[0], [1], [0, 0]]")
+            raise HeadstartError(
+                f"bad tree path {list(raw)}: paths are non-empty lists of ranks >= 0",
+                "e.g. [[0], [1], [0, 0]]",
+            )
         clean.append(path)
     ordered = sorted(set(clean), key=lambda p: (len(p), p))
     if len(ordered) != len(clean):
@@ -67,7 +70,10 @@ def build_tree(paths: Sequence[Sequence[int]]) -> TreeBuffers:
     index = {(): 0} | {p: i + 1 for i, p in enumerate(ordered)}
     missing = [list(p[:-1]) for p in ordered if p[:-1] not in index]
     if missing:
-        raise HeadstartError(f"tree paths {missing} are missing (every prefix of a path must be a node)", "add the parent paths")
+        raise HeadstartError(
+            f"tree paths {missing} are missing (every prefix of a path must be a node)",
+            "add the parent paths",
+        )
     n = len(ordered) + 1
     parents = torch.zeros(n, dtype=torch.long)
     ranks = torch.zeros(n, dtype=torch.long)

@@ -1,11 +1,11 @@
 """`--tree` values: a static tree (default, chain, JSON paths or a JSON file) or a dynamic one.
 
-    static                                   the default static tree (cut to a Medusa head's depth)
-    chain:4                                  a single top-1 path of 4 drafts
-    [[0],[1],[0,0]]                          index paths, inline JSON
-    tree.json                                a file with a JSON list of paths, or {"paths": [...]}
-    dynamic                                  EAGLE-2 dynamic tree with default sizes
-    dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
+static                                   the default static tree (cut to a Medusa head's depth)
+chain:4                                  a single top-1 path of 4 drafts
+[[0],[1],[0,0]]                          index paths, inline JSON
+tree.json                                a file with a JSON list of paths, or {"paths": [...]}
+dynamic                                  EAGLE-2 dynamic tree with default sizes
+dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ TreeSpec = TreeBuffers | DynamicTree
 def _paths_from_json(data: Any, source: str) -> TreeBuffers:
     if isinstance(data, dict) and "paths" in data:
         data = data["paths"]
-    if not isinstance(data, list) or not all(isinstance(p, list) and all(isinstance(i, int) for i in p) for p in data):
-        raise HeadstartError(f"{source} is not a list of index paths", 'write e.g. [[0], [1], [0, 0]] or {"paths": [...]}')
+    if not isinstance(data, list) or not all(
+        isinstance(p, list) and all(isinstance(i, int) for i in p) for p in data
+    ):
+        raise HeadstartError(
+            f"{source} is not a list of index paths", 'write e.g. [[0], [1], [0, 0]] or {"paths": [...]}'
+        )
     return build_tree(data)
 
 
@@ -34,7 +38,9 @@ def _dynamic(options: str) -> DynamicTree:
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
         if key not in ("depth", "top_k", "total_tokens") or not value.isdigit():
-            raise HeadstartError(f"bad dynamic tree option '{item}'", "use dynamic:depth=4,top_k=4,total_tokens=12")
+            raise HeadstartError(
+                f"bad dynamic tree option '{item}'", "use dynamic:depth=4,top_k=4,total_tokens=12"
+            )
         values[key] = int(value)
     return DynamicTree(**values)
 
@@ -57,14 +63,22 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
         try:
             tree = _paths_from_json(json.loads(spec), "--tree")
         except json.JSONDecodeError as err:
-            raise HeadstartError(f"--tree is not valid JSON: {err}", "e.g. --tree '[[0],[1],[0,0]]'") from None
+            raise HeadstartError(
+                f"--tree is not valid JSON: {err}", "e.g. --tree '[[0],[1],[0,0]]'"
+            ) from None
     elif Path(spec).is_file():
         try:
             tree = _paths_from_json(json.loads(Path(spec).read_text()), spec)
         except json.JSONDecodeError as err:
             raise HeadstartError(f"tree file {spec} is not valid JSON: {err}", "fix the file") from None
     else:
-        raise HeadstartError(f"unknown tree '{spec}'", "use static, dynamic[:depth=..,top_k=..,total_tokens=..], chain:N, JSON paths or a .json file")
+        raise HeadstartError(
+            f"unknown tree '{spec}'",
+            "use static, dynamic[:depth=..,top_k=..,total_tokens=..], chain:N, JSON paths or a .json file",
+        )
     if isinstance(tree, TreeBuffers) and max_depth is not None and tree.max_depth > max_depth:
-        raise HeadstartError(f"the tree is {tree.max_depth} levels deep but the heads draft only {max_depth}", f"use a tree of depth <= {max_depth}")
+        raise HeadstartError(
+            f"the tree is {tree.max_depth} levels deep but the heads draft only {max_depth}",
+            f"use a tree of depth <= {max_depth}",
+        )
     return tree

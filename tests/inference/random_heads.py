@@ -29,13 +29,20 @@ class RandomMedusa(nn.Module):
         pass
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.stack([o(hidden + torch.nn.functional.silu(b(hidden))) for b, o in zip(self.blocks, self.out)])
+        return torch.stack(
+            [
+                o(hidden + torch.nn.functional.silu(b(hidden)))
+                for b, o in zip(self.blocks, self.out, strict=True)
+            ]
+        )
 
 
 class RandomEagle(nn.Module):
     """EAGLE-1 style (kind 'eagle') or, with `draft_vocab`, EAGLE-3 style (fused layers, d2t)."""
 
-    def __init__(self, target_model: Any, seed: int = 0, draft_vocab: int | None = None, layers: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, target_model: Any, seed: int = 0, draft_vocab: int | None = None, layers: tuple[int, ...] = ()
+    ) -> None:
         super().__init__()
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
@@ -43,8 +50,14 @@ class RandomEagle(nn.Module):
         torch.manual_seed(seed)
         cfg = target_model.config
         hidden, vocab = cfg.hidden_size, cfg.vocab_size
-        self.config = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_attention_heads=4,
-                                  num_key_value_heads=2, num_hidden_layers=1, vocab_size=vocab)
+        self.config = LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=1,
+            vocab_size=vocab,
+        )
         self.config._attn_implementation = "sdpa"
         self.kind = "eagle3" if draft_vocab else "eagle"
         self.feature_layers = tuple(layers)
@@ -61,7 +74,10 @@ class RandomEagle(nn.Module):
         self._bound: dict[str, Any] = {}
 
     def bind(self, target_model: Any) -> None:
-        self._bound = {"embed": target_model.get_input_embeddings(), "lm_head": target_model.get_output_embeddings()}
+        self._bound = {
+            "embed": target_model.get_input_embeddings(),
+            "lm_head": target_model.get_output_embeddings(),
+        }
 
     def fuse(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor]) -> torch.Tensor:
         if self.fuse_fc is None:
@@ -70,8 +86,14 @@ class RandomEagle(nn.Module):
 
     def forward(self, hidden, input_ids, *, position_ids, attention_mask=None, past_key_values=None):
         x = self.fc(torch.cat([self._bound["embed"](input_ids), hidden], dim=-1))
-        out = self.layer(x, attention_mask=attention_mask, position_ids=position_ids, past_key_values=past_key_values,
-                         use_cache=True, position_embeddings=self.rotary(x, position_ids))
+        out = self.layer(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=True,
+            position_embeddings=self.rotary(x, position_ids),
+        )
         return out[0] if isinstance(out, tuple) else out
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,111 @@
+"""Greedy speculative decoding equals `target.model.generate(do_sample=False)` token for token:
+every head kind x tree kind, batch 1 and batched (left padding), with and without EOS."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from random_heads import RandomEagle, RandomMedusa
+from scripted import ScriptedDrafter
+
+from headstart.inference.decoder import SpeculativeDecoder
+from headstart.target import load_target
+
+PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea"]
+TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3"]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return load_target(str(tiny_llama))
+
+
+@pytest.fixture(scope="module")
+def prompts(target):
+    return [target.chat.user_prompt_ids(p) for p in PROMPTS]
+
+
+_REFS: dict[tuple, list[int]] = {}
+
+
+def reference(target, ids: list[int], max_new: int, eos: bool) -> list[int]:
+    key = (target.spec, tuple(ids), max_new, eos)
+    if key not in _REFS:
+        _REFS[key] = _generate(target, ids, max_new, eos)
+    return _REFS[key]
+
+
+def _generate(target, ids: list[int], max_new: int, eos: bool) -> list[int]:
+    x = torch.tensor([ids])
+    out = target.model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=list(target.eos_token_ids) if eos else None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def make_heads(kind: str, target):
+    if kind == "medusa":
+        return RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
+    if kind == "eagle":
+        return RandomEagle(target.model)
+    if kind == "eagle3":
+        return RandomEagle(target.model, draft_vocab=100, layers=(0, 1))
+    from headstart.heads import HeadSpec, build_head
+
+    spec = HeadSpec(kind=kind.removeprefix("real-"), draft_vocab_size=0)
+    return build_head(spec, target)
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3"])
+@pytest.mark.parametrize("tree", TREES)
+def test_greedy_matches_generate(target, prompts, kind, tree):
+    decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
+    for batch in (prompts[:1], prompts):
+        out = decoder.generate(batch, max_new_tokens=40, eos_token_id=None)
+        for ids, got in zip(batch, out.token_ids, strict=True):
+            assert got == reference(target, ids, 40, eos=False)
+        assert out.stats.new_tokens == 40 * len(batch)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_scripted_drafts_accept_long_paths_exactly(target, prompts, tree):
+    """Drafts that are mostly right: many tokens per forward, still exactly the target's output."""
+    refs = [ids + reference(target, ids, 60, eos=False) for ids in prompts]
+    decoder = SpeculativeDecoder(target, ScriptedDrafter(refs, target.vocab_size), tree=tree)
+    out = decoder.generate(prompts, max_new_tokens=57, eos_token_id=None)
+    for ids, ref, got in zip(prompts, refs, out.token_ids, strict=True):
+        assert got == ref[len(ids) : len(ids) + 57]  # never one token more than max_new_tokens
+    assert out.stats.tau > 2.0
+    assert out.stats.target_forwards < 57 / 2
+
+
+def test_eos_stops_each_row_like_generate(target, prompts):
+    """With EOS on, rows stop at different steps (finished rows leave the batch)."""
+    eos = 7  # a frequent byte on the tiny model makes rows stop early and at different points
+    refs = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=50, do_sample=False,
+                                    eos_token_id=[2, eos], pad_token_id=0)  # fmt: skip
+        refs.append(out[0, len(ids) :].tolist())
+    full = [ids + reference(target, ids, 60, eos=False) for ids in prompts]
+    decoder = SpeculativeDecoder(target, ScriptedDrafter(full, target.vocab_size), tree="static")
+    out = decoder.generate(prompts, max_new_tokens=50, eos_token_id=[2, eos])
+    assert out.token_ids == refs
+
+
+def test_stop_strings_and_max_new_tokens(target, prompts):
+    ids = prompts[1]
+    ref = reference(target, ids, 40, eos=False)
+    text = target.tokenizer.decode(ref[10:14])
+    decoder = SpeculativeDecoder(target, RandomEagle(target.model), tree="static")
+    out = decoder.generate(ids, max_new_tokens=40, eos_token_id=None, stop_strings=[text])
+    assert text in target.tokenizer.decode(out.token_ids[0])
+    assert out.token_ids[0] == ref[: len(out.token_ids[0])] and len(out.token_ids[0]) <= 14
+    one = decoder.generate(ids, max_new_tokens=1, eos_token_id=None)
+    assert one.token_ids == [ref[:1]] and one.stats.target_forwards == 1
