@@ -75,13 +75,20 @@ def test_sampling_accepts_when_draft_equals_target():
 
 def test_sampling_never_accepts_tokens_the_target_excludes():
     logits = one_hot_logits([4, 1, 1, 1, 1, 1], batch=64) * 10  # p(root) is a point mass on 4
-    acc = accept_sampling(static_tree(TOKENS, 64), logits, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    acc = accept_sampling(
+        static_tree(TOKENS, 64), logits, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0)
+    )
     assert (acc.lengths == 1).all() and (acc.bonus == 4).all()
 
 
 def test_typical_acceptance_is_lossy_but_accepts_likely_tokens():
     logits = one_hot_logits([1, 3, 5, 5, 0, 0], batch=4)
-    acc = accept_typical(static_tree(TOKENS, 4), logits, SamplingConfig(temperature=1.0), generator=torch.Generator().manual_seed(0))
+    acc = accept_typical(
+        static_tree(TOKENS, 4),
+        logits,
+        SamplingConfig(temperature=1.0),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert (acc.lengths == 3).all()
 
 
@@ -105,7 +112,9 @@ def _check_exact(acc, tree_tokens: torch.Tensor, p: torch.Tensor) -> list[float]
     pvalues = [chisquare_pvalue(counts, p[0])]
     for child in (1, 2):  # a and b: their second tokens are accepted grandchildren or residual bonuses
         rows = (acc.lengths > 1) & (acc.path[:, 1] == child)
-        second = torch.where(acc.lengths[rows] > 2, tree_tokens[rows].gather(1, acc.path[rows][:, 2:3])[:, 0], acc.bonus[rows])
+        second = torch.where(
+            acc.lengths[rows] > 2, tree_tokens[rows].gather(1, acc.path[rows][:, 2:3])[:, 0], acc.bonus[rows]
+        )
         # the child token differs per row when children are drawn: condition on the node, whose
         # target distribution p[child] is the same in every row
         pvalues.append(chisquare_pvalue(torch.bincount(second, minlength=V), p[child]))
@@ -148,13 +157,19 @@ def test_rejection_sampling_test_detects_a_biased_draft_claim():
     q = probabilities(torch.randn(TREE.size, V, generator=gen) * 1.5, sampling)
     q_wrong = probabilities(torch.randn(TREE.size, V, generator=gen) * 1.5, sampling)
     tokens = _draw_tree(q_wrong, batch, gen)
-    tree = DraftTree.from_static(TREE, tokens, torch.ones_like(tokens, dtype=torch.bool), q.expand(batch, -1, -1))
+    tree = DraftTree.from_static(
+        TREE, tokens, torch.ones_like(tokens, dtype=torch.bool), q.expand(batch, -1, -1)
+    )
     acc = accept_sampling(tree, target_logits.expand(batch, -1, -1), sampling, gen)
     assert min(_check_exact(acc, tokens, probabilities(target_logits, sampling))) < ALPHA
 
 
 def test_warping_matches_transformers():
-    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     from headstart.inference.sampling import warp_logits
 
@@ -162,4 +177,3 @@ def test_warping_matches_transformers():
     cfg = SamplingConfig(temperature=0.7, top_k=20, top_p=0.8)
     ref = TopPLogitsWarper(0.8)(None, TopKLogitsWarper(20)(None, TemperatureLogitsWarper(0.7)(None, logits)))
     torch.testing.assert_close(warp_logits(logits, cfg), ref)
-

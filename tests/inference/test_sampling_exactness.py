@@ -90,7 +90,12 @@ def test_sampling_preserves_target_distribution_heavy(target, kind, tree):
     if kind == "medusa":
         heads = RandomMedusa(32, VOCAB, num_heads=3, seed=2)
     else:
-        heads = RandomEagle(target.model, seed=2, draft_vocab=8 if kind == "eagle3" else None, layers=(0, 1) if kind == "eagle3" else ())
+        heads = RandomEagle(
+            target.model,
+            seed=2,
+            draft_vocab=8 if kind == "eagle3" else None,
+            layers=(0, 1) if kind == "eagle3" else (),
+        )
     assert run_check(target, heads, tree, sampling, samples=100_000) > ALPHA
 
 
