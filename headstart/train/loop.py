@@ -20,12 +20,15 @@ from headstart.train.setup import add_lora, make_accelerator, make_head, make_op
 def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
     dataset = Conversations(p.data, indices, p.cfg.data.max_length)
+    # An own generator: otherwise every new iterator draws its base seed from the global RNG, and a
+    # resumed run (which starts a fresh iterator mid-epoch) would shift the noise of EAGLE-1.
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,
         drop_last=drop_last,
         collate_fn=lambda items: collate(items, pad),
+        generator=torch.Generator().manual_seed(p.cfg.seed),
     )
 
 
@@ -78,8 +81,10 @@ def train(
     parts_window: list[torch.Tensor] = []
     model.train()
     while step < cfg.max_steps:
-        sampler.set_epoch(epoch)
         batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+        # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
+        # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
+        batches.set_epoch(epoch)
         skip = 0
         for batch in batches:
             joint = lora and step >= cfg.lora.warmup_steps
