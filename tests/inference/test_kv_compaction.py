@@ -1,0 +1,63 @@
+"""KV compaction: gathering accepted entries, and verify -> compact -> continue equals decoding
+the accepted path sequentially."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.inference import cache as kv
+from headstart.inference.tree import build_tree
+from headstart.target import forward, load_target, new_cache, tree_attention_mask
+
+
+def test_keep_entries_gathers_per_row():
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    keys = torch.arange(2 * 1 * 7 * 1, dtype=torch.float32).reshape(2, 1, 7, 1)  # (B, heads, S, D)
+    cache.update(keys, -keys, 0)
+    kv.keep_entries(cache, 3, torch.tensor([[0, 2], [3, 3]]))
+    layer = cache.layers[0]
+    assert layer.keys[:, 0, :, 0].tolist() == [[0, 1, 2, 3, 5], [7, 8, 9, 13, 13]]
+    assert torch.equal(layer.values, -layer.keys)
+    kv.truncate(cache, 4)
+    assert kv.cache_length(cache) == 4
+    kv.select_rows(cache, torch.tensor([1]))
+    assert layer.keys[:, 0, :, 0].tolist() == [[7, 8, 9, 13]]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return load_target(str(tiny_llama))
+
+
+def test_verify_compact_continue_matches_sequential(target):
+    """Verify a tree, keep only one path's entries (batched, padded rows), then decode one more
+    token: logits equal a fresh forward over prefix + path + token."""
+    torch.manual_seed(0)
+    model, tree = target.model, build_tree([[0], [1], [0, 0], [1, 0], [1, 0, 0]])
+    prefix = torch.randint(3, 280, (2, 9))
+    tokens = torch.randint(3, 280, (2, tree.size))
+    cache = new_cache(model)
+    forward(model, prefix, past_key_values=cache)
+    visible = torch.ones(2, 9, dtype=torch.bool)
+    mask = tree_attention_mask(visible, tree.visible, target.dtype)
+    forward(
+        model, tokens, attention_mask=mask, position_ids=9 + tree.depths.expand(2, -1), past_key_values=cache
+    )
+    paths = [[0, 2, 4, 5], [0, 1]]  # accepted nodes per row (row 1 shorter: padded by repetition)
+    keep = torch.tensor([paths[0], paths[1] + [1, 1]])
+    kv.keep_entries(cache, 9, keep)
+    assert kv.cache_length(cache) == 13
+    real = torch.tensor([[True] * 4, [True, True, False, False]])
+    nxt = torch.randint(3, 280, (2, 1))
+    lengths = torch.tensor([13, 11])
+    mask = tree_attention_mask(
+        torch.cat([visible, real], 1), torch.ones(1, 1, dtype=torch.bool), target.dtype
+    )
+    out = forward(model, nxt, attention_mask=mask, position_ids=lengths[:, None], past_key_values=cache)
+    for b, path in enumerate(paths):
+        seq = torch.cat([prefix[b], tokens[b, path], nxt[b]])[None]
+        ref = model(seq).logits[0, -1]
+        torch.testing.assert_close(out.logits[b, 0], ref, rtol=0, atol=1e-4)
