@@ -83,3 +83,23 @@ def vanilla(target: Target, sampling: SamplingConfig) -> Method:
 def pld(target: Target, sampling: SamplingConfig, lookup_tokens: int = 10) -> Method:
     """Prompt-lookup decoding (transformers' n-gram drafting from the prompt), greedy only."""
     return hf_method(target, sampling, prompt_lookup_num_tokens=lookup_tokens)
+
+
+def speculative(target: Target, heads: str, sampling: SamplingConfig, tree: str | None = None) -> Method:
+    """headstart self-speculative decoding with the heads at `heads` (a directory or Hub id)."""
+    from headstart.heads import load_heads
+    from headstart.inference.decoder import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, load_heads(heads, target), tree=tree)
+
+    def run(prompt_ids: list[int]) -> Run:
+        out = decoder.generate([prompt_ids], sampling=sampling)
+        lengths = [n for n, count in sorted(out.stats.accept_lengths.items()) for _ in range(count)]
+        return Run(
+            token_ids=out.token_ids[0],
+            target_forwards=out.stats.target_forwards,
+            wall_s=out.stats.wall_s,
+            accept_lengths=lengths,
+        )
+
+    return run

@@ -74,6 +74,10 @@ def run_bench(
     return records
 
 
+def _mean(values: list[int]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
 def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
     """Per-method figures: tokens/s, speedup vs vanilla, tau, identical_fraction, totals."""
     by_method: dict[str, list[Record]] = {}
@@ -90,8 +94,9 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
         summary[name] = {
             "tokens_per_s": new / wall if wall else 0.0,
             "speedup": None,
-            # tau: mean tokens committed per target forward, bonus token included (heads only)
-            "tau": new / forwards if speculative and forwards else None,
+            # tau: mean tokens committed per verify forward, bonus token included (heads only;
+            # the prefill forward, which commits the first token, is not a verify step)
+            "tau": _mean([n for r in rows for n in r.accept_lengths]) if speculative else None,
             "tokens_per_forward": new / forwards if forwards else None,
             "identical_fraction": (sum(same) / len(same)) if greedy and same else None,
             "new_tokens": new,

@@ -128,3 +128,24 @@ def test_verify_cost_curve_keeps_context_fixed(tiny_llama):
     target = load_target(str(tiny_llama))
     costs = verify_cost_ms(target, node_counts=(1, 4, 16), context=32, repeats=2)
     assert list(costs) == [1, 4, 16] and all(ms > 0 for ms in costs.values())
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kind):
+    from headstart.heads import HeadSpec, build_head
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    heads_dir = tmp_path / f"{kind}-heads"
+    build_head(HeadSpec(kind=kind), target).save_pretrained(heads_dir)
+    rows = [{"question_id": i, "category": "c", "turns": [f"tell me {i}"]} for i in range(2)]
+    questions = _write_jsonl(tmp_path / "q.jsonl", rows)
+    out = tmp_path / "bench"
+    args = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "12"]
+    assert main(args + ["--baselines", "vanilla", "--heads", f"rnd={heads_dir}", "--output", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    figures = report["methods"]["headstart:rnd"]
+    assert figures["identical_fraction"] == 1.0  # exact whatever the (random) draft
+    assert figures["tau"] is not None and figures["tau"] >= 1.0
+    assert report["accept_length_histogram"]["headstart:rnd"]
+    assert (out / "accept_lengths.png").is_file()
