@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench.questions import load_questions
     from headstart.bench.report import build_report, write_report
     from headstart.bench.runner import run_bench
+    from headstart.bench.tune import tuned_tree
     from headstart.inference.plain import SamplingConfig
 
     sampling = SamplingConfig(
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         methods["pld"] = bench_methods.pld(target, sampling)
     for spec in args.heads:
         label, path = _label(spec)
-        methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=args.tree)
+        tree = args.tree or tuned_tree(path)  # the tree `headstart tune` stored with the heads
+        methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
     prompt_ids = {q.question_id: target.chat.user_prompt_ids(q.turns[0]) for q in questions}
     out = Path(args.output)
     records = run_bench(methods, questions, prompt_ids, out / "outputs.jsonl", warmup=args.warmup)

@@ -1,0 +1,117 @@
+"""Pick the tree that decodes fastest on THIS hardware, and store it with the heads.
+
+A tree good on an H100 is far too big for a 2-core CPU (a 64-token verify costs ~4x a 1-token
+one here). The tuner measures rather than guesses: it times the target's verify forward against
+the number of nodes (for the record and the report), then decodes a calibration set with every
+candidate tree, interleaved prompt by prompt so machine noise hits all candidates alike, and keeps
+the tree with the highest measured tokens/s. Greedy output is identical for every tree, so only
+speed differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+TUNED_FILE = "tuned_tree.json"
+
+CALIBRATION_PROMPTS = (
+    # Generic, not from any benchmark: the tuner must not be fitted on MT-bench or HumanEval.
+    "Write a short email to a colleague asking to move our meeting to Friday.",
+    "Explain how a refrigerator keeps food cold.",
+    "List five tips for learning a new language.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What are the main causes of inflation?",
+    "Summarise the plot of a classic fairy tale in a few sentences.",
+)
+
+
+def candidate_trees(kind: str, max_depth: int) -> list[str]:
+    """Chains and small trees sized for CPUs up to mid-size trees for accelerators."""
+    chains = [f"chain:{d}" for d in range(1, max_depth + 1)]
+    if kind == "medusa":
+        return chains + ["static"]
+    dynamic = [
+        f"dynamic:depth={d},top_k={k},total_tokens={n}"
+        for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
+    ]
+    return chains + dynamic
+
+
+def tuned_tree(heads_path: str | Path) -> str | None:
+    """The tree stored by `headstart tune` next to the heads, if any."""
+    path = Path(heads_path) / TUNED_FILE
+    if not path.is_file():  # also the case for Hub ids: tune after downloading
+        return None
+    return json.loads(path.read_text())["tree"]
+
+
+def tune(
+    target: Any,
+    heads_path: str | Path,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    candidates: list[str] | None = None,
+) -> dict[str, Any]:
+    """Measure every candidate tree on `prompts`; return the tuning report (best first)."""
+    import torch
+
+    from headstart.bench.cost import verify_cost_ms
+    from headstart.heads import load_heads
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.plain import SamplingConfig
+
+    heads = load_heads(heads_path, target)
+    probe = SpeculativeDecoder(target, heads)
+    candidates = candidates or candidate_trees(heads.kind, probe.max_depth)
+    decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+    ids = [target.chat.user_prompt_ids(p) for p in prompts]
+    for decoder in decoders.values():  # warm-up
+        decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
+    totals = {spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0} for spec in candidates}
+    with tqdm(total=len(ids) * len(candidates), desc="tune", unit="run") as bar:
+        for prompt in ids:
+            for spec, decoder in decoders.items():
+                stats = decoder.generate([prompt], sampling=sampling).stats
+                row = totals[spec]
+                row["new_tokens"] += stats.new_tokens
+                row["wall_s"] += stats.wall_s
+                row["committed"] += stats.committed
+                row["steps"] += stats.row_steps
+                bar.update(1)
+    results = sorted(
+        (
+            {
+                "tree": spec,
+                "tokens_per_s": row["new_tokens"] / row["wall_s"],
+                "tau": row["committed"] / max(1, row["steps"]),
+            }
+            for spec, row in totals.items()
+        ),
+        key=lambda r: -r["tokens_per_s"],
+    )
+    return {
+        "tree": results[0]["tree"],
+        "device": str(target.device),
+        "threads": torch.get_num_threads(),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "calibration_prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "candidates": results,
+        "verify_cost_ms": {str(n): round(ms, 2) for n, ms in verify_cost_ms(target).items()},
+    }
+
+
+def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:
+    path = Path(heads_path) / TUNED_FILE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(report, handle, indent=2)
+    os.replace(tmp, path)
+    return path

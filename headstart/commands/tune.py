@@ -1,0 +1,51 @@
+"""`headstart tune`: choose the fastest tree for these heads on this hardware; store it with them."""
+
+from __future__ import annotations
+
+import argparse
+
+from headstart.commands.common import add_target_arguments, load_target_from_args
+from headstart.errors import HeadstartError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--heads", required=True, help="trained heads directory (the tuned tree is written there)"
+    )
+    parser.add_argument(
+        "--prompts", default=None, help="calibration questions (JSONL); default: built-in generic prompts"
+    )
+    parser.add_argument("--limit", type=int, default=6, help="calibration prompts to use")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--candidates", default=None, help="--tree values to try, separated by ';'")
+    parser.add_argument("--dry-run", action="store_true", help="measure and print, do not store")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from headstart.bench.questions import load_questions
+    from headstart.bench.tune import CALIBRATION_PROMPTS, save_tuned, tune
+
+    if not (Path(args.heads) / "config.json").is_file():
+        raise HeadstartError(
+            f"no trained heads at {args.heads}", "pass the directory written by headstart train"
+        )
+    prompts = (
+        [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]
+        if args.prompts
+        else list(CALIBRATION_PROMPTS[: args.limit])
+    )
+    target = load_target_from_args(args)
+    candidates = [c.strip() for c in args.candidates.split(";") if c.strip()] if args.candidates else None
+    report = tune(target, args.heads, prompts, max_new_tokens=args.max_new_tokens, candidates=candidates)
+    print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}")
+    for row in report["candidates"]:
+        print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}")
+    print("verify forward ms by nodes:", report["verify_cost_ms"])
+    if args.dry_run:
+        print(f"best: {report['tree']} (not stored: --dry-run)")
+    else:
+        print(f"best: {report['tree']} -> stored in {save_tuned(report, args.heads)}")
+    return 0
