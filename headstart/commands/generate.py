@@ -1,10 +1,18 @@
-"""`headstart generate`: one reply to one prompt, streamed to stdout, then stats on stderr."""
+"""`headstart generate`: replies to prompts, streamed to stdout as tokens are accepted, then stats.
+
+With `--heads` the speculative decoder runs (output identical to the target's for greedy and exact
+sampling); without heads, or with `--no-heads`, plain decoding. Several `--prompt`s decode as one
+batch (left padding).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+from pathlib import Path
+from typing import Any
 
 from headstart.commands.common import (
     add_sampling_arguments,
@@ -14,45 +22,152 @@ from headstart.commands.common import (
 )
 from headstart.errors import HeadstartError
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
+    """Heads, tree and stop options shared by `generate` and `chat`."""
+    group = parser.add_argument_group("speculative decoding")
+    group.add_argument(
+        "--heads", default=None, help="trained heads: a directory from `headstart train` or a Hub id"
+    )
+    group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
+    group.add_argument(
+        "--tree",
+        default="static",
+        help="static (default), chain:N, JSON index paths, a .json file, dynamic, or "
+        "dynamic:depth=4,top_k=4,total_tokens=12 (EAGLE-2)",
+    )
+    group.add_argument(
+        "--typical",
+        action="store_true",
+        help="LOSSY: Medusa typical acceptance when sampling (output is NOT the target's distribution)",
+    )
+    group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    group.add_argument(
+        "--truncate-prompt",
+        action="store_true",
+        help="keep the prompt's last tokens when prompt + --max-new-tokens exceeds the context (default: error)",
+    )
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
-    parser.add_argument("--prompt", required=True, help="the user message (or raw text with --raw)")
+    parser.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="the user message (or raw text with --raw); repeat to batch",
+    )
     parser.add_argument("--raw", action="store_true", help="feed the prompt as plain text, no chat template")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object per prompt instead of streaming"
+    )
     add_sampling_arguments(parser)
+    add_decoding_arguments(parser)
 
 
-def prompt_ids(target: object, prompt: str, raw: bool) -> list[int]:
+def prompt_ids(target: Any, prompt: str, raw: bool) -> list[int]:
     if not prompt.strip():
         raise HeadstartError("the prompt is empty", 'pass some text, e.g. --prompt "Hello"')
-    return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)  # type: ignore[attr-defined]
+    return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)
+
+
+def load_heads_from_args(args: argparse.Namespace, target: Any) -> Any:
+    """The heads named by --heads (a local directory or a Hub id), or None for plain decoding."""
+    if args.no_heads or not args.heads:
+        return None
+    from headstart.heads import load_heads
+
+    path = Path(args.heads).expanduser()
+    if not path.is_dir():
+        if not HUB_ID.match(args.heads):
+            raise HeadstartError(
+                f"--heads {args.heads}: no such directory",
+                "pass a directory written by `headstart train` or a Hub id",
+            )
+        from huggingface_hub import snapshot_download
+
+        try:
+            path = Path(snapshot_download(args.heads))
+        except Exception as err:  # the hub client raises many types; the message says which
+            raise HeadstartError(
+                f"cannot download heads '{args.heads}': {str(err).splitlines()[0]}",
+                "check the id, your network or HF_TOKEN",
+            ) from None
+    heads = load_heads(path, target)
+    heads.to(dtype=target.dtype).eval().requires_grad_(False)
+    return heads
+
+
+class Decoding:
+    """One place that decodes token ids for `generate` and `chat`: speculative or plain."""
+
+    def __init__(self, args: argparse.Namespace, target: Any) -> None:
+        self.args, self.target = args, target
+        self.sampling = sampling_from_args(args)
+        self.heads = load_heads_from_args(args, target)
+        self.decoder = None
+        if self.heads is not None:
+            from headstart.inference.decoder import SpeculativeDecoder
+
+            self.decoder = SpeculativeDecoder(target, self.heads, tree=args.tree, typical=args.typical)
+
+    @property
+    def mode(self) -> str:
+        if self.decoder is None:
+            return "plain decoding"
+        return f"{self.heads.kind} heads, tree {self.args.tree}" + (
+            ", typical acceptance (LOSSY)" if self.args.typical else ""
+        )
+
+    def run(self, batch: list[list[int]], streamer: Any = None) -> list[tuple[list[int], dict[str, Any]]]:
+        """(new token ids, stats) per prompt."""
+        stops = tuple(self.args.stop)
+        if self.decoder is not None:
+            out = self.decoder.generate(batch, sampling=self.sampling, stop_strings=stops, streamer=streamer,
+                                        truncate_prompt=self.args.truncate_prompt)  # fmt: skip
+            return [(ids, out.stats.as_dict()) for ids in out.token_ids]
+        from headstart.inference.plain import plain_generate
+        from headstart.inference.prompts import prepare_prompts
+
+        limit = getattr(self.target.config, "max_position_embeddings", None)
+        results = []
+        for ids in batch:
+            prompt = prepare_prompts(
+                [ids], None, 0, self.sampling.max_new_tokens, limit, self.args.truncate_prompt, "cpu"
+            )
+            result = plain_generate(
+                self.target, prompt.ids[0].tolist(), self.sampling, streamer=streamer, stop_strings=stops
+            )
+            stats = {"new_tokens": result.new_tokens, "tau": 1.0, "tokens_per_s": round(result.tokens_per_s, 2),
+                     "target_forwards": result.target_forwards}  # fmt: skip
+            results.append((result.token_ids, stats))
+        return results
+
+
+def stats_line(stats: dict[str, Any], mode: str) -> str:
+    return (
+        f"[{stats['new_tokens']} new tokens, tau {stats['tau']} (tokens per target forward, bonus included), "
+        f"{stats['tokens_per_s']} tokens/s, {stats['target_forwards']} target forwards; {mode}]"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
-    from headstart.inference.plain import plain_generate
-
-    sampling = sampling_from_args(args)
     target = load_target_from_args(args)
-    ids = prompt_ids(target, args.prompt, args.raw)
-    streamer = (
-        None if args.json else TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
-    )
-    result = plain_generate(target, ids, sampling, streamer=streamer)
-    stats = {
-        "new_tokens": result.new_tokens,
-        "tau": None,  # plain decoding commits one token per target forward; no draft heads
-        "tokens_per_s": round(result.tokens_per_s, 2),
-        "target_forwards": result.target_forwards,
-    }
-    if args.json:
-        text = target.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        print(json.dumps({"text": text, "token_ids": result.token_ids, "stats": stats}))
-        return 0
-    print(
-        f"\n[{stats['new_tokens']} new tokens, {stats['tokens_per_s']} tokens/s, plain decoding]",
-        file=sys.stderr,
-    )
+    decoding = Decoding(args, target)
+    batch = [prompt_ids(target, p, args.raw) for p in args.prompt]
+    stream = not args.json and len(batch) == 1
+    streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
+    results = decoding.run(batch, streamer=streamer)
+    for token_ids, stats in results:
+        text = target.tokenizer.decode(token_ids, skip_special_tokens=True)
+        if args.json:
+            print(json.dumps({"text": text, "token_ids": token_ids, "stats": stats}))
+        elif not stream:
+            print(text)
+    if not args.json:
+        print("\n" + stats_line(results[0][1], decoding.mode), file=sys.stderr)
     return 0

@@ -58,13 +58,20 @@ class GenerationResult:
 
 
 def plain_generate(
-    target: Target, input_ids: list[int], sampling: SamplingConfig, streamer: Any = None
+    target: Target,
+    input_ids: list[int],
+    sampling: SamplingConfig,
+    streamer: Any = None,
+    stop_strings: tuple[str, ...] = (),
 ) -> GenerationResult:
-    """`target.model.generate` with our sampling settings; stops at every declared EOS id."""
+    """`target.model.generate` with our sampling settings; stops at every declared EOS id and at
+    `stop_strings`."""
     if sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     ids = torch.tensor([input_ids], device=target.device)
     kwargs: dict[str, Any] = {"do_sample": not sampling.greedy}
+    if stop_strings:
+        kwargs.update(stop_strings=list(stop_strings), tokenizer=target.tokenizer)
     if not sampling.greedy:
         kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
     start = time.perf_counter()

@@ -1,0 +1,58 @@
+"""`headstart chat`: interactive multi-turn chat with the target's chat template.
+
+Reads one user message per line from stdin (so it can be scripted: `printf 'hi\\n/exit\\n' |
+headstart chat`), streams each reply as tokens are accepted, and prints stats to stderr.
+Commands: `/reset` forgets the conversation, `/exit` (or end of input) quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from headstart.commands.common import add_sampling_arguments, add_target_arguments, load_target_from_args
+from headstart.commands.generate import Decoding, add_decoding_arguments, stats_line
+from headstart.errors import HeadstartError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument("--system", default=None, help="an optional system message")
+    add_sampling_arguments(parser)
+    add_decoding_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import TextStreamer
+
+    target = load_target_from_args(args)
+    if not target.chat.has_template:
+        raise HeadstartError(
+            "this target's tokenizer has no chat template", "use `headstart generate --raw` instead"
+        )
+    decoding = Decoding(args, target)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    interactive = sys.stdin.isatty()
+    print(f"chatting with {target.spec} ({decoding.mode}); /reset clears, /exit quits", file=sys.stderr)
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            return 0
+        text = line.strip()
+        if not text:
+            continue
+        if text == "/reset":
+            messages = list(system)
+            print("[conversation cleared]", file=sys.stderr)
+            continue
+        messages.append({"role": "user", "content": text})
+        ids = target.chat.prompt_ids(messages)
+        streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        [(token_ids, stats)] = decoding.run([ids], streamer=streamer)
+        reply = target.tokenizer.decode(token_ids, skip_special_tokens=True)
+        messages.append({"role": "assistant", "content": reply})
+        sys.stdout.flush()
+        print(stats_line(stats, decoding.mode), file=sys.stderr)
