@@ -13,6 +13,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "dtype": (str, "float32, bfloat16, float16 or auto"),
     "device": (str, "cpu, cuda, cuda:N or auto"),
     "revision": (str, "Hub revision of the target"),
+    "threads": (int, "CPU threads for torch (0 = default; 1 is fastest on a CPU shared with other jobs)"),
     "prompts": (
         str,
         "prompt file (.json/.jsonl/.parquet[.gz]), dataset dir or Hub dataset; omit for data-free",

@@ -63,6 +63,9 @@ class DistillConfig:
     """Target weights dtype: float32, bfloat16, float16 or auto."""
     device: str = "cpu"
     """cpu, cuda, cuda:N or auto."""
+    threads: int = 0
+    """CPU threads for torch (0 = torch's default, one per core). On a CPU shared with other jobs, 1 can
+    be several times faster: oversubscribed threads spin-wait for each other."""
     revision: str | None = None
     """Hub revision of the target (branch, tag or commit)."""
     prompts: str | None = None
@@ -118,6 +121,8 @@ class DistillConfig:
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}",
                     f"set {name} to a positive number",
                 )
+        if self.threads < 0:
+            raise HeadstartError(f"--threads must be >= 0, got {self.threads}", "use 0 for torch's default")
         if self.max_turns < 0:
             raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
         if self.temperature < 0:

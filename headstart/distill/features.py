@@ -7,6 +7,7 @@ input). Each record's tensors are (T, H) in fp16/bf16, T = len(input_ids).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import torch
@@ -44,10 +45,21 @@ def parse_feature_layers(spec: str, num_layers: int) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def estimate_bytes(
-    records: int, tokens_per_record: float, hidden_size: int, layers: int, dtype: str
+def check_feature_budget(
+    tokens: int, hidden_size: int, names: Sequence[str], dtype: str, cap_gb: float
 ) -> float:
-    return records * tokens_per_record * hidden_size * layers * torch.finfo(DTYPES[dtype]).bits / 8
+    """Print the estimated feature-cache size (GB) for `tokens` positions; refuse over `cap_gb`."""
+    size_gb = tokens * hidden_size * len(names) * torch.finfo(DTYPES[dtype]).bits / 8 / 1e9
+    print(
+        f"feature cache: layers {list(names)}, estimated {size_gb:.3f} GB for {tokens} positions (cap {cap_gb} GB)",
+        file=sys.stderr,
+    )
+    if size_gb > cap_gb:
+        raise HeadstartError(
+            f"the feature cache would take ~{size_gb:.2f} GB, over --max-feature-gb {cap_gb}",
+            "raise --max-feature-gb, cache fewer layers, or lower --num",
+        )
+    return size_gb
 
 
 @torch.no_grad()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -11,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from headstart.distill.config import DistillConfig
-from headstart.distill.features import compute_features, estimate_bytes, parse_feature_layers
+from headstart.distill.features import check_feature_budget, compute_features, parse_feature_layers
 from headstart.distill.masks import assistant_spans, loss_mask
 from headstart.distill.plan import Item, make_plan
 from headstart.distill.replies import Sampling, generate_batch
 from headstart.distill.sources import describe_source
-from headstart.distill.store import ShardWriter, atomic_write_bytes, done_indices, open_output
+from headstart.distill.store import ShardWriter, atomic_write_bytes, done_indices, lock_output, open_output
 from headstart.errors import HeadstartError
 from headstart.target import Target
 
@@ -126,9 +125,11 @@ def distill_items(
 
 def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = False) -> dict[str, Any]:
     """Distill until `cfg.out` holds `cfg.num` records (resuming what is there); return the summary."""
-    from tqdm.auto import tqdm
-
     start = time.perf_counter()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     if target is None:
         from headstart.target import load_target
 
@@ -142,49 +143,49 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
     names = parse_feature_layers(cfg.feature_layers, target.num_layers) if cfg.cache_features else None
     settings = cfg.identity() | {"prompts": describe_source(cfg.prompts) if cfg.prompts else None}
     open_output(cfg.out, {"fingerprint": target.fingerprint, "settings": settings, "feature_layers": names})
+    lock = lock_output(cfg.out)  # released when the process exits (or below)
+    try:
+        return _distill(target, cfg, names, quiet, start)
+    finally:
+        lock.close()
+
+
+def _distill(
+    target: Target, cfg: DistillConfig, names: list[str] | None, quiet: bool, start: float
+) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
     done = done_indices(cfg.out)
     plan = make_plan(target, cfg, done, quiet)
     summary = Summary(skipped=plan.skipped, exhausted=plan.exhausted, datafree=plan.datafree)
     if names and plan.todo:
-        turns = sum(min(len(i.conversation.turns), cfg.max_turns or 10**9) for i in plan.todo) / len(
-            plan.todo
-        )
-        per_record = sum(i.prompt_tokens for i in plan.todo) / len(plan.todo) + turns * (
-            cfg.max_new_tokens + 8
-        )
-        size_gb = (
-            estimate_bytes(len(plan.todo), per_record, target.hidden_size, len(names), cfg.feature_dtype)
-            / 1e9
-        )
-        print(
-            f"feature cache: {len(names)} layers {names}, estimated {size_gb:.2f} GB (replies at full length; cap {cfg.max_feature_gb} GB)",
-            file=sys.stderr,
-        )
-        if size_gb > cfg.max_feature_gb:
-            raise HeadstartError(
-                f"the feature cache would take ~{size_gb:.1f} GB, over --max-feature-gb {cfg.max_feature_gb}",
-                "raise --max-feature-gb, cache fewer layers, or lower --num",
-            )
+        turns = [min(len(i.conversation.turns), cfg.max_turns or 10**9) for i in plan.todo]
+        # Upper bound: every reply at --max-new-tokens, plus a few template tokens per turn.
+        tokens = sum(i.prompt_tokens for i in plan.todo) + sum(turns) * (cfg.max_new_tokens + 8)
+        check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
     writer = ShardWriter(cfg.out)
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
     gen_start, last_flush = time.perf_counter(), time.perf_counter()
-    for at in range(0, len(plan.todo), cfg.batch_size):
-        records = distill_items(target, plan.todo[at : at + cfg.batch_size], cfg, summary)
-        feats = (
-            compute_features(target, [r["input_ids"] for r in records], names, cfg.feature_dtype)
-            if names
-            else [None] * len(records)
-        )
-        for record, feat in zip(records, feats, strict=True):
-            writer.add(record, feat)
-            summary.tokens += len(record["input_ids"])
-        if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
-            writer.flush()
-            last_flush = time.perf_counter()
-        bar.update(len(records))
-        bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
-    writer.flush()
-    bar.close()
+    try:
+        for at in range(0, len(plan.todo), cfg.batch_size):
+            records = distill_items(target, plan.todo[at : at + cfg.batch_size], cfg, summary)
+            feats = (
+                compute_features(target, [r["input_ids"] for r in records], names, cfg.feature_dtype)
+                if names
+                else None
+            )
+            for k, record in enumerate(records):
+                writer.add(record, feats[k] if feats else None)
+                summary.tokens += len(record["input_ids"])
+            if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
+                writer.flush()
+                last_flush = time.perf_counter()
+            bar.update(len(records))
+            bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
+    finally:
+        # Buffered records are complete: publish them even when interrupted (Ctrl-C, an error).
+        writer.flush()
+        bar.close()
     summary.generation_s = time.perf_counter() - gen_start
     summary.records_written = writer.written
     summary.records_total = len(done) + writer.written

@@ -32,11 +32,18 @@ def features_dir(out: str | Path) -> Path:
     return Path(out) / "features"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Write `payload` to a hidden temp file in the same directory, fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give shards normal permissions
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
@@ -156,7 +163,7 @@ def open_output(out: str | Path, meta: dict[str, Any]) -> None:
     out = Path(out)
     meta = json.loads(json.dumps({"format_version": FORMAT_VERSION, **meta}))  # tuples -> lists, as on disk
     if not (out / META).is_file():
-        if out.exists() and any(out.iterdir()):
+        if out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
             raise HeadstartError(
                 f"{out} exists, is not empty and is not a distill output", "choose a new or empty --out"
             )
@@ -184,3 +191,22 @@ def open_output(out: str | Path, meta: dict[str, Any]) -> None:
                     f"{out} was made with other settings ({shown})",
                     "rerun with the original settings, or use a new --out",
                 )
+
+
+def lock_output(out: str | Path) -> Any:
+    """Hold an exclusive lock on `out` for this process's lifetime (two writers would mix shard numbers),
+    then remove temp files a killed run left behind (hidden names: never read as records)."""
+    import fcntl
+
+    handle = (Path(out) / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise HeadstartError(
+            f"another `headstart distill` is writing to {out}", "wait for it to finish, or use another --out"
+        ) from None
+    for folder in (data_dir(out), features_dir(out), Path(out)):
+        for stale in folder.glob(".tmp-*") if folder.is_dir() else []:
+            stale.unlink(missing_ok=True)
+    return handle

@@ -223,3 +223,17 @@ def test_cached_features_match_a_direct_forward(distill_target, make_cfg, tmp_pa
             target=distill_target,
             quiet=True,
         )
+
+
+def test_one_writer_per_output_and_stale_temp_files_are_removed(tmp_path):
+    from headstart.distill.store import data_dir, lock_output
+
+    stale = data_dir(tmp_path) / ".tmp-shard-00000.jsonl-abc"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("half")
+    first = lock_output(tmp_path)
+    assert not stale.exists()
+    with pytest.raises(HeadstartError, match="another `headstart distill`"):
+        lock_output(tmp_path)
+    first.close()
+    lock_output(tmp_path).close()
