@@ -105,7 +105,12 @@ def train(
             bar.update(1)
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 logged = metrics.log_train(
-                    accelerator, step, window, parts_window, cfg.head.kind, scheduler.get_last_lr()[0]
+                    accelerator,
+                    step,
+                    window,
+                    parts_window,
+                    metrics.part_names(cfg),
+                    scheduler.get_last_lr()[0],
                 )
                 history.append(logged)
                 bar.set_postfix(loss=f"{logged['loss']:.4f}")

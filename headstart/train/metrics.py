@@ -25,25 +25,30 @@ def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def part_names(kind: str, count: int) -> list[str]:
-    if kind == "medusa":
-        return [f"ce/head{k + 1}" for k in range(count)] if count else []
-    if kind == "eagle":
+def part_names(cfg: Any) -> list[str]:
+    """Names of the loss parts an Objective returns, in order."""
+    if cfg.head.kind == "medusa":
+        return [f"ce/head{k + 1}" for k in range(cfg.head.num_heads)] + (
+            ["lm_loss"] if cfg.lora.enabled else []
+        )
+    if cfg.head.kind == "eagle":
         return ["feature_loss", "ce"]
-    return [f"ce/step{j}" for j in range(count)]
+    return [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]
 
 
 def log_train(
-    accelerator: Any, step: int, window: list[torch.Tensor], parts: list[torch.Tensor], kind: str, lr: float
+    accelerator: Any,
+    step: int,
+    window: list[torch.Tensor],
+    parts: list[torch.Tensor],
+    names: list[str],
+    lr: float,
 ) -> dict[str, Any]:
     """Mean loss over the window, averaged across processes (cost: one collective + one sync)."""
     loss = accelerator.reduce(torch.stack(window).mean(), "mean")
     mean_parts = accelerator.reduce(torch.stack(parts).mean(0), "mean").tolist()
-    names = part_names(kind, len(mean_parts))
-    if len(names) < len(mean_parts):  # Medusa-2 appends the target's own LM loss
-        names.append("lm_loss")
     logged = {"kind": "train", "step": step, "loss": float(loss.item()), "lr": lr}
-    logged.update({f"train/{n}": float(v) for n, v in zip(names, mean_parts, strict=False)})
+    logged.update({f"train/{n}": float(v) for n, v in zip(names, mean_parts, strict=True)})
     accelerator.log(
         {k: v for k, v in logged.items() if k not in ("kind", "step")} | {"train/loss": logged["loss"]},
         step=step,

@@ -96,10 +96,11 @@ class Objective(nn.Module):
         logits = self.head(feats.last_hidden)  # (K, B, T, V)
         loss, per_head = losses.medusa_loss(logits, ids, mask, self.cfg.loss.medusa_decay)
         out = {"loss": loss, "parts": per_head}
-        if joint:  # Medusa-2: the target's own loss through its LoRA adapters
+        if "target" in self._modules:  # Medusa-2: also log the target's own loss during warm-up
             lm = losses.lm_loss(feats.logits, ids, mask)
-            out["loss"] = self.cfg.lora.lm_weight * lm + self.cfg.lora.heads_weight * loss
             out["parts"] = torch.cat([per_head, lm.detach()[None]])
+            if joint:  # after warm-up the target trains through its LoRA adapters
+                out["loss"] = self.cfg.lora.lm_weight * lm + self.cfg.lora.heads_weight * loss
         if evaluate:
             top = logits.topk(self.cfg.topk, dim=-1).indices  # (K, B, T, k), already target ids
             out["hits"] = losses.draft_hits(list(top), feats.logits.argmax(-1), mask)
