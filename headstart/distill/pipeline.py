@@ -56,6 +56,19 @@ class Summary:
         }
 
 
+def length_batches(items: list[Item], batch_size: int, window: int = 16) -> list[list[Item]]:
+    """Batches in source order, except that items are sorted by prompt length within windows of
+    `window` batches: left padding to the longest prompt of a batch otherwise wastes most of the
+    prefill (ShareGPT prompts range from 5 to 1000 tokens). Deterministic for a given todo list.
+    """
+    batches = []
+    span = batch_size * window
+    for start in range(0, len(items), span):
+        chunk = sorted(items[start : start + span], key=lambda it: it.prompt_tokens)
+        batches += [chunk[at : at + batch_size] for at in range(0, len(chunk), batch_size)]
+    return batches
+
+
 def distill_items(
     target: Target, items: list[Item], cfg: DistillConfig, summary: Summary
 ) -> list[dict[str, Any]]:
@@ -167,8 +180,8 @@ def _distill(
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
     gen_start, last_flush = time.perf_counter(), time.perf_counter()
     try:
-        for at in range(0, len(plan.todo), cfg.batch_size):
-            records = distill_items(target, plan.todo[at : at + cfg.batch_size], cfg, summary)
+        for batch in length_batches(plan.todo, cfg.batch_size):
+            records = distill_items(target, batch, cfg, summary)
             feats = (
                 compute_features(target, [r["input_ids"] for r in records], names, cfg.feature_dtype)
                 if names

@@ -237,3 +237,15 @@ def test_one_writer_per_output_and_stale_temp_files_are_removed(tmp_path):
         lock_output(tmp_path)
     first.close()
     lock_output(tmp_path).close()
+
+
+def test_length_batches_sort_within_windows_and_keep_every_item():
+    from headstart.distill.pipeline import length_batches
+    from headstart.distill.plan import Item
+    from headstart.distill.shapes import Conversation
+
+    lengths = [50, 3, 40, 4, 30, 5, 9, 1]
+    items = [Item(i, Conversation(("x",)), None, None, n) for i, n in enumerate(lengths)]
+    batches = length_batches(items, batch_size=2, window=2)  # windows of 4 items
+    assert [[it.prompt_tokens for it in b] for b in batches] == [[3, 4], [40, 50], [1, 5], [9, 30]]
+    assert sorted(it.index for b in batches for it in b) == list(range(8))
