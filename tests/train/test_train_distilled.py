@@ -1,0 +1,89 @@
+"""End to end through the CLI: `headstart distill` on a tiny target, then `headstart train` on
+its output, online and offline (cached features); data from another target is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny import make_target_dir
+
+from headstart.cli import main
+from headstart.heads import load_heads
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("distilled")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Question {i}: what is {i} plus {i}?"}) + "\n" for i in range(10))
+    )
+    out = root / "data"
+    code = main(
+        [
+            "distill",
+            "--target",
+            str(tiny_llama),
+            "--prompts",
+            str(prompts),
+            "--shape",
+            "prompt",
+            "--out",
+            str(out),
+            "--num",
+            "10",
+            "--max-new-tokens",
+            "12",
+            "--max-prompt-tokens",
+            "200",
+            "--batch-size",
+            "5",
+            "--cache-features",
+            "--feature-layers",
+            "eagle3,last",
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    return out
+
+
+def _recipe(tmp_path, target, data, **extra):
+    body = {
+        "target": str(target),
+        "output_dir": str(tmp_path / "run"),
+        "max_steps": 4,
+        "batch_size": 2,
+        "eval_every": 4,
+        "log_every": 2,
+        "save_every": 0,
+        "trackers": ["none"],
+        "data": {"path": str(data), "holdout": 2},
+    }
+    body.update(extra)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(json.dumps(body))  # JSON is YAML
+    return path
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, capsys):
+    from headstart.target import load_target
+
+    recipe = _recipe(tmp_path, tiny_llama, distilled, head={"kind": "eagle3", "draft_vocab_size": 64})
+    assert main(["train", "--recipe", str(recipe), f"data.mode={mode}", "loss.ttt_steps=2"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 4 and summary["final_eval"]["eval/predictions"] > 0
+    head = load_heads(tmp_path / "run" / "final", load_target(str(tiny_llama)))
+    assert head.kind == "eagle3" and head.draft_vocab_size == 64
+    assert "(10 conversations)" in (tmp_path / "run" / "final" / "README.md").read_text()
+
+
+def test_distilled_data_from_another_target_is_refused(distilled, tiny_root, tmp_path, capsys):
+    other = make_target_dir(tiny_root, "qwen2")
+    recipe = _recipe(tmp_path, other, distilled)
+    assert main(["train", "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "was distilled from" in err and "tiny-llama" in err and "tiny-qwen2" in err
+    assert not (tmp_path / "run").exists()  # nothing was computed or written

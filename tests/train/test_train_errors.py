@@ -1,0 +1,105 @@
+"""Bad input fails with one clear HeadstartError before any compute."""
+
+from __future__ import annotations
+
+import pytest
+from tiny import make_target_dir
+
+from headstart.cli import main
+from headstart.config import load_config
+from headstart.errors import HeadstartError
+from headstart.train.config import TrainConfig
+from headstart.train.data import TrainData
+from headstart.train.setup import plan
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    from headstart.target import load_target
+
+    return load_target(str(tiny_llama))
+
+
+def _data(fingerprint, count=8):
+    return TrainData([[5, 6, 7, 8, 9, 10]] * count, [[0, 0, 1, 1, 1, 1]] * count, fingerprint, "test data")
+
+
+def _cfg(target, *extra):
+    return load_config(TrainConfig, None, [f"target={target.spec}", "batch_size=2", *extra])
+
+
+def test_data_from_another_target_names_both(target, tiny_root):
+    from headstart.target import load_target
+
+    other = load_target(str(make_target_dir(tiny_root, "qwen2")))
+    with pytest.raises(HeadstartError) as err:
+        plan(_cfg(target), data=_data(other.fingerprint), target=target)
+    assert (
+        "distilled from" in err.value.what
+        and "Qwen2ForCausalLM" in err.value.what
+        and "LlamaForCausalLM" in err.value.what
+    )
+
+
+def test_empty_data_and_no_reply_tokens(target):
+    with pytest.raises(HeadstartError, match="is empty"):
+        plan(_cfg(target), data=_data(target.fingerprint, count=0), target=target)
+    silent = TrainData([[5, 6, 7]] * 4, [[0, 0, 0]] * 4, target.fingerprint)
+    with pytest.raises(HeadstartError, match="no reply tokens"):
+        plan(_cfg(target), data=silent, target=target)
+    with pytest.raises(HeadstartError, match="outside the target vocabulary"):
+        plan(_cfg(target), data=TrainData([[5, 999]] * 4, [[0, 1]] * 4, target.fingerprint), target=target)
+
+
+def test_head_that_does_not_fit_the_target(target):
+    with pytest.raises(HeadstartError, match="exceeds the target vocabulary"):
+        plan(
+            _cfg(target, "head.kind=eagle3", "head.draft_vocab_size=5000"),
+            data=_data(target.fingerprint),
+            target=target,
+        )
+    with pytest.raises(HeadstartError, match="out of range"):
+        plan(
+            _cfg(target, "head.kind=eagle3", "head.feature_layers=[0,1,30]"),
+            data=_data(target.fingerprint),
+            target=target,
+        )
+
+
+def test_offline_without_cached_features(target):
+    with pytest.raises(HeadstartError, match="cached features"):
+        plan(_cfg(target, "data.mode=offline"), data=_data(target.fingerprint), target=target)
+
+
+def test_recipe_errors(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("head:\n  kind: medusa\n  num_head: 3\n")
+    with pytest.raises(HeadstartError, match="did you mean 'num_heads'"):
+        load_config(TrainConfig, recipe)
+    with pytest.raises(HeadstartError, match="needs head.kind=medusa"):
+        load_config(TrainConfig, None, ["head.kind=eagle3", "lora.enabled=true"])
+    with pytest.raises(HeadstartError, match="cannot use cached features"):
+        load_config(TrainConfig, None, ["lora.enabled=true", "data.mode=offline"])
+    with pytest.raises(HeadstartError, match="unknown trackers"):
+        load_config(TrainConfig, None, ["trackers=[mlflow]"])
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  learning_rate: 0.1\n")
+    assert main(["train", "--recipe", str(recipe)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown config key 'optim.learning_rate'" in err[0] and "fix:" in err[0]
+    assert main(["train", "--recipe", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_missing_distilled_dir_and_wandb(target, tmp_path):
+    with pytest.raises(HeadstartError, match="not a distilled data set"):
+        plan(_cfg(target, f"data.path={tmp_path}"), target=target)
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        from headstart.train.setup import trackers
+
+        with pytest.raises(HeadstartError, match="wandb is not installed"):
+            trackers(_cfg(target, "trackers=[wandb]"))
