@@ -34,9 +34,9 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
     group.add_argument(
         "--tree",
-        default="static",
-        help="static (default), chain:N, JSON index paths, a .json file, dynamic, or "
-        "dynamic:depth=4,top_k=4,total_tokens=12 (EAGLE-2)",
+        default=None,
+        help="the tree stored with the heads by `headstart tune` if any, else static (default); or "
+        "chain:N, JSON index paths, a .json file, dynamic, dynamic:depth=4,top_k=4,total_tokens=12 (EAGLE-2)",
     )
     group.add_argument(
         "--typical",
@@ -73,10 +73,10 @@ def prompt_ids(target: Any, prompt: str, raw: bool) -> list[int]:
     return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)
 
 
-def load_heads_from_args(args: argparse.Namespace, target: Any) -> Any:
-    """The heads named by --heads (a local directory or a Hub id), or None for plain decoding."""
+def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Path | None]:
+    """(heads, their directory) named by --heads (a local directory or a Hub id), or (None, None)."""
     if args.no_heads or not args.heads:
-        return None
+        return None, None
     from headstart.heads import load_heads
 
     path = Path(args.heads).expanduser()
@@ -97,7 +97,7 @@ def load_heads_from_args(args: argparse.Namespace, target: Any) -> Any:
             ) from None
     heads = load_heads(path, target)
     heads.to(dtype=target.dtype).eval().requires_grad_(False)
-    return heads
+    return heads, path
 
 
 class Decoding:
@@ -106,18 +106,21 @@ class Decoding:
     def __init__(self, args: argparse.Namespace, target: Any) -> None:
         self.args, self.target = args, target
         self.sampling = sampling_from_args(args)
-        self.heads = load_heads_from_args(args, target)
+        self.heads, path = load_heads_from_args(args, target)
         self.decoder = None
+        self.tree = args.tree
         if self.heads is not None:
+            from headstart.bench.tune import tuned_tree
             from headstart.inference.decoder import SpeculativeDecoder
 
-            self.decoder = SpeculativeDecoder(target, self.heads, tree=args.tree, typical=args.typical)
+            self.tree = args.tree or (tuned_tree(path) if path else None) or "static"
+            self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical)
 
     @property
     def mode(self) -> str:
         if self.decoder is None:
             return "plain decoding"
-        return f"{self.heads.kind} heads, tree {self.args.tree}" + (
+        return f"{self.heads.kind} heads, tree {self.tree}" + (
             ", typical acceptance (LOSSY)" if self.args.typical else ""
         )
 
