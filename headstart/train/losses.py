@@ -99,18 +99,19 @@ def ttt_loss(
 def draft_hits(
     step_target_ids: list[torch.Tensor], target_argmax: torch.Tensor, loss_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Held-out counts per step/head: (S, 3) rows of [top-1 hits, top-k hits, predictions].
+    """Held-out counts per conversation and step/head: (B, S, 3) rows of [top-1 hits, top-k hits,
+    predictions] (per conversation so a distributed eval can drop padded duplicates).
 
     step_target_ids[j]: (B, T, k) the draft's top-k guesses at step/head j, as TARGET ids, best
-    first; target_argmax (B, T): the target's greedy token z_t.argmax(). Sums stay on device."""
+    first; target_argmax (B, T): the target's greedy token z_t.argmax(). Stays on device."""
     rows = []
     for j, top in enumerate(step_target_ids):
         want = ahead(target_argmax, 1 + j)  # (B, T)
         mask = ahead(loss_mask, 2 + j).bool()
         hit1 = (top[..., 0] == want) & mask
         hitk = (top == want[..., None]).any(-1) & mask
-        rows.append(torch.stack([hit1.sum(), hitk.sum(), mask.sum()]))
-    return torch.stack(rows).to(torch.float64)
+        rows.append(torch.stack([hit1.sum(-1), hitk.sum(-1), mask.sum(-1)], dim=-1))  # (B, 3)
+    return torch.stack(rows, dim=1).to(torch.float64)
 
 
 def acceptance_length(top1: list[float]) -> float:

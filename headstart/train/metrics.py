@@ -66,12 +66,14 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
         if cfg.eval_batches and i >= cfg.eval_batches:
             break
         out = model(batch, evaluate=True, joint=joint)
-        hits = out["hits"] if hits is None else hits + out["hits"]  # (S, 3) on device
+        # gather_for_metrics drops the duplicates accelerate pads the last batch with (cost: a collective)
+        batch_hits = accelerator.gather_for_metrics(out["hits"]).sum(0)  # (S, 3) on device
+        hits = batch_hits if hits is None else hits + batch_hits
         loss_sum = out["loss"].detach() if loss_sum is None else loss_sum + out["loss"].detach()
         batches += 1
     if hits is None:
         return {"kind": "eval", "step": step}
-    hits = accelerator.reduce(hits, "sum").cpu()  # cost: one collective + device->host copy
+    hits = hits.cpu()  # cost: device->host copy
     loss = accelerator.reduce(loss_sum / batches, "mean").item()
     label = "head" if cfg.head.kind == "medusa" else "step"
     offset = 1 if label == "head" else 0

@@ -80,6 +80,6 @@ def test_draft_hits_and_acceptance_length():
     top = torch.tensor([[1, 2, 9, 9, 0, 0]])[..., None].expand(1, 6, 2).clone()
     top[0, 2, 1] = 3  # top-2 hit at position 2
     hits = losses.draft_hits([top], target_argmax, mask)
-    assert hits.tolist() == [[2.0, 3.0, 4.0]]
+    assert hits.tolist() == [[[2.0, 3.0, 4.0]]]  # (B, S, 3)
     assert losses.acceptance_length([1.0, 1.0]) == 3.0
     assert math.isclose(losses.acceptance_length([0.5, 0.5]), 1.75)
