@@ -2,7 +2,7 @@
 
 Public API for training code:
     load_distilled(path) -> datasets.Dataset   columns: index, source_id, messages, input_ids, loss_mask,
-                                               turns_finished, reply_tokens, settings, fingerprint
+                                               turns_finished, turns_exact, reply_tokens, settings, fingerprint
                                                (+ features_file with --cache-features)
     read_meta(path) -> dict                    fingerprint, settings, feature_layers (names or None)
     load_features(path, record) -> dict        'layer<i>' / 'last' -> (T, H) tensor of one record

@@ -114,12 +114,13 @@ def distill_items(
     for j, item in enumerate(items):
         ids, spans = assistant_spans(target.chat, history[j], target.eos_token_ids)
         mask = loss_mask(len(ids), spans)
-        for (begin, end), reply_ids in zip(spans, generated[j], strict=True):
-            # The record holds the rendered conversation; count replies whose decoded text
-            # re-encodes to other ids than the target generated (e.g. a reply cut mid-character).
-            summary.retokenized += int(
-                ids[begin : begin + len(reply_ids)] != reply_ids or end - begin != len(reply_ids) + 1
-            )
+        # The record holds the rendered conversation; flag replies whose decoded text re-encodes to
+        # other ids than the target generated (non-canonical BPE splits, a reply cut mid-character).
+        exact = [
+            ids[b:e] == reply_ids + ids[e - 1 : e]
+            for (b, e), reply_ids in zip(spans, generated[j], strict=True)
+        ]
+        summary.retokenized += exact.count(False)
         records.append(
             {
                 "index": item.index,
@@ -128,6 +129,7 @@ def distill_items(
                 "input_ids": ids,
                 "loss_mask": mask,
                 "turns_finished": finished[j],
+                "turns_exact": exact,
                 "reply_tokens": sum(mask),
                 "settings": settings,
                 "fingerprint": target.fingerprint,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def first_turn_ids(target: Target, conv: Conversation, system: str | None) -> li
     return target.chat.prompt_ids(messages)
 
 
-def _source_conversations(cfg: DistillConfig, skipped: Counter) -> object:
+def _source_conversations(
+    cfg: DistillConfig, skipped: Counter
+) -> Iterator[tuple[int, Conversation, str | None]]:
     assert cfg.prompts is not None
     for index, row in read_rows(cfg.prompts, cfg.split):
         if isinstance(row, BadRow):

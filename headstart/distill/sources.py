@@ -37,8 +37,8 @@ def read_rows(source: str, split: str = "train") -> Iterator[tuple[int, dict[str
     path = Path(source).expanduser()
     if path.is_file():
         yield from _read_file(path)
-    elif path.is_dir() or not path.suffix:
-        yield from _read_dataset(source, split)
+    elif path.is_dir() or not source.lower().endswith((*FILE_SUFFIXES, ".gz")):
+        yield from _read_dataset(source, split)  # a dataset directory or a Hub name ("org/name")
     else:
         raise HeadstartError(
             f"prompt file not found: {source}",

@@ -127,7 +127,7 @@ class ShardWriter:
 def load_distilled(out: str | Path) -> Any:
     """The records of a distilled output directory as a `datasets.Dataset`.
 
-    Columns: index, messages, input_ids, loss_mask, turns_finished, reply_tokens, settings,
+    Columns: index, source_id, messages, input_ids, loss_mask, turns_finished, turns_exact, reply_tokens, settings,
     fingerprint (+ features_file when features were cached).
     """
     import datasets

@@ -59,6 +59,7 @@ def _check_records(target, out, expected_turns):
             "user",
             "assistant",
         ] * expected_turns
+        assert len(row["turns_finished"]) == len(row["turns_exact"]) == expected_turns
     return data
 
 
