@@ -36,6 +36,7 @@ def accelerate_plan(path: str | Path) -> dict[str, Any]:
         if int(ds.get("zero_stage", -1)) not in (0, 1, 2, 3):
             raise HeadstartError(f"{path}: deepspeed_config.zero_stage must be 0-3", "set zero_stage: 2 or 3")
         plan["zero_stage"] = int(ds["zero_stage"])
+        plan["deepspeed_grad_accum"] = ds.get("gradient_accumulation_steps")
     if plan["distributed_type"] == "FSDP":
         fsdp = config.fsdp_config or {}
         plan["fsdp"] = {k: fsdp[k] for k in sorted(fsdp) if k.startswith("fsdp_")}
@@ -56,6 +57,12 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
             f"recipe mixed_precision={cfg.mixed_precision} but the accelerate config says {procs['mixed_precision']}",
             "make them agree",
         )
+    ds_accum = procs.pop("deepspeed_grad_accum", None)
+    if ds_accum not in (None, "auto") and int(ds_accum) != cfg.grad_accum:
+        raise HeadstartError(
+            f"accelerate config sets gradient_accumulation_steps={ds_accum} but the recipe has grad_accum={cfg.grad_accum}",
+            f"set grad_accum={ds_accum} or change the DeepSpeed config",
+        )
     loss = {
         "medusa": "Medusa-2 (joint LoRA)" if cfg.lora.enabled else "Medusa-1 (per-head CE)",
         "eagle": "EAGLE-1 (SmoothL1 features + CE)",
@@ -72,4 +79,21 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "trackers": chosen,
         "accelerate": procs,
         "output_dir": cfg.output_dir,
+        "cannot_run_here": cannot_run_here(procs),
     }
+
+
+def cannot_run_here(procs: dict[str, Any]) -> list[str]:
+    """What this machine lacks for the planned launch (empty: it can run here)."""
+    import importlib.util
+
+    import torch
+
+    missing = []
+    if not procs.get("use_cpu", True) and procs.get("distributed_type") != "NO":
+        gpus = torch.cuda.device_count()
+        if gpus < procs["num_processes"]:
+            missing.append(f"{procs['num_processes']} GPUs (found {gpus})")
+    if procs.get("distributed_type") == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        missing.append("deepspeed (pip install deepspeed)")
+    return missing
