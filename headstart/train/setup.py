@@ -110,7 +110,10 @@ def make_head(p: Plan) -> Any:
     counts = None
     if p.cfg.head.kind == "eagle3" and p.cfg.head.draft_vocab_size:
         counts = token_counts(p.data, p.train_idx, p.target.vocab_size)
-    return build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
+    head = build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
+    if p.cfg.mixed_precision != "no":
+        head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
+    return head
 
 
 def add_lora(cfg: TrainConfig, target_model: Any) -> Any:
