@@ -74,6 +74,13 @@ def build_tree(paths: Sequence[Sequence[int]]) -> TreeBuffers:
             f"tree paths {missing} are missing (every prefix of a path must be a node)",
             "add the parent paths",
         )
+    gaps = [list(p) for p in ordered if p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in index]
+    if gaps:
+        # Candidates are tried in rank order (sampling draws them in that order), so a node's
+        # children must be ranks 0..m-1 without holes.
+        raise HeadstartError(
+            f"tree paths {gaps} skip a rank under their parent", "add the lower-ranked sibling paths"
+        )
     n = len(ordered) + 1
     parents = torch.zeros(n, dtype=torch.long)
     ranks = torch.zeros(n, dtype=torch.long)

@@ -35,7 +35,13 @@ def test_tree_is_frozen():
 
 @pytest.mark.parametrize(
     "paths, message",
-    [([[0, 0]], "missing"), ([[0], [0]], "twice"), ([[]], "non-empty"), ([[-1]], "ranks >= 0")],
+    [
+        ([[0, 0]], "missing"),
+        ([[0], [2]], "skip a rank"),
+        ([[0], [0]], "twice"),
+        ([[]], "non-empty"),
+        ([[-1]], "ranks >= 0"),
+    ],
 )
 def test_bad_trees_are_clear_errors(paths, message):
     with pytest.raises(HeadstartError, match=message):
