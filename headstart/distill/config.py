@@ -143,8 +143,9 @@ class DistillConfig:
     def identity(self) -> dict[str, object]:
         """The settings that change what a record contains: an output dir is bound to them.
 
-        num, batch_size, shard_size, flush_seconds, device and max_feature_gb may change between runs
-        (greedy replies are the same at any batch size up to float rounding).
+        num, batch_size, shard_size, flush_seconds, device, threads, max_feature_gb and the data-free
+        sampler's batch_size/max_attempts may change between runs (greedy replies are the same at any
+        batch size up to float rounding; data-free prompts are saved once written).
         """
         keys = (
             "prompts", "split", "shape", "field", "system", "max_turns", "max_new_tokens", "temperature",
@@ -154,6 +155,8 @@ class DistillConfig:
         out["feature_layers"] = self.feature_layers if self.cache_features else None
         if self.prompts is None:
             out["datafree"] = {
-                k: getattr(self.datafree, k) for k in DatafreeConfig.__dataclass_fields__ if k != "batch_size"
+                k: getattr(self.datafree, k)
+                for k in DatafreeConfig.__dataclass_fields__
+                if k not in ("batch_size", "max_attempts")
             }
         return out
