@@ -34,11 +34,17 @@ NAMED = {
 }
 
 
+BUILTIN = {"demo": Path(__file__).parent / "data" / "demo_questions.jsonl"}
+"""Question sets shipped with headstart (generic prompts, not a benchmark)."""
+
+
 def resolve_questions(spec: str) -> Path:
-    """A path, or a name in NAMED found inside an installed package."""
+    """A path, a built-in set (BUILTIN) or a name in NAMED found inside an installed package."""
     path = Path(spec).expanduser()
     if path.is_file():
         return path
+    if spec in BUILTIN:
+        return BUILTIN[spec]
     if spec in NAMED:
         package, relative, pip = NAMED[spec]
         found = _package_file(package, relative)
@@ -48,7 +54,9 @@ def resolve_questions(spec: str) -> Path:
                 f"{pip}, or pass a path to the JSONL file",
             )
         return found.resolve()
-    raise HeadstartError(f"questions not found: {spec}", f"pass a JSONL file or one of {', '.join(NAMED)}")
+    raise HeadstartError(
+        f"questions not found: {spec}", f"pass a JSONL file or one of {', '.join([*BUILTIN, *NAMED])}"
+    )
 
 
 def _rows(path: Path) -> list[dict]:

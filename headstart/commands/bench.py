@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="[LABEL=]DIR_OR_HUB_ID",
-        help="trained heads to measure as headstart:LABEL (repeatable; LABEL defaults to the directory name)",
+        help="trained heads to measure as headstart:LABEL (repeatable; LABEL defaults to the directory name); "
+        "default: the heads shipped for the embedded smollm2 target",
     )
     parser.add_argument(
         "--questions",
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench.report import build_report, write_report
     from headstart.bench.runner import run_bench
     from headstart.bench.tune import tuned_tree
+    from headstart.heads.defaults import shipped_heads
     from headstart.inference.plain import SamplingConfig
 
     sampling = SamplingConfig(
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
     if "pld" in baselines:
         methods["pld"] = bench_methods.pld(target, sampling)
-    for spec in args.heads:
+    heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
+    for spec in heads_specs:
         label, path = _label(spec)
         tree = args.tree or tuned_tree(path)  # the tree `headstart tune` stored with the heads
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
@@ -94,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "heads": {name: spec for name, spec in zip(list(methods)[len(baselines) :], args.heads, strict=True)},
+        "heads": {
+            name: spec for name, spec in zip(list(methods)[len(baselines) :], heads_specs, strict=True)
+        },
     }
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
