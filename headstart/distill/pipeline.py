@@ -174,9 +174,22 @@ def _distill(
     plan = make_plan(target, cfg, done, quiet)
     summary = Summary(skipped=plan.skipped, exhausted=plan.exhausted, datafree=plan.datafree)
     if names and plan.todo:
-        turns = [min(len(i.conversation.turns), cfg.max_turns or 10**9) for i in plan.todo]
-        # Upper bound: every reply at --max-new-tokens, plus a few template tokens per turn.
-        tokens = sum(i.prompt_tokens for i in plan.todo) + sum(turns) * (cfg.max_new_tokens + 8)
+        turns = [i.conversation.turns[: cfg.max_turns or None] for i in plan.todo]
+        later = [t for conv in turns for t in conv[1:]]  # user turns after the first (not in prompt_tokens)
+        later_tokens = (
+            sum(len(ids) for ids in target.tokenizer(later, add_special_tokens=False)["input_ids"])
+            if later
+            else 0
+        )
+        # Every reply at --max-new-tokens, plus a few template tokens per turn: an upper bound
+        # (the template's role headers are at most 8 tokens on every template we know).
+        n_turns = sum(len(conv) for conv in turns)
+        tokens = (
+            sum(i.prompt_tokens for i in plan.todo)
+            + later_tokens
+            + n_turns * (cfg.max_new_tokens + 8)
+            + len(later) * 8
+        )
         check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
     writer = ShardWriter(cfg.out)
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
