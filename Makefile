@@ -26,8 +26,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: install
-	$(BIN)/headstart info --target smollm2
-	$(BIN)/headstart generate --target smollm2 --max-new-tokens 64 --prompt "$(PROMPT)"
+	PROMPT="$(PROMPT)" scripts/demo.sh
 
 lint: install
 	$(BIN)/ruff check headstart tests
