@@ -38,6 +38,13 @@ def train(
     """Train a head as `cfg` says; returns the run summary also written to output_dir/results.json."""
     from tqdm.auto import tqdm
 
+    if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            f"{cfg.output_dir} already holds checkpoints of an earlier run",
+            "pass --resume to continue it, or set output_dir to a new directory",
+        )
     accelerator = make_accelerator(cfg)
     p = plan(cfg, device=str(accelerator.device), data=data, target=target)
     head = make_head(p)
@@ -130,12 +137,13 @@ def train(
     bar.close()
     wall = time.perf_counter() - start
     total_tokens = accelerator.reduce(tokens.clone(), "sum").item()  # cost: one sync at the end
+    run_tokens = total_tokens - float(state.get("tokens", 0.0)) * accelerator.num_processes  # this session's
     final_eval = next((h for h in reversed(history) if h.get("kind") == "eval"), {})
     summary = {
         "steps": step,
         "wall_s": round(wall, 2),
         "tokens": int(total_tokens),
-        "tokens_per_s": round(total_tokens / wall, 1) if wall > 0 else None,
+        "tokens_per_s": round(run_tokens / wall, 1) if wall > 0 else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "processes": accelerator.num_processes,
         "resumed_from": int(state.get("step", 0)),

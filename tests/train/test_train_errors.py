@@ -103,3 +103,12 @@ def test_missing_distilled_dir_and_wandb(target, tmp_path):
 
         with pytest.raises(HeadstartError, match="wandb is not installed"):
             trackers(_cfg(target, "trackers=[wandb]"))
+
+
+def test_existing_checkpoints_need_resume(target, tmp_path):
+    from headstart.train.loop import train
+
+    (tmp_path / "checkpoints" / "step-00000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-00000004" / "trainer_state.json").write_text("{}")
+    with pytest.raises(HeadstartError, match="pass --resume"):
+        train(_cfg(target, f"output_dir={tmp_path}"), data=_data(target.fingerprint), target=target)
