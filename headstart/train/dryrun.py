@@ -79,18 +79,18 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "trackers": chosen,
         "accelerate": procs,
         "output_dir": cfg.output_dir,
-        "cannot_run_here": cannot_run_here(procs),
+        "cannot_run_here": cannot_run_here(procs, cfg.cpu),
     }
 
 
-def cannot_run_here(procs: dict[str, Any]) -> list[str]:
+def cannot_run_here(procs: dict[str, Any], cpu: bool = False) -> list[str]:
     """What this machine lacks for the planned launch (empty: it can run here)."""
     import importlib.util
 
     import torch
 
     missing = []
-    if not procs.get("use_cpu", True) and procs.get("distributed_type") != "NO":
+    if not cpu and not procs.get("use_cpu", True) and procs.get("distributed_type") != "NO":
         gpus = torch.cuda.device_count()
         if gpus < procs["num_processes"]:
             missing.append(f"{procs['num_processes']} GPUs (found {gpus})")
