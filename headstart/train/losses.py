@@ -6,6 +6,7 @@ here is aligned to the query position t of the head, padded with zeros on the ri
     Medusa head i (0-based) at t predicts x_{t+2+i}; the target's own guess of it is z_{t+1+i}.
     EAGLE unroll step j at t predicts x_{t+2+j}, trained towards z_{t+1+j} (soft labels).
 A prediction counts when its predicted token is a reply token: mask = ahead(loss_mask, 2 + i).
+Optional `count(s)` arguments replace the local token counts of each term (see masked_mean).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ def ahead(x: torch.Tensor, shift: int) -> torch.Tensor:
     return torch.cat([rest, pad], dim=1)
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of `values` (B, T) where mask (B, T) is 1; 0 when nothing is selected."""
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, count: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of `values` (B, T) where mask (B, T) is 1; 0 when nothing is selected.
+    `count` replaces the local number of selected positions (distributed training passes the
+    global count / processes, so averaging the processes' losses gives the global token mean)."""
     mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    return (values * mask).sum() / (mask.sum() if count is None else count).clamp(min=1.0)
 
 
 def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -42,12 +45,20 @@ def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
 
 
 def medusa_loss(
-    logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, decay: float
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    decay: float,
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Medusa-1: sum_i decay**i * CE(head i, x_{t+2+i}). logits (K, B, T, V) -> (loss, per-head CE (K,))."""
     per_head = torch.stack(
         [
-            masked_mean(token_ce(logits[i], ahead(input_ids, 2 + i)), ahead(loss_mask, 2 + i))
+            masked_mean(
+                token_ce(logits[i], ahead(input_ids, 2 + i)),
+                ahead(loss_mask, 2 + i),
+                None if counts is None else counts[i],
+            )
             for i in range(logits.shape[0])
         ]
     )
@@ -55,9 +66,14 @@ def medusa_loss(
     return (weights * per_head).sum(), per_head.detach()
 
 
-def lm_loss(target_logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+def lm_loss(
+    target_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    count: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The target's own next-token CE on reply tokens (Medusa-2's joint term)."""
-    return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1))
+    return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1), count)
 
 
 def eagle1_loss(
@@ -68,6 +84,7 @@ def eagle1_loss(
     loss_mask: torch.Tensor,
     feature_weight: float,
     ce_weight: float,
+    count: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """EAGLE-1: SmoothL1(g_t, f_{t+1}) * feature_weight + soft CE(head, z_{t+1}) * ce_weight.
     g, target_hidden (B, T, H); logits (B, T, V). Returns (loss, feature loss, CE)."""
@@ -75,20 +92,28 @@ def eagle1_loss(
     feature = F.smooth_l1_loss(g.float(), ahead(target_hidden, 1).float(), reduction="none").mean(
         -1
     )  # (B, T)
-    feature = masked_mean(feature, mask)
-    ce = masked_mean(soft_ce(head_logits, ahead(target_logits, 1)), mask)
+    feature = masked_mean(feature, mask, count)
+    ce = masked_mean(soft_ce(head_logits, ahead(target_logits, 1)), mask, count)
     return feature_weight * feature + ce_weight * ce, feature.detach(), ce.detach()
 
 
 def ttt_loss(
-    step_logits: list[torch.Tensor], target_draft_logits: torch.Tensor, loss_mask: torch.Tensor, decay: float
+    step_logits: list[torch.Tensor],
+    target_draft_logits: torch.Tensor,
+    loss_mask: torch.Tensor,
+    decay: float,
+    counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """EAGLE-3 training-time test: sum_j decay**j * soft CE(step j, z_{t+1+j} over the draft vocab).
     step_logits: per step (B, T, Vd); target_draft_logits (B, T, Vd) = the target's logits at the
     draft vocabulary (softmax over them = the target's distribution restricted and renormalised)."""
     per_step = torch.stack(
         [
-            masked_mean(soft_ce(logits, ahead(target_draft_logits, 1 + j)), ahead(loss_mask, 2 + j))
+            masked_mean(
+                soft_ce(logits, ahead(target_draft_logits, 1 + j)),
+                ahead(loss_mask, 2 + j),
+                None if counts is None else counts[j],
+            )
             for j, logits in enumerate(step_logits)
         ]
     )

@@ -13,6 +13,7 @@ from torch import nn
 from headstart.target.features import Features, capture
 from headstart.train import losses
 from headstart.train.config import TrainConfig
+from headstart.train.losses import ahead
 
 
 def ttt_mask(steps_before: int, length: int, batch: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
@@ -40,13 +41,28 @@ def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> 
         mask = ttt_mask(j, length, batch, h0.dtype, h0.device)
         hidden = head(
             hidden,
-            losses.ahead(input_ids, 1 + j),
+            ahead(input_ids, 1 + j),
             position_ids=base + j,
             attention_mask=mask,
             past_key_values=cache,
         )
         outs.append(hidden)
     return outs
+
+
+def shared_counts(mask: torch.Tensor, shifts: list[int]) -> torch.Tensor | None:
+    """Per-term token counts averaged over processes, or None in a single process.
+
+    DDP averages the processes' gradients; dividing each process's token sum by the mean count
+    (instead of its own count) makes that average the gradient of the global token mean, so the
+    result does not depend on how conversations of different lengths fall on processes."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    counts = torch.stack([ahead(mask, s).sum() for s in shifts]).to(torch.float32)
+    dist.all_reduce(counts)  # cost: one small collective per micro-batch
+    return counts / dist.get_world_size()
 
 
 class Objective(nn.Module):
@@ -94,10 +110,12 @@ class Objective(nn.Module):
         self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool, joint: bool
     ) -> dict[str, torch.Tensor]:
         logits = self.head(feats.last_hidden)  # (K, B, T, V)
-        loss, per_head = losses.medusa_loss(logits, ids, mask, self.cfg.loss.medusa_decay)
+        counts = shared_counts(mask, [2 + i for i in range(logits.shape[0])] + [1])  # heads, then LM
+        head_counts, lm_count = (None, None) if counts is None else (counts[:-1], counts[-1])
+        loss, per_head = losses.medusa_loss(logits, ids, mask, self.cfg.loss.medusa_decay, head_counts)
         out = {"loss": loss, "parts": per_head}
         if "target" in self._modules:  # Medusa-2: also log the target's own loss during warm-up
-            lm = losses.lm_loss(feats.logits, ids, mask)
+            lm = losses.lm_loss(feats.logits, ids, mask, lm_count)
             out["parts"] = torch.cat([per_head, lm.detach()[None]])
             if joint:  # after warm-up the target trains through its LoRA adapters
                 out["loss"] = self.cfg.lora.lm_weight * lm + self.cfg.lora.heads_weight * loss
@@ -115,6 +133,7 @@ class Objective(nn.Module):
             if not evaluate and cfg.eagle_noise > 0:
                 h0 = h0 + (torch.rand_like(h0) - 0.5) * cfg.eagle_noise  # consumes the global RNG
             steps = unroll(head, h0, ids, cfg.eval_steps if evaluate else 1)
+            counts = shared_counts(mask, [2])
             loss, feature, ce = losses.eagle1_loss(
                 steps[0],
                 head.logits(steps[0]),
@@ -123,13 +142,15 @@ class Objective(nn.Module):
                 mask,
                 cfg.eagle_feature_weight,
                 cfg.eagle_ce_weight,
+                None if counts is None else counts[0],
             )
             out = {"loss": loss, "parts": torch.stack([feature, ce])}
         else:
             steps = unroll(head, h0, ids, cfg.ttt_steps)
             target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
             step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
-            loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay)
+            counts = shared_counts(mask, [2 + j for j in range(len(steps))])
+            loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
             out = {"loss": loss, "parts": per_step}
         if evaluate:
             if head.kind == "eagle":

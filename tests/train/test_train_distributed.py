@@ -15,9 +15,10 @@ import torch
 from safetensors.torch import load_file
 
 RUNNER = Path(__file__).with_name("run_tiny.py")
-# Medusa has no input noise; every conversation has the same length, so the mean of the two
-# processes' per-token means equals the one-process mean.
+# Medusa has no input noise. Conversations differ in length (--vary): the processes normalise by the
+# global token count, so their averaged gradients equal the one-process gradient.
 ARGS = [
+    "--vary",
     "head.kind=medusa",
     "max_steps=6",
     "log_every=1",
