@@ -29,7 +29,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     """Heads, tree and stop options shared by `generate` and `chat`."""
     group = parser.add_argument_group("speculative decoding")
     group.add_argument(
-        "--heads", default=None, help="trained heads: a directory from `headstart train` or a Hub id"
+        "--heads",
+        default=None,
+        help="trained heads: a directory from `headstart train` or a Hub id (default: the heads shipped "
+        "for the embedded smollm2 target, plain decoding for other targets)",
     )
     group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
     group.add_argument(
@@ -74,11 +77,16 @@ def prompt_ids(target: Any, prompt: str, raw: bool) -> list[int]:
 
 
 def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Path | None]:
-    """(heads, their directory) named by --heads (a local directory or a Hub id), or (None, None)."""
-    if args.no_heads or not args.heads:
-        return None, None
+    """(heads, their directory) named by --heads (a local directory or a Hub id); without --heads
+    the heads shipped for the embedded target, if any; (None, None) for plain decoding."""
     from headstart.heads import load_heads
+    from headstart.heads.defaults import default_heads
 
+    if args.no_heads:
+        return None, None
+    if not args.heads:
+        shipped = default_heads(args.target)
+        return (None, None) if shipped is None else (_ready(load_heads(shipped, target), target), shipped)
     path = Path(args.heads).expanduser()
     if not path.is_dir():
         if not HUB_ID.match(args.heads):
@@ -95,9 +103,13 @@ def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Pa
                 f"cannot download heads '{args.heads}': {str(err).splitlines()[0]}",
                 "check the id, your network or HF_TOKEN",
             ) from None
-    heads = load_heads(path, target)
+    return _ready(load_heads(path, target), target), path
+
+
+def _ready(heads: Any, target: Any) -> Any:
+    """Heads in the target's dtype, frozen, in eval mode."""
     heads.to(dtype=target.dtype).eval().requires_grad_(False)
-    return heads, path
+    return heads
 
 
 class Decoding:
