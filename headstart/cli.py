@@ -18,11 +18,20 @@ from headstart.errors import HeadstartError
 COMMANDS = {
     "info": ("headstart.commands.info", "load a target and print its shape, load time and forward latency"),
     "generate": ("headstart.commands.generate", "generate a reply, streaming to stdout"),
-    "chat": ("headstart.commands.chat", "chat with the target (multi-turn, chat template), speculative with --heads"),
-    "distill": ("headstart.commands.distill", "self-distillation: the target's own replies to prompts, as resumable shards"),
+    "chat": (
+        "headstart.commands.chat",
+        "chat with the target (multi-turn, chat template), speculative with --heads",
+    ),
+    "distill": (
+        "headstart.commands.distill",
+        "self-distillation: the target's own replies to prompts, as resumable shards",
+    ),
     "tune": ("headstart.commands.tune", "pick the fastest draft tree for trained heads on this hardware"),
     "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
-    "train": ("headstart.commands.train", "train draft heads (Medusa-1/2, EAGLE-1, EAGLE-3) on a frozen target"),
+    "train": (
+        "headstart.commands.train",
+        "train draft heads (Medusa-1/2, EAGLE-1, EAGLE-3) on a frozen target",
+    ),
 }
 
 
