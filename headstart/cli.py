@@ -27,6 +27,7 @@ COMMANDS = {
         "self-distillation: the target's own replies to prompts, as resumable shards",
     ),
     "tune": ("headstart.commands.tune", "pick the fastest draft tree for trained heads on this hardware"),
+    "push": ("headstart.commands.push", "publish trained heads to the Hugging Face Hub"),
     "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
     "train": (
         "headstart.commands.train",
