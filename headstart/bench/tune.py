@@ -31,9 +31,12 @@ CALIBRATION_PROMPTS = (
 )
 
 
-def candidate_trees(kind: str, max_depth: int) -> list[str]:
-    """Chains and small trees sized for CPUs up to mid-size trees for accelerators."""
-    chains = [f"chain:{d}" for d in range(1, max_depth + 1)]
+def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
+    """Chains and small trees sized for CPUs up to mid-size trees for accelerators.
+
+    max_depth: how deep the heads can draft (Medusa: its number of heads; None for EAGLE heads,
+    which draft autoregressively to any depth: chains then go up to 6)."""
+    chains = [f"chain:{d}" for d in range(1, (max_depth or 6) + 1)]
     if kind == "medusa":
         return chains + ["static"]
     dynamic = [

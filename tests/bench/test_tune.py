@@ -10,7 +10,8 @@ from headstart.cli import main
 
 def test_candidates_fit_the_heads():
     assert candidate_trees("medusa", 3) == ["chain:1", "chain:2", "chain:3", "static"]
-    eagle = candidate_trees("eagle3", 8)
+    eagle = candidate_trees("eagle3", None)
+    assert eagle[:6] == [f"chain:{d}" for d in range(1, 7)]
     assert "chain:1" in eagle and any(c.startswith("dynamic:") for c in eagle)
 
 
