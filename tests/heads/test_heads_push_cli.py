@@ -32,7 +32,12 @@ def test_push_uploads_the_heads_files(monkeypatch, capsys):
     (create, upload) = FakeApi.calls
     assert create[1] == "me/smollm2-medusa" and create[2]["private"] is True
     assert upload[1]["repo_id"] == "me/smollm2-medusa"
-    assert set(upload[1]["allow_patterns"]) == {"config.json", "model.safetensors", "README.md"}
+    assert set(upload[1]["allow_patterns"]) == {
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "tuned_tree.json",
+    }
     assert "pushed medusa heads" in capsys.readouterr().out
 
 
