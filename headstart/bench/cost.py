@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from headstart.inference.cache import truncate
 from headstart.target import Target, forward, new_cache, tree_attention_mask
 
 
@@ -44,12 +45,6 @@ def verify_cost_ms(
             if tokens.is_cuda:
                 torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
             times.append(time.perf_counter() - start)
-            _drop_last(cache, n)  # keep the context fixed at `context`
+            truncate(cache, context)  # keep the context fixed at `context`
         costs[n] = 1000 * statistics.median(times[1:])
     return costs
-
-
-def _drop_last(cache: object, n: int) -> None:
-    for layer in cache.layers:  # type: ignore[attr-defined]
-        layer.keys = layer.keys[..., :-n, :]
-        layer.values = layer.values[..., :-n, :]

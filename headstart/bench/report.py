@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from headstart.bench.runner import Record, summarise
+from headstart.io import atomic_write_text
 
 
 def build_report(config: dict[str, Any], records: list[Record], greedy: bool) -> dict[str, Any]:
@@ -57,13 +56,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 def plot(report: dict[str, Any], out: Path) -> list[Path]:
     """speedup_by_category.png and accept_lengths.png (matplotlib, headless)."""
     import matplotlib
@@ -107,6 +99,6 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 
 def write_report(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "report.json", json.dumps(report, indent=2))
-    _atomic_write(out / "report.md", markdown(report))
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2))
+    atomic_write_text(out / "report.md", markdown(report))
     plot(report, out)

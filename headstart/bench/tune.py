@@ -11,12 +11,12 @@ speed differs.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from headstart.io import atomic_write_text
 
 TUNED_FILE = "tuned_tree.json"
 
@@ -65,11 +65,11 @@ def tune(
     import torch
 
     from headstart.bench.cost import verify_cost_ms
-    from headstart.heads import load_heads
+    from headstart.heads import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.inference.plain import SamplingConfig
 
-    heads = load_heads(heads_path, target)
+    heads = load_heads_for_inference(heads_path, target)
     probe = SpeculativeDecoder(target, heads)
     candidates = candidates or candidate_trees(heads.kind, probe.max_depth)
     decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
@@ -112,9 +112,4 @@ def tune(
 
 
 def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:
-    path = Path(heads_path) / TUNED_FILE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(report, handle, indent=2)
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(Path(heads_path) / TUNED_FILE, json.dumps(report, indent=2))

@@ -79,14 +79,14 @@ def prompt_ids(target: Any, prompt: str, raw: bool) -> list[int]:
 def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Path | None]:
     """(heads, their directory) named by --heads (a local directory or a Hub id); without --heads
     the heads shipped for the embedded target, if any; (None, None) for plain decoding."""
-    from headstart.heads import load_heads
+    from headstart.heads import load_heads_for_inference
     from headstart.heads.defaults import default_heads
 
     if args.no_heads:
         return None, None
     if not args.heads:
         shipped = default_heads(args.target)
-        return (None, None) if shipped is None else (_ready(load_heads(shipped, target), target), shipped)
+        return (None, None) if shipped is None else (load_heads_for_inference(shipped, target), shipped)
     path = Path(args.heads).expanduser()
     if not path.is_dir():
         if not HUB_ID.match(args.heads):
@@ -103,13 +103,7 @@ def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Pa
                 f"cannot download heads '{args.heads}': {str(err).splitlines()[0]}",
                 "check the id, your network or HF_TOKEN",
             ) from None
-    return _ready(load_heads(path, target), target), path
-
-
-def _ready(heads: Any, target: Any) -> Any:
-    """Heads in the target's dtype, frozen, in eval mode."""
-    heads.to(dtype=target.dtype).eval().requires_grad_(False)
-    return heads
+    return load_heads_for_inference(path, target), path
 
 
 class Decoding:

@@ -5,7 +5,7 @@ saved one (any kind), refusing heads trained for another target. See `base` for 
 """
 
 from headstart.heads.base import HEAD_KINDS, DraftHead, EagleLike, MedusaLike
-from headstart.heads.build import build_head, draft_vocab, head_config, load_heads
+from headstart.heads.build import build_head, draft_vocab, head_config, load_heads, load_heads_for_inference
 from headstart.heads.checkpoint import check_fits
 from headstart.heads.config import HeadConfig, HeadSpec
 from headstart.heads.eagle import Eagle3Head, EagleHead
@@ -26,4 +26,5 @@ __all__ = [
     "draft_vocab",
     "head_config",
     "load_heads",
+    "load_heads_for_inference",
 ]

