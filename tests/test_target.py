@@ -43,6 +43,18 @@ def test_capture_matches_output_hidden_states(target):
     assert set(feats.layers) == {0, 1}
 
 
+def test_logits_to_keep_keeps_every_state(target):
+    """A prefill asks for the last position's logits only; the states still cover every position."""
+    torch.manual_seed(1)
+    ids = torch.randint(3, 280, (2, 7))
+    full = capture(target.model, ids, layers=[1])
+    last = forward(target.model, ids, layers=[1], logits_to_keep=1)
+    assert last.logits.shape[1] == 1
+    torch.testing.assert_close(last.logits, full.logits[:, -1:])
+    torch.testing.assert_close(last.last_hidden, full.last_hidden)
+    torch.testing.assert_close(last.layers[1], full.layers[1])
+
+
 def _ancestors(parents: list[int]) -> torch.Tensor:
     n = len(parents)
     anc = torch.zeros(n, n, dtype=torch.bool)

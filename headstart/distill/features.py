@@ -80,7 +80,11 @@ def compute_features(
             mask[row, : len(seq)] = 1
         # Right padding: real tokens sit at positions 0..len-1, so their states equal an unpadded run.
         feats = forward(
-            target.model, ids.to(target.device), attention_mask=mask.to(target.device), layers=ids_wanted
+            target.model,
+            ids.to(target.device),
+            attention_mask=mask.to(target.device),
+            layers=ids_wanted,
+            logits_to_keep=1,  # the states are wanted, not the V x H lm_head at every position
         )
         for row, seq in enumerate(group):
             item = {}

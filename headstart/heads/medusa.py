@@ -76,6 +76,10 @@ class MedusaHeads(HeadCheckpoint, nn.Module):
             )
         return self._bound["lm_head"]
 
+    def head_logits(self, k: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Head k alone: hidden (..., H) -> logits (..., V)."""
+        return self.projection(k)(self.heads[k](hidden))
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (B, T, H) -> logits (K, B, T, V). Memory: K * B * T * V floats."""
-        return torch.stack([self.projection(k)(head(hidden)) for k, head in enumerate(self.heads)])
+        return torch.stack([self.head_logits(k, hidden) for k in range(self.num_heads)])

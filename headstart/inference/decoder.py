@@ -63,7 +63,7 @@ class SpeculativeDecoder:
         cache = new_cache(model)
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        layers=drafter.feature_layers)  # fmt: skip
+                        layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip
         root = self._choose(feats.logits[:, -1], sampling)  # (B,)
         last = torch.full_like(root, steps - 1)
         drafter.observe(

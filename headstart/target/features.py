@@ -29,7 +29,7 @@ from headstart.errors import HeadstartError
 class Features:
     """One target forward: logits, the lm_head input, and requested layers' outputs."""
 
-    logits: torch.Tensor  # (B, T, V)
+    logits: torch.Tensor  # (B, T, V); (B, k, V) with logits_to_keep=k; training may leave it None
     last_hidden: torch.Tensor  # (B, T, H): the exact input of the lm_head (post final norm)
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> (B, T, H)
     past_key_values: Any = None
@@ -99,8 +99,12 @@ def forward(
     position_ids: torch.Tensor | None = None,
     past_key_values: Any = None,
     layers: Sequence[int] = (),
+    logits_to_keep: int = 0,
 ) -> Features:
     """Run the target on `input_ids` (B, T) and capture logits, lm_head input and `layers`.
+    `logits_to_keep=k > 0` computes logits for the last k positions only (a prefill needs one:
+    the lm_head over every prompt position is V x H per token of pure waste); `last_hidden` and
+    the layers always cover every position.
 
     For tree verification pass a 4D float mask from `tree_attention_mask`, `position_ids =
     prefix_len + depth` and a Cache; the cache grows by T entries (the caller compacts it).
@@ -114,6 +118,7 @@ def forward(
         position_ids=position_ids,
         past_key_values=past_key_values,
         layers=layers,
+        logits_to_keep=logits_to_keep,
     )
 
 
@@ -126,6 +131,7 @@ def capture(
     past_key_values: Any = None,
     layers: Sequence[int] = (),
     grad: bool = False,
+    logits_to_keep: int = 0,
 ) -> Features:
     """Like `forward`, optionally with autograd enabled (`grad=True`)."""
     check_layer_ids(model, layers)
@@ -142,9 +148,15 @@ def capture(
     def keep_lm_input(_module: nn.Module, args: Any) -> None:
         taken[-1] = args[0]
 
+    def keep_decoder_output(_module: nn.Module, _args: Any, output: Any) -> None:
+        taken[-2] = output[0] if isinstance(output, tuple) else output.last_hidden_state
+
     for layer_id in dict.fromkeys(int(i) for i in layers):
         handles.append(blocks[layer_id].register_forward_hook(keep_output(layer_id)))
     handles.append(model.get_output_embeddings().register_forward_pre_hook(keep_lm_input))
+    if logits_to_keep:  # the lm_head then sees the last positions only; its input at every
+        # position is the decoder's output (transformers slices that before the lm_head)
+        handles.append(model.get_decoder().register_forward_hook(keep_decoder_output))
     try:
         with torch.set_grad_enabled(grad):
             out = model(
@@ -153,11 +165,23 @@ def capture(
                 position_ids=position_ids,
                 past_key_values=past_key_values,
                 use_cache=past_key_values is not None,
+                # passed only when asked: every causal LM in transformers accepts it, but 0 needs no support
+                **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
             )
     finally:
         for handle in handles:
             handle.remove()
     last_hidden = taken.pop(-1)
+    if logits_to_keep:
+        full = taken.pop(-2)
+        if full.shape[1] != input_ids.shape[1] or not torch.equal(
+            full[:, -last_hidden.shape[1] :], last_hidden
+        ):
+            raise HeadstartError(
+                f"{type(model).__name__}: the decoder output is not the lm_head input",
+                "call forward without logits_to_keep for this model",
+            )
+        last_hidden = full
     return Features(
         logits=out.logits, last_hidden=last_hidden, layers=taken, past_key_values=out.past_key_values
     )

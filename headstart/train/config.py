@@ -11,8 +11,9 @@ from headstart.heads.config import HeadSpec
 
 @dataclass
 class DataConfig:
-    path: str | None = None
-    """A directory written by `headstart distill` (its fingerprint must match the target)."""
+    path: list[str] = field(default_factory=list)
+    """Directories written by `headstart distill` (one, or a list whose conversations are joined;
+    every fingerprint must match the target)."""
     mode: Literal["online", "offline"] = "online"
     """online: the frozen target runs inside the loop; offline: read features cached by distill."""
     max_length: int = 1024
@@ -23,6 +24,8 @@ class DataConfig:
     """Use only the first N conversations (0 = all)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.path, str):
+            self.path = [self.path]
         if self.max_length < 8:
             raise HeadstartError(
                 f"data.max_length must be >= 8, got {self.max_length}", "set data.max_length=1024"

@@ -36,30 +36,61 @@ class TrainData:
 
 
 def load_distilled_data(cfg: DataConfig) -> TrainData:
-    """Read a `headstart distill` output directory."""
+    """Read one or more `headstart distill` output directories (joined in the given order)."""
     if not cfg.path:
         raise HeadstartError(
             "no training data: data.path is empty", "set data.path=DIR (a `headstart distill` output)"
         )
+    parts = [_load_one(path, cfg.mode) for path in cfg.path]
+    first = parts[0]
+    for part in parts[1:]:
+        if (
+            first.fingerprint
+            and part.fingerprint
+            and fingerprint_mismatch(first.fingerprint, part.fingerprint)
+        ):
+            raise HeadstartError(
+                f"{first.description} and {part.description} were distilled from different targets "
+                f"({describe(first.fingerprint)} vs {describe(part.fingerprint)})",
+                "train on data from one target only",
+            )
+    input_ids = [ids for part in parts for ids in part.input_ids]
+    loss_mask = [mask for part in parts for mask in part.loss_mask]
+    readers = [(part.features, len(part)) for part in parts]
+    if cfg.max_records:
+        input_ids, loss_mask = input_ids[: cfg.max_records], loss_mask[: cfg.max_records]
+    features = None
+    if cfg.mode == "offline" and all(part.features is not None for part in parts):
+        features = _joined_reader(readers)
+    names = [set(part.feature_names) for part in parts]
+    return TrainData(
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        fingerprint=first.fingerprint,
+        description=" + ".join(part.description for part in parts),
+        features=features,
+        feature_names=[n for n in first.feature_names if all(n in have for have in names)],
+    )
+
+
+def _load_one(path: str, mode: str) -> TrainData:
     from headstart.distill import load_distilled, read_meta
 
-    meta = read_meta(cfg.path)
-    rows = load_distilled(cfg.path)
-    if cfg.max_records:
-        rows = rows.select(range(min(cfg.max_records, len(rows))))
+    meta = read_meta(path)
+    rows = load_distilled(path)
     features = None
-    if cfg.mode == "offline":
+    if mode == "offline":
         from headstart.distill import load_features
 
         records = rows.select_columns(
             [c for c in ("index", "features_file") if c in rows.column_names]
         ).to_list()
-        features = _feature_reader(cfg.path, records, load_features)
+        features = _feature_reader(path, records, load_features)
     return TrainData(
         input_ids=list(rows["input_ids"]) if len(rows) else [],
         loss_mask=list(rows["loss_mask"]) if len(rows) else [],
         fingerprint=meta.get("fingerprint"),
-        description=f"{cfg.path} ({len(rows)} conversations)",
+        description=f"{path} ({len(rows)} conversations)",
         features=features,
         feature_names=list(meta.get("feature_layers") or []),
     )
@@ -68,6 +99,19 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
 def _feature_reader(root: str, records: list[dict[str, Any]], load: Any) -> Any:
     def read(i: int) -> dict[str, torch.Tensor]:
         return load(root, records[i])
+
+    return read
+
+
+def _joined_reader(readers: list[tuple[Any, int]]) -> Any:
+    """One reader over several directories' readers, indexed like the joined conversations."""
+    if len(readers) == 1:
+        return readers[0][0]
+    where = [(reader, i) for reader, count in readers for i in range(count)]
+
+    def read(i: int) -> dict[str, torch.Tensor]:
+        reader, local = where[i]
+        return reader(local)
 
     return read
 

@@ -44,6 +44,17 @@ def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
 
 
+def scored(loss_mask: torch.Tensor, shifts: list[int]) -> list[torch.Tensor]:
+    """Where each term is scored, (B, T) bool per shift: ahead(loss_mask, s) (see the module doc)."""
+    return [ahead(loss_mask, s).bool() for s in shifts]
+
+
+def mean_at(total: torch.Tensor, selected: int, count: torch.Tensor | None = None) -> torch.Tensor:
+    """`total` summed over `selected` scored positions -> their mean; `count` as in masked_mean."""
+    denom = torch.as_tensor(float(selected), device=total.device) if count is None else count
+    return total / denom.clamp(min=1.0)
+
+
 def medusa_loss(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -52,17 +63,35 @@ def medusa_loss(
     counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Medusa-1: sum_i decay**i * CE(head i, x_{t+2+i}). logits (K, B, T, V) -> (loss, per-head CE (K,))."""
+    where = scored(loss_mask, [2 + i for i in range(logits.shape[0])])
+    return medusa_loss_at(
+        [logits[i][w] for i, w in enumerate(where)],
+        [ahead(input_ids, 2 + i)[w] for i, w in enumerate(where)],
+        decay,
+        counts,
+    )
+
+
+def medusa_loss_at(
+    head_logits: list[torch.Tensor],
+    labels: list[torch.Tensor],
+    decay: float,
+    counts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`medusa_loss` on the scored positions only: head i's logits (N_i, V) and labels (N_i,).
+    Training calls this directly, so the heads never project unscored positions (prompt tokens)
+    through the V x H vocabulary matrix."""
     per_head = torch.stack(
         [
-            masked_mean(
-                token_ce(logits[i], ahead(input_ids, 2 + i)),
-                ahead(loss_mask, 2 + i),
+            mean_at(
+                F.cross_entropy(lg.float(), y, reduction="sum"),
+                y.numel(),
                 None if counts is None else counts[i],
             )
-            for i in range(logits.shape[0])
+            for i, (lg, y) in enumerate(zip(head_logits, labels, strict=True))
         ]
     )
-    weights = decay ** torch.arange(logits.shape[0], device=logits.device, dtype=per_head.dtype)
+    weights = decay ** torch.arange(len(head_logits), device=per_head.device, dtype=per_head.dtype)
     return (weights * per_head).sum(), per_head.detach()
 
 
@@ -107,14 +136,27 @@ def ttt_loss(
     """EAGLE-3 training-time test: sum_j decay**j * soft CE(step j, z_{t+1+j} over the draft vocab).
     step_logits: per step (B, T, Vd); target_draft_logits (B, T, Vd) = the target's logits at the
     draft vocabulary (softmax over them = the target's distribution restricted and renormalised)."""
+    where = scored(loss_mask, [2 + j for j in range(len(step_logits))])
+    return ttt_loss_at(
+        [lg[w] for lg, w in zip(step_logits, where, strict=True)],
+        [ahead(target_draft_logits, 1 + j)[w] for j, w in enumerate(where)],
+        decay,
+        counts,
+    )
+
+
+def ttt_loss_at(
+    step_logits: list[torch.Tensor],
+    step_targets: list[torch.Tensor],
+    decay: float,
+    counts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ttt_loss` on the scored positions only: step j's draft logits and the target's draft-vocab
+    logits there, (N_j, Vd) each. Training calls this directly (no lm_head at unscored positions)."""
     per_step = torch.stack(
         [
-            masked_mean(
-                soft_ce(logits, ahead(target_draft_logits, 1 + j)),
-                ahead(loss_mask, 2 + j),
-                None if counts is None else counts[j],
-            )
-            for j, logits in enumerate(step_logits)
+            mean_at(soft_ce(lg, tg).sum(), tg.shape[0], None if counts is None else counts[j])
+            for j, (lg, tg) in enumerate(zip(step_logits, step_targets, strict=True))
         ]
     )
     weights = decay ** torch.arange(len(step_logits), device=per_step.device, dtype=per_step.dtype)

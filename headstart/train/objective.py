@@ -78,29 +78,50 @@ class Objective(nn.Module):
             self.target = target_model  # Medusa-2: the peft-wrapped target, its LoRA weights train
         else:
             self._frozen = [target_model]  # a list hides it from nn.Module: never saved, never wrapped
+        self._rows: dict[str, Any] = {}  # the target lm_head's draft-vocabulary rows (EAGLE-3)
 
     @property
     def target_model(self) -> Any:
         return self.target if "target" in self._modules else self._frozen[0]
 
-    def features(self, batch: dict[str, Any], grad: bool) -> Features:
+    def features(self, batch: dict[str, Any], grad: bool, full_logits: bool) -> Features:
+        """The target's features for the batch. Without `full_logits` the target's V x H lm_head
+        is NOT run at every position (logits are None): the losses project only the positions
+        they score (`target_logits_at`); prompt tokens are most of a batch and score nothing."""
         layers = self.head.feature_layers
         if "features" not in batch:
-            return capture(self.target_model, batch["input_ids"], layers=layers, grad=grad)
+            return capture(self.target_model, batch["input_ids"], layers=layers, grad=grad,
+                           logits_to_keep=0 if full_logits else 1)  # fmt: skip
         cached = batch["features"]  # offline: distill's cache, (B, T, H) each
         dtype = next(self.head.parameters()).dtype
         last = cached["last"].to(dtype)
-        with torch.no_grad():  # cost: the lm_head (V x H) over every position
-            logits = self.target_model.get_output_embeddings()(last)
+        logits = None
+        if full_logits:
+            with torch.no_grad():  # cost: the lm_head (V x H) over every position
+                logits = self.target_model.get_output_embeddings()(last)
         return Features(
             logits=logits, last_hidden=last, layers={i: cached[f"layer{i}"].to(dtype) for i in layers}
         )
+
+    @torch.no_grad()
+    def target_logits_at(self, hidden: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
+        """The frozen target's logits for hidden states (..., H) over `vocab_ids` (Vd,) only."""
+        lm_head = self.target_model.get_output_embeddings()
+        known = self._rows.get("ids")
+        if known is None or known.shape != vocab_ids.shape or not torch.equal(known, vocab_ids):
+            self._rows = {  # cost: one (Vd x H) gather, then reused every batch
+                "ids": vocab_ids,
+                "weight": lm_head.weight[vocab_ids],
+                "bias": None if getattr(lm_head, "bias", None) is None else lm_head.bias[vocab_ids],
+            }
+        return torch.nn.functional.linear(hidden, self._rows["weight"], self._rows["bias"])
 
     def forward(
         self, batch: dict[str, Any], evaluate: bool = False, joint: bool = False
     ) -> dict[str, torch.Tensor]:
         kind = self.head.kind
-        feats = self.features(batch, grad=joint and not evaluate)
+        full = evaluate or kind == "eagle" or "target" in self._modules
+        feats = self.features(batch, grad=joint and not evaluate, full_logits=full)
         ids, mask = batch["input_ids"], batch["loss_mask"]
         if kind == "medusa":
             return self._medusa(feats, ids, mask, evaluate, joint)
@@ -109,10 +130,21 @@ class Objective(nn.Module):
     def _medusa(
         self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool, joint: bool
     ) -> dict[str, torch.Tensor]:
-        logits = self.head(feats.last_hidden)  # (K, B, T, V)
-        counts = shared_counts(mask, [2 + i for i in range(logits.shape[0])] + [1])  # heads, then LM
+        heads = self.head.num_heads
+        counts = shared_counts(mask, [2 + i for i in range(heads)] + [1])  # heads, then LM
         head_counts, lm_count = (None, None) if counts is None else (counts[:-1], counts[-1])
-        loss, per_head = losses.medusa_loss(logits, ids, mask, self.cfg.loss.medusa_decay, head_counts)
+        decay = self.cfg.loss.medusa_decay
+        if evaluate:  # every position: the hit counts need each head's top-k everywhere
+            logits = self.head(feats.last_hidden)  # (K, B, T, V)
+            loss, per_head = losses.medusa_loss(logits, ids, mask, decay, head_counts)
+        else:  # cost: each head's V x H projection runs on the positions it is scored at only
+            where = losses.scored(mask, [2 + i for i in range(heads)])
+            loss, per_head = losses.medusa_loss_at(
+                [self.head.head_logits(i, feats.last_hidden[w]) for i, w in enumerate(where)],
+                [ahead(ids, 2 + i)[w] for i, w in enumerate(where)],
+                decay,
+                head_counts,
+            )
         out = {"loss": loss, "parts": per_head}
         if "target" in self._modules:  # Medusa-2: also log the target's own loss during warm-up
             lm = losses.lm_loss(feats.logits, ids, mask, lm_count)
@@ -147,10 +179,23 @@ class Objective(nn.Module):
             out = {"loss": loss, "parts": torch.stack([feature, ce])}
         else:
             steps = unroll(head, h0, ids, cfg.ttt_steps)
-            target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
-            step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
             counts = shared_counts(mask, [2 + j for j in range(len(steps))])
-            loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
+            if evaluate:  # every position: the hit counts need each step's top-k everywhere
+                target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
+                step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
+                loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
+            else:  # cost: the draft and target vocabulary projections only where a step is scored
+                where = losses.scored(mask, [2 + j for j in range(len(steps))])
+                vocab = head.draft_ids()
+                loss, per_step = losses.ttt_loss_at(
+                    [head.logits(g[w]) for g, w in zip(steps, where, strict=True)],
+                    [
+                        self.target_logits_at(ahead(feats.last_hidden, 1 + j)[w], vocab)
+                        for j, w in enumerate(where)
+                    ],
+                    cfg.ttt_decay,
+                    counts,
+                )
             out = {"loss": loss, "parts": per_step}
         if evaluate:
             if head.kind == "eagle":

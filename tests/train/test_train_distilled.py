@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from tiny import make_target_dir
 
 from headstart.cli import main
@@ -87,3 +88,26 @@ def test_distilled_data_from_another_target_is_refused(distilled, tiny_root, tmp
     err = capsys.readouterr().err
     assert "was distilled from" in err and "tiny-llama" in err and "tiny-qwen2" in err
     assert not (tmp_path / "run").exists()  # nothing was computed or written
+
+
+def test_train_joins_several_distilled_dirs(distilled, tiny_llama, tmp_path, capsys):
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+    from headstart.train.data import load_distilled_data
+
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [f"target={tiny_llama}", f"data.path=[{distilled},{distilled}]", "data.mode=offline"],
+    )
+    joined = load_distilled_data(cfg.data)
+    single = load_distilled_data(
+        load_config(TrainConfig, None, [f"data.path={distilled}", "data.mode=offline"]).data
+    )
+    assert len(joined) == 2 * len(single) and joined.input_ids[len(single) :] == single.input_ids
+    last = len(joined) - 1
+    torch.testing.assert_close(joined.features(last)["last"], single.features(len(single) - 1)["last"])
+    recipe = _recipe(tmp_path, tiny_llama, distilled, head={"kind": "medusa", "num_heads": 2})
+    assert main(["train", "--recipe", str(recipe), f"data.path=[{distilled},{distilled}]"]) == 0
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["data"].count("(10 conversations)") == 2
