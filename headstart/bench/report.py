@@ -33,12 +33,19 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _turns_note(cfg: dict[str, Any]) -> str:
+    """How the prompts relate to the questions when every turn was answered."""
+    if cfg.get("turns") != "all":
+        return ""
+    return " (every turn of each question, each method after its own earlier answers)"
+
+
 def markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
         f"# headstart bench: {cfg['target']} on {cfg['questions']}",
         "",
-        f"{cfg['num_prompts']} prompts, max_new_tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
+        f"{cfg['num_prompts']} prompts{_turns_note(cfg)}, max_new_tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
         f"{cfg['device']} {cfg['dtype']}, {cfg['threads']} threads. tau = mean tokens committed per target "
         "forward, bonus token included; speedup vs vanilla in the same run.",
         "",

@@ -1,13 +1,15 @@
 """Run several decoding methods over the same prompts, interleaved prompt by prompt.
 
 Interleaving (every method on prompt 1, then every method on prompt 2, ...) exposes all methods to
-the same machine noise, so ratios measured in one run are meaningful on a shared CPU.
+the same machine noise, so ratios measured in one run are meaningful on a shared CPU. Multi-turn
+questions interleave turn by turn, each method continuing its own conversation.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from headstart.bench.questions import Question
 @dataclass
 class Record:
     question_id: str
+    turn: int
     category: str
     method: str
     token_ids: list[int]
@@ -30,9 +33,10 @@ class Record:
     accept_lengths: list[int]
 
     @classmethod
-    def of(cls, question: Question, method: str, run: Run) -> Record:
+    def of(cls, question: Question, turn: int, method: str, run: Run) -> Record:
         return cls(
             question.question_id,
+            turn,
             question.category,
             method,
             run.token_ids,
@@ -43,33 +47,48 @@ class Record:
         )
 
 
+PromptFn = Callable[[Question, list[list[int]]], list[int]]
+"""Prompt ids of a question's next turn, given one method's own answers (new token ids) so far."""
+
+
+def _warm_up(methods: dict[str, Method], questions: list[Question], prompt: PromptFn) -> None:
+    """Run every method once on the first turn of the first questions (64 prompt tokens at most)."""
+    for question in questions:
+        for method in methods.values():
+            method(prompt(question, [])[:64])
+
+
 def run_bench(
     methods: dict[str, Method],
     questions: list[Question],
-    prompt_ids: dict[str, list[int]],
+    prompt: PromptFn,
     outputs: Path,
     warmup: int = 1,
 ) -> list[Record]:
-    """Warm every method up, then measure each prompt with every method; append to `outputs`."""
-    for question in questions[:warmup]:
-        for method in methods.values():
-            method(prompt_ids[question.question_id][:64])
+    """Warm every method up, then measure every turn of each question with every method; append
+    to `outputs`. Turn by turn across methods: every method answers turn 1, then every method
+    answers turn 2 after its OWN turn-1 answer (the MT-bench protocol), then the next question."""
+    _warm_up(methods, questions[:warmup], prompt)
     records: list[Record] = []
     outputs.parent.mkdir(parents=True, exist_ok=True)
     tmp = outputs.with_name(outputs.name + ".partial")
+    total = sum(len(q.turns) for q in questions) * len(methods)
     started = time.perf_counter()
-    with tmp.open("w") as handle, tqdm(total=len(questions) * len(methods), desc="bench", unit="run") as bar:
+    with tmp.open("w") as handle, tqdm(total=total, desc="bench", unit="run") as bar:
         for index, question in enumerate(questions):
-            for name, method in methods.items():
-                bar.set_postfix_str(f"{name} q{question.question_id}")
-                record = Record.of(question, name, method(prompt_ids[question.question_id]))
-                records.append(record)
-                handle.write(json.dumps(record.__dict__) + "\n")
-                handle.flush()
-                bar.update(1)
+            answers: dict[str, list[list[int]]] = {name: [] for name in methods}
+            for turn in range(1, len(question.turns) + 1):
+                for name, method in methods.items():
+                    bar.set_postfix_str(f"{name} q{question.question_id} t{turn}")
+                    record = Record.of(question, turn, name, method(prompt(question, answers[name])))
+                    answers[name].append(record.token_ids)
+                    records.append(record)
+                    handle.write(json.dumps(record.__dict__) + "\n")
+                    handle.flush()
+                    bar.update(1)
             if index == 0 and len(questions) > 1:
-                per_prompt = time.perf_counter() - started
-                bar.write(f"estimated time: ~{per_prompt * (len(questions) - 1) / 60:.1f} min more")
+                per_question = time.perf_counter() - started
+                bar.write(f"estimated time: ~{per_question * (len(questions) - 1) / 60:.1f} min more")
     tmp.replace(outputs)  # complete file only once every prompt ran
     return records
 
@@ -83,14 +102,14 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
     by_method: dict[str, list[Record]] = {}
     for record in records:
         by_method.setdefault(record.method, []).append(record)
-    reference = {r.question_id: r.token_ids for r in by_method.get("vanilla", [])}
+    reference = {(r.question_id, r.turn): r.token_ids for r in by_method.get("vanilla", [])}
     summary: dict[str, Any] = {}
     for name, rows in by_method.items():
         new = sum(r.new_tokens for r in rows)
         wall = sum(r.wall_s for r in rows)
         forwards = sum(r.target_forwards for r in rows)
         speculative = name.startswith("headstart:")
-        same = [r.token_ids == reference[r.question_id] for r in rows if r.question_id in reference]
+        same = [r.token_ids == reference[key] for r in rows if (key := (r.question_id, r.turn)) in reference]
         summary[name] = {
             "tokens_per_s": new / wall if wall else 0.0,
             "speedup": None,

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from headstart.commands.common import add_target_arguments, load_target_from_args
 from headstart.errors import HeadstartError
+
+if TYPE_CHECKING:
+    from headstart.bench.questions import Question
+    from headstart.bench.runner import PromptFn
 
 BASELINES = ("vanilla", "pld")
 
@@ -27,6 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSONL (MT-bench/Spec-Bench turns, HumanEval prompt, prompt/text) or a name: mt_bench, humaneval",
     )
     parser.add_argument("--limit", type=int, default=None, help="first N questions only")
+    parser.add_argument(
+        "--turns",
+        choices=("first", "all"),
+        default="first",
+        help="all: answer every turn of multi-turn questions, each method after its own earlier answers "
+        "(the MT-bench protocol); first: the first turn only",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -59,6 +71,25 @@ def _label(spec: str) -> tuple[str, str]:
     return Path(spec.rstrip("/")).name or spec, spec
 
 
+def turn_prompt(target: Any, max_new_tokens: int) -> PromptFn:
+    """The runner's PromptFn: the conversation so far (earlier answers decoded as the chat template
+    holds them, special tokens dropped and stripped as MT-bench does), checked against the context."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+
+    def prompt(question: Question, answers: list[list[int]]) -> list[int]:
+        replies = [target.tokenizer.decode(ids, skip_special_tokens=True).strip() for ids in answers]
+        ids = target.chat.conversation_ids(question.turns[: len(answers) + 1], replies)
+        if limit and len(ids) + max_new_tokens > limit:
+            raise HeadstartError(
+                f"question {question.question_id} turn {len(answers) + 1}: prompt of {len(ids)} tokens + "
+                f"max_new_tokens {max_new_tokens} exceeds the target's context of {limit}",
+                "lower --max-new-tokens, use --turns first, or drop that question",
+            )
+        return ids
+
+    return prompt
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -74,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
     )
     baselines = _baselines(args.baselines)
-    questions = load_questions(args.questions, limit=args.limit)
+    questions = load_questions(args.questions, limit=args.limit, all_turns=args.turns == "all")
     target = load_target_from_args(args)
     torch.manual_seed(args.seed)
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
@@ -85,13 +116,16 @@ def run(args: argparse.Namespace) -> int:
         label, path = _label(spec)
         tree = args.tree or tuned_tree(path)  # the tree `headstart tune` stored with the heads
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
-    prompt_ids = {q.question_id: target.chat.user_prompt_ids(q.turns[0]) for q in questions}
+    prompt = turn_prompt(target, args.max_new_tokens)
+    for question in questions:
+        prompt(question, [])  # first turns too long for the context fail before any measurement
     out = Path(args.output)
-    records = run_bench(methods, questions, prompt_ids, out / "outputs.jsonl", warmup=args.warmup)
+    records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup)
     config = {
         "target": args.target,
         "questions": args.questions,
-        "num_prompts": len(questions),
+        "turns": args.turns,
+        "num_prompts": sum(len(q.turns) for q in questions),  # (question, turn) prompts
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
         "device": str(target.device),

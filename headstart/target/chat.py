@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,13 @@ class Chat:
 
     def user_prompt_ids(self, prompt: str) -> list[int]:
         return self.prompt_ids([{"role": "user", "content": prompt}])
+
+    def conversation_ids(self, user_turns: Sequence[str], replies: Sequence[str]) -> list[int]:
+        """Prompt ids for the next reply: user_turns[i] answered by replies[i], one user turn more."""
+        messages = [{"role": "user", "content": user_turns[0]}]
+        for reply, turn in zip(replies, user_turns[1:], strict=True):
+            messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": turn}]
+        return self.prompt_ids(messages)
 
     def encode_raw(self, text: str) -> list[int]:
         return self.tokenizer(text)["input_ids"]

@@ -49,8 +49,9 @@ def test_bad_questions(tmp_path):
 
 
 def test_bench_vanilla_and_pld_report(tiny_llama, tmp_path, capsys):
-    rows = [
-        {"question_id": i, "category": c, "turns": [f"say {c} {i}"]} for i, c in enumerate(["a", "b", "a"])
+    rows = [  # two turns each: the default --turns first measures the first only
+        {"question_id": i, "category": c, "turns": [f"say {c} {i}", "again"]}
+        for i, c in enumerate(["a", "b", "a"])
     ]
     questions = _write_jsonl(tmp_path / "q.jsonl", rows)
     out = tmp_path / "bench"
@@ -70,6 +71,7 @@ def test_bench_vanilla_and_pld_report(tiny_llama, tmp_path, capsys):
         "dtype",
         "threads",
     }
+    assert report["config"]["turns"] == "first" and report["config"]["num_prompts"] == 3
     assert set(report["methods"]) == {"vanilla", "pld"} and set(report["by_category"]) == {"a", "b"}
     for figures in report["methods"].values():
         assert set(figures) >= {
@@ -85,8 +87,10 @@ def test_bench_vanilla_and_pld_report(tiny_llama, tmp_path, capsys):
     assert report["methods"]["vanilla"]["speedup"] == 1.0
     lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
     assert [r["method"] for r in lines] == ["vanilla", "pld"] * 3  # interleaved prompt by prompt
+    assert all(r["turn"] == 1 for r in lines)
     assert set(lines[0]) >= {
         "question_id",
+        "turn",
         "category",
         "method",
         "token_ids",
@@ -99,6 +103,79 @@ def test_bench_vanilla_and_pld_report(tiny_llama, tmp_path, capsys):
     assert (out / "report.md").read_text().startswith("# headstart bench")
     assert (out / "speedup_by_category.png").stat().st_size > 1000
     assert not list(out.glob("*.partial")) and not list(out.glob(".tmp-*"))
+
+
+def _bench_all_turns(tiny_llama, tmp_path, rows, *extra):
+    questions = _write_jsonl(tmp_path / "q.jsonl", rows)
+    out = tmp_path / "bench"
+    args = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--turns", "all"]
+    return main(args + ["--max-new-tokens", "8", "--output", str(out), *extra]), out
+
+
+def test_bench_all_turns_one_record_per_question_turn_method(tiny_llama, tmp_path):
+    rows = [
+        {"question_id": f"q{i}", "category": c, "turns": [f"say {i}", "more"]} for i, c in enumerate("ab")
+    ]
+    code, out = _bench_all_turns(tiny_llama, tmp_path, rows, "--baselines", "vanilla,pld")
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    assert [(r["question_id"], r["turn"], r["method"]) for r in lines] == [
+        (q, turn, method) for q in ("q0", "q1") for turn in (1, 2) for method in ("vanilla", "pld")
+    ]  # turn by turn across methods, every turn of a question before the next question
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["turns"] == "all" and report["config"]["num_prompts"] == 4
+    assert report["methods"]["pld"]["identical_fraction"] == 1.0
+    assert report["methods"]["vanilla"]["prompts"] == 4
+    assert report["by_category"]["a"]["vanilla"]["new_tokens"] == sum(
+        r["new_tokens"] for r in lines if r["method"] == "vanilla" and r["question_id"] == "q0"
+    )  # per-category figures sum over both turns
+    assert "every turn of each question" in (out / "report.md").read_text()
+
+
+def test_turn_two_prompt_holds_the_method_s_own_answer(tiny_llama, tmp_path):
+    from headstart.bench.methods import Run
+    from headstart.bench.questions import Question
+    from headstart.bench.runner import run_bench
+    from headstart.commands.bench import turn_prompt
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    seen: dict[str, list[list[int]]] = {"a": [], "b": []}
+
+    def answering(name, text):
+        def method(prompt_ids):
+            seen[name].append(prompt_ids)
+            ids = target.tokenizer(f" {text} ", add_special_tokens=False)["input_ids"] + [eos]
+            return Run(token_ids=ids, target_forwards=len(ids), wall_s=0.01)
+
+        return method
+
+    question = Question("7", "c", ("first question", "second question"))
+    methods = {"a": answering("a", "forty-two"), "b": answering("b", "seven")}
+    records = run_bench(methods, [question], turn_prompt(target, 8), tmp_path / "o.jsonl", warmup=0)
+    assert [(r.turn, r.method) for r in records] == [(1, "a"), (1, "b"), (2, "a"), (2, "b")]
+    first = target.chat.user_prompt_ids("first question")
+    for name, reply in (("a", "forty-two"), ("b", "seven")):
+        assert seen[name][0] == first
+        expected = target.chat.render(
+            [
+                {"role": "user", "content": "first question"},
+                {"role": "assistant", "content": reply},  # its own answer, EOS and spaces dropped
+                {"role": "user", "content": "second question"},
+            ]
+        )
+        assert target.tokenizer.decode(seen[name][1]) == expected
+    assert "forty-two" in target.tokenizer.decode(seen["a"][1])
+    assert "seven" not in target.tokenizer.decode(seen["a"][1])
+
+
+def test_later_turn_past_the_context_is_a_clear_error(tiny_llama, tmp_path, capsys):
+    rows = [{"question_id": "long", "turns": ["x" * 300, "y" * 300]}]  # 1 token per byte, context 512
+    code, out = _bench_all_turns(tiny_llama, tmp_path, rows, "--baselines", "vanilla")
+    assert code == 2
+    assert "question long turn 2: prompt of" in capsys.readouterr().err
+    assert not (out / "report.json").exists()
 
 
 def test_unknown_baseline(tiny_llama, tmp_path):
@@ -138,14 +215,16 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     target = load_target(str(tiny_llama))
     heads_dir = tmp_path / f"{kind}-heads"
     build_head(HeadSpec(kind=kind), target).save_pretrained(heads_dir)
-    rows = [{"question_id": i, "category": "c", "turns": [f"tell me {i}"]} for i in range(2)]
+    rows = [{"question_id": i, "category": "c", "turns": [f"tell me {i}", "and then?"]} for i in range(2)]
     questions = _write_jsonl(tmp_path / "q.jsonl", rows)
     out = tmp_path / "bench"
     args = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "12"]
-    assert main(args + ["--baselines", "vanilla", "--heads", f"rnd={heads_dir}", "--output", str(out)]) == 0
+    args += ["--turns", "all", "--baselines", "vanilla", "--heads", f"rnd={heads_dir}"]
+    assert main(args + ["--output", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     figures = report["methods"]["headstart:rnd"]
-    assert figures["identical_fraction"] == 1.0  # exact whatever the (random) draft
+    assert figures["prompts"] == 4  # 2 questions x 2 turns
+    assert figures["identical_fraction"] == 1.0  # exact whatever the (random) draft, on both turns
     assert figures["tau"] is not None and figures["tau"] >= 1.0
     assert report["accept_length_histogram"]["headstart:rnd"]
     assert (out / "accept_lengths.png").is_file()
