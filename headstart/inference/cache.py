@@ -51,14 +51,21 @@ def truncate(cache: Any, length: int) -> None:
 def keep_entries(cache: Any, start: int, keep: torch.Tensor) -> None:
     """Entries start + keep[b, j] move to start + j; everything after start + A is dropped.
 
-    keep: (B, A) long offsets into the entries appended after `start` (in place, one gather per
-    layer; the cache shrinks to start + A entries)."""
+    keep: (B, A) long offsets into the entries appended after `start`. In place: only the A
+    kept entries are gathered and written back (cost O(A) per layer, not a copy of the prefix);
+    the cache then views its first start + A entries. A path that is already in place (a chain,
+    or a tree's first branch) moves nothing."""
+    width = keep.shape[1]
+    in_place = bool((keep == torch.arange(width, device=keep.device)).all())  # cost: one host sync
     for layer in _layers(cache):
-        index = keep[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
-        kept_k = layer.keys[:, :, start:].gather(2, index)  # (B, kv_heads, A, D)
-        kept_v = layer.values[:, :, start:].gather(2, index)
-        layer.keys = torch.cat([layer.keys[:, :, :start], kept_k], dim=2)
-        layer.values = torch.cat([layer.values[:, :, :start], kept_v], dim=2)
+        if not in_place:
+            index = keep[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])
+            kept_k = layer.keys[:, :, start:].gather(2, index)  # (B, kv_heads, A, D), a copy
+            kept_v = layer.values[:, :, start:].gather(2, index)
+            layer.keys[:, :, start : start + width] = kept_k
+            layer.values[:, :, start : start + width] = kept_v
+        layer.keys = layer.keys[:, :, : start + width]
+        layer.values = layer.values[:, :, : start + width]
 
 
 def select_rows(cache: Any, rows: torch.Tensor) -> None:

@@ -27,6 +27,21 @@ def test_keep_entries_gathers_per_row():
     assert layer.keys[:, 0, :, 0].tolist() == [[7, 8, 9, 13]]
 
 
+def test_keep_entries_in_place_path_and_the_next_update():
+    """A path already in place (a chain) only shortens the cache; the next forward's update
+    appends after the kept entries, never after the dropped ones."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    keys = torch.arange(7, dtype=torch.float32).reshape(1, 1, 7, 1)
+    cache.update(keys, -keys, 0)
+    kv.keep_entries(cache, 3, torch.tensor([[0, 1]]))
+    cache.update(torch.full((1, 1, 2, 1), 50.0), torch.full((1, 1, 2, 1), -50.0), 0)
+    layer = cache.layers[0]
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 50, 50]
+    assert torch.equal(layer.values, -layer.keys)
+
+
 @pytest.fixture(scope="module")
 def target(tiny_llama):
     return load_target(str(tiny_llama))
