@@ -31,19 +31,28 @@ CALIBRATION_PROMPTS = (
 )
 
 
+def forked(depth: int, forks: int) -> str:
+    """A chain of `depth` top-1 drafts plus the runner-up at each of its first `forks` levels, as a
+    --tree JSON value: a CPU-sized tree (depth + forks nodes) that recovers the commonest miss."""
+    paths = [[0] * d for d in range(1, depth + 1)] + [[0] * d + [1] for d in range(forks)]
+    return json.dumps(paths, separators=(",", ":"))
+
+
 def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
-    """Chains and small trees sized for CPUs up to mid-size trees for accelerators.
+    """Chains and small forked trees sized for CPUs up to mid-size trees for accelerators.
 
     max_depth: how deep the heads can draft (Medusa: its number of heads; None for EAGLE heads,
     which draft autoregressively to any depth: chains then go up to 6)."""
-    chains = [f"chain:{d}" for d in range(1, (max_depth or 6) + 1)]
+    deepest = max_depth or 6
+    chains = [f"chain:{d}" for d in range(1, deepest + 1)]
+    forks = [forked(d, f) for d in range(2, min(deepest, 5) + 1) for f in (1, 2) if f < d]
     if kind == "medusa":
-        return chains + ["static"]
+        return chains + forks + ["static"]
     dynamic = [
         f"dynamic:depth={d},top_k={k},total_tokens={n}"
         for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
     ]
-    return chains + dynamic
+    return chains + forks + dynamic
 
 
 def tuned_tree(heads_path: str | Path) -> str | None:
@@ -60,8 +69,13 @@ def tune(
     prompts: list[str],
     max_new_tokens: int = 64,
     candidates: list[str] | None = None,
+    prune: float = 0.7,
 ) -> dict[str, Any]:
-    """Measure every candidate tree on `prompts`; return the tuning report (best first)."""
+    """Measure every candidate tree on `prompts`; return the tuning report (best first).
+
+    Successive pruning: after each prompt from the second on, a candidate below `prune` x the
+    best running tokens/s is dropped (at least 3 stay), so a long candidate list costs about as
+    much as a few good ones. Dropped candidates are reported with the prompts they ran."""
     import torch
 
     from headstart.bench.cost import verify_cost_ms
@@ -77,27 +91,37 @@ def tune(
     ids = [target.chat.user_prompt_ids(p) for p in prompts]
     for decoder in decoders.values():  # warm-up
         decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
-    totals = {spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0} for spec in candidates}
+    totals = {
+        spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0}
+        for spec in candidates
+    }
+    live = list(candidates)
     with tqdm(total=len(ids) * len(candidates), desc="tune", unit="run") as bar:
-        for prompt in ids:
-            for spec, decoder in decoders.items():
-                stats = decoder.generate([prompt], sampling=sampling).stats
+        for index, prompt in enumerate(ids):
+            for spec in live:
+                stats = decoders[spec].generate([prompt], sampling=sampling).stats
                 row = totals[spec]
                 row["new_tokens"] += stats.new_tokens
                 row["wall_s"] += stats.wall_s
                 row["committed"] += stats.committed
                 row["steps"] += stats.row_steps
+                row["prompts"] += 1
                 bar.update(1)
+            if index >= 1:
+                kept = _survivors(live, totals, prune)
+                bar.total -= (len(live) - len(kept)) * (len(ids) - index - 1)
+                live = kept
     results = sorted(
         (
             {
                 "tree": spec,
                 "tokens_per_s": row["new_tokens"] / row["wall_s"],
                 "tau": row["committed"] / max(1, row["steps"]),
+                "prompts": row["prompts"],
             }
             for spec, row in totals.items()
         ),
-        key=lambda r: -r["tokens_per_s"],
+        key=lambda r: (-r["prompts"], -r["tokens_per_s"]),  # candidates that ran every prompt first
     )
     return {
         "tree": results[0]["tree"],
@@ -109,6 +133,14 @@ def tune(
         "candidates": results,
         "verify_cost_ms": {str(n): round(ms, 2) for n, ms in verify_cost_ms(target).items()},
     }
+
+
+def _survivors(live: list[str], totals: dict[str, dict[str, Any]], prune: float) -> list[str]:
+    """The candidates within `prune` x the best running tokens/s (the 3 best always stay)."""
+    speed = {spec: totals[spec]["new_tokens"] / max(totals[spec]["wall_s"], 1e-9) for spec in live}
+    ranked = sorted(live, key=lambda spec: -speed[spec])
+    best = speed[ranked[0]]
+    return [spec for i, spec in enumerate(ranked) if i < 3 or speed[spec] >= prune * best]
 
 
 def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:

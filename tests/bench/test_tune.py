@@ -4,15 +4,35 @@ from __future__ import annotations
 
 import json
 
-from headstart.bench.tune import TUNED_FILE, candidate_trees, tuned_tree
+from headstart.bench.tune import TUNED_FILE, _survivors, candidate_trees, forked, tuned_tree
 from headstart.cli import main
+from headstart.inference.tree_spec import parse_tree
 
 
 def test_candidates_fit_the_heads():
-    assert candidate_trees("medusa", 3) == ["chain:1", "chain:2", "chain:3", "static"]
+    medusa = candidate_trees("medusa", 3)
+    assert medusa[:3] == ["chain:1", "chain:2", "chain:3"] and medusa[-1] == "static"
     eagle = candidate_trees("eagle3", None)
     assert eagle[:6] == [f"chain:{d}" for d in range(1, 7)]
-    assert "chain:1" in eagle and any(c.startswith("dynamic:") for c in eagle)
+    assert any(c.startswith("dynamic:") for c in eagle)
+    for spec in medusa + eagle:  # every candidate parses, and none is deeper than Medusa's heads
+        tree = parse_tree(spec, 3 if spec in medusa else None)
+        assert not hasattr(tree, "max_depth") or spec not in medusa or tree.max_depth <= 3
+
+
+def test_forked_tree_is_a_chain_plus_runner_ups():
+    assert json.loads(forked(3, 2)) == [[0], [0, 0], [0, 0, 0], [1], [0, 1]]
+    assert parse_tree(forked(3, 2)).size == 6  # root + 5 drafted nodes
+
+
+def test_pruning_keeps_the_fast_and_at_least_three():
+    def row(rate):
+        return {"new_tokens": rate, "wall_s": 1.0}
+
+    totals = {"a": row(10), "b": row(9), "c": row(3), "d": row(2), "e": row(7.5)}
+    assert _survivors(list(totals), totals, 0.7) == ["a", "b", "e"]
+    assert _survivors(list(totals), totals, 0.95) == ["a", "b", "e"]  # 3 always stay
+    assert _survivors(list(totals), totals, 0.2) == ["a", "b", "e", "c", "d"]
 
 
 def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
