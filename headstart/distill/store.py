@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
+from headstart.io import normal_permissions
 
 META = "distill_meta.json"
 FORMAT_VERSION = 1
@@ -32,18 +33,12 @@ def features_dir(out: str | Path) -> Path:
     return Path(out) / "features"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write_bytes(path: Path, payload: bytes) -> None:
     """Write `payload` to a hidden temp file in the same directory, fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
     try:
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give shards normal permissions
+        normal_permissions(tmp)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()

@@ -15,6 +15,7 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
+from headstart.io import normal_permissions
 from headstart.target.load import describe, fingerprint_mismatch
 
 
@@ -24,6 +25,7 @@ def atomic_dir(dest: str | Path, write: Any) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
+        normal_permissions(tmp)
         write(tmp)
         old = None
         if dest.exists():

