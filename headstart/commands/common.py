@@ -19,6 +19,12 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
     group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     group.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
+    group.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads for torch (0 = torch's default; 1 is often fastest on a CPU shared with other jobs)",
+    )
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,5 +67,16 @@ def quiet_transformers() -> Iterator[None]:
 def load_target_from_args(args: argparse.Namespace) -> Any:
     from headstart.target import load_target
 
+    threads = getattr(args, "threads", 0) or 0
+    if threads < 0:
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            f"--threads must be >= 0, got {threads}", "use --threads 1, or 0 for the default"
+        )
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     with quiet_transformers():
         return load_target(args.target, dtype=args.dtype, device=args.device, revision=args.revision)
