@@ -57,6 +57,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
         draft_vocab_size=spec.draft_vocab_size if spec.kind == "eagle3" else vocab,
+        input_norms=spec.input_norms and spec.kind != "medusa",
     )
 
 

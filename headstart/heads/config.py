@@ -32,6 +32,10 @@ class HeadSpec:
     draft_vocab_size: int = 0
     """EAGLE-3: size N of the draft vocabulary (the N most frequent target tokens in the training
     data); 0 = the full target vocabulary."""
+    input_norms: bool = True
+    """EAGLE heads: RMS-normalise the token embedding and the feature separately before they are
+    fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;
+    without the norms the head all but ignores the token it is given."""
 
     def __post_init__(self) -> None:
         if self.num_heads < 1:
@@ -65,6 +69,9 @@ class HeadConfig:
     shared_lm_head: bool = True
     feature_layers: list[int] = field(default_factory=list)
     draft_vocab_size: int = 0
+    input_norms: bool = False
+    """EAGLE heads: norms on the embedding and the feature before fc (False: checkpoints made
+    before they existed, which have none)."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT

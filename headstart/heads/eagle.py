@@ -20,7 +20,8 @@ from headstart.heads.layer import DraftLayer
 
 
 class EagleHead(HeadCheckpoint, nn.Module):
-    """EAGLE-1/2: g_t = layer(fc([embed(x_{t+1}); h_t])); the target's lm_head maps g to tokens."""
+    """EAGLE-1/2: g_t = layer(fc([norm(embed(x_{t+1})); norm(h_t)])); the target's lm_head maps g
+    to tokens (no norms in checkpoints saved before `input_norms`)."""
 
     kind = "eagle"
 
@@ -32,6 +33,9 @@ class EagleHead(HeadCheckpoint, nn.Module):
         self.draft_vocab_size = config.draft_vocab_size
         self.fc = nn.Linear(2 * hidden, hidden, bias=True)
         self.midlayer = DraftLayer(config.target_config)
+        # Separate norms, so neither input swamps the other in fc (see HeadSpec.input_norms).
+        self.embed_norm = self.midlayer.new_norm() if config.input_norms else None
+        self.hidden_norm = self.midlayer.new_norm() if config.input_norms else None
         self._bound: dict[str, nn.Module] = {}
 
     def bind(self, target_model: Any) -> None:
@@ -63,6 +67,8 @@ class EagleHead(HeadCheckpoint, nn.Module):
     ) -> torch.Tensor:
         """hidden (B, T, H), next tokens (B, T) -> g (B, T, H); see DraftHead in base.py."""
         embeds = self.bound("embed")(input_ids).to(hidden.dtype)  # (B, T, H), frozen
+        if self.embed_norm is not None and self.hidden_norm is not None:
+            embeds, hidden = self.embed_norm(embeds), self.hidden_norm(hidden)
         x = self.fc(torch.cat([embeds, hidden], dim=-1))  # (B, T, H)
         return self.midlayer(
             x, position_ids=position_ids, attention_mask=attention_mask, past_key_values=past_key_values

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from headstart.errors import HeadstartError
 from headstart.heads import DraftHead, EagleLike, HeadSpec, MedusaLike, build_head
+from headstart.heads.config import HeadConfig
 from headstart.target import capture, tree_attention_mask
 
 
@@ -96,3 +99,28 @@ def test_head_spec_that_does_not_fit_the_target_fails_before_compute(llama_targe
         build_head(HeadSpec(kind="eagle3", draft_vocab_size=10), llama_target)
     with pytest.raises(HeadstartError, match="3 layers"):
         HeadSpec(kind="eagle3", feature_layers=[0, 1])
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_eagle_input_norms_balance_token_and_feature(target, kind, tmp_path):
+    """With input norms (the default for new heads) the head's output does not change when the
+    features are 500x larger (as SmolLM2's deep layers are against its embeddings), and the token
+    still matters; a checkpoint saved without the field loads as a head without norms."""
+    torch.manual_seed(0)
+    head = build_head(HeadSpec(kind=kind), target)
+    assert head.config.input_norms and head.embed_norm is not None
+    h = torch.randn(1, 4, target.hidden_size)
+    ids = torch.randint(0, target.vocab_size, (1, 4))
+    pos = torch.arange(4)[None]
+    base = head(h, ids, position_ids=pos)
+    torch.testing.assert_close(head(500 * h, ids, position_ids=pos), base, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(head(500 * h, (ids + 1) % target.vocab_size, position_ids=pos), base, atol=1e-3)
+    head.save_pretrained(tmp_path / "new")
+    config = json.loads((tmp_path / "new" / "config.json").read_text())
+    del config["input_norms"]  # the format before the field existed
+    old = HeadConfig(**config)
+    assert not old.input_norms
+    plain = type(head)(old)
+    assert plain.embed_norm is None and not any(
+        "norm" in n and "embed" in n for n, _ in plain.named_parameters()
+    )
