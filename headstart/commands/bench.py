@@ -28,10 +28,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--questions",
-        required=True,
+        default=None,
         help="JSONL (MT-bench/Spec-Bench turns, HumanEval prompt, prompt/text) or a name: mt_bench, humaneval",
     )
     parser.add_argument("--limit", type=int, default=None, help="first N questions only")
+    parser.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="measure every N-th question from the K-th only (run the N shards in parallel, then --merge)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="measure nothing: merge the finished shard directories into one report in --output",
+    )
     parser.add_argument(
         "--turns",
         choices=("first", "all"),
@@ -90,13 +103,30 @@ def turn_prompt(target: Any, max_new_tokens: int) -> PromptFn:
     return prompt
 
 
+def merge_run(args: argparse.Namespace) -> int:
+    """`--merge`: one report from finished shard directories."""
+    from headstart.bench.report import build_report, write_report
+    from headstart.bench.shards import merge
+
+    config, records = merge([Path(folder) for folder in args.merge])
+    out = Path(args.output)
+    write_report(build_report(config, records, greedy=float(config["temperature"]) == 0.0), out)
+    print((out / "report.md").read_text())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.merge:
+        return merge_run(args)
+    if not args.questions:
+        raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
     import torch
 
     from headstart.bench import methods as bench_methods
     from headstart.bench.questions import load_questions
     from headstart.bench.report import build_report, write_report
     from headstart.bench.runner import run_bench
+    from headstart.bench.shards import select_shard
     from headstart.bench.tune import tuned_tree
     from headstart.heads.defaults import shipped_heads
     from headstart.inference.plain import SamplingConfig
@@ -105,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
     )
     baselines = _baselines(args.baselines)
-    questions = load_questions(args.questions, limit=args.limit, all_turns=args.turns == "all")
+    questions = select_shard(
+        load_questions(args.questions, limit=args.limit, all_turns=args.turns == "all"), args.shard
+    )
     target = load_target_from_args(args)
     torch.manual_seed(args.seed)
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
@@ -125,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "target": args.target,
         "questions": args.questions,
         "turns": args.turns,
+        "shard": args.shard,
         "num_prompts": sum(len(q.turns) for q in questions),  # (question, turn) prompts
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,

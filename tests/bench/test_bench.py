@@ -228,3 +228,63 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     assert figures["tau"] is not None and figures["tau"] >= 1.0
     assert report["accept_length_histogram"]["headstart:rnd"]
     assert (out / "accept_lengths.png").is_file()
+
+
+def test_shards_merge_into_the_whole_run(tiny_llama, tmp_path, capsys):
+    rows = [{"question_id": i, "category": c, "turns": [f"say {c} {i}"]} for i, c in enumerate("abcab")]
+    questions = _write_jsonl(tmp_path / "q.jsonl", rows)
+    base = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "6"]
+    for k in (1, 2):
+        assert main([*base, "--shard", f"{k}/2", "--output", str(tmp_path / f"s{k}")]) == 0
+    firsts = [
+        json.loads(line)["question_id"]
+        for line in (tmp_path / "s1" / "outputs.jsonl").read_text().splitlines()
+    ]
+    assert sorted(set(firsts)) == ["0", "2", "4"]  # every 2nd question from the 1st
+    merged = tmp_path / "merged"
+    assert (
+        main(["bench", "--merge", str(tmp_path / "s1"), str(tmp_path / "s2"), "--output", str(merged)]) == 0
+    )
+    report = json.loads((merged / "report.json").read_text())
+    assert report["config"]["num_prompts"] == 5 and report["config"]["shards"] == 2
+    assert set(report["by_category"]) == {"a", "b", "c"}
+    whole = tmp_path / "whole"
+    assert main([*base, "--output", str(whole)]) == 0
+    full = json.loads((whole / "report.json").read_text())
+    for name in ("vanilla", "pld"):
+        assert report["methods"][name]["new_tokens"] == full["methods"][name]["new_tokens"]
+        assert report["methods"][name]["identical_fraction"] == 1.0
+    # an incomplete split, or shards of different commands, are refused
+    assert main(["bench", "--merge", str(tmp_path / "s1"), "--output", str(tmp_path / "bad")]) == 2
+    assert "not one complete split" in capsys.readouterr().err
+    assert main([*base, "--shard", "2/2", "--max-new-tokens", "4", "--output", str(tmp_path / "s2b")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--merge",
+                str(tmp_path / "s1"),
+                str(tmp_path / "s2b"),
+                "--output",
+                str(tmp_path / "bad"),
+            ]
+        )
+        == 2
+    )
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "bench",
+                "--target",
+                str(tiny_llama),
+                "--shard",
+                "3/2",
+                "--questions",
+                str(questions),
+                "--output",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
