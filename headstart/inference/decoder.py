@@ -114,6 +114,12 @@ class SpeculativeDecoder:
         return committed
 
     # ---- the loop ----------------------------------------------------------------------------
+    def _tree_depth(self) -> int | None:
+        """How many levels the tree drafts (a dynamic tree: its depth, cut to the heads')."""
+        if isinstance(self.tree, DynamicTree):
+            return min(self.tree.depth, self.max_depth) if self.max_depth else self.tree.depth
+        return self.tree.max_depth
+
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if sampling.greedy:
             return logits.argmax(-1)
@@ -162,7 +168,7 @@ class SpeculativeDecoder:
             )
         stats = DecodeStats(batch_size=prompts.batch, lossy=self.typical and not sampling.greedy)
         emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
-        drafter = make_drafter(self.heads, self.target.vocab_size)
+        drafter = make_drafter(self.heads, self.target.vocab_size, self._tree_depth())
         if streamer is not None:
             streamer.put(prompts.ids[0, prompts.valid[0]].cpu())
         start = time.perf_counter()

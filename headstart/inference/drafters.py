@@ -22,10 +22,13 @@ class MedusaDrafter:
     """Medusa: head k at the last committed position's feature predicts the token at depth k;
     the draft does not depend on the parent's token, so `expand` only broadcasts."""
 
-    def __init__(self, heads: Any) -> None:
+    def __init__(self, heads: Any, depth: int | None = None) -> None:
         self.heads = heads
         self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
         self.max_depth: int | None = int(heads.num_heads)  # head k drafts depth k
+        # Only the heads the tree reaches run: a chain of 1 needs head 1 alone (each head costs a
+        # V x H projection per step).
+        self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
         self._logits: torch.Tensor | None = None  # (B, K, V): head k's logits at the last feature
 
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
@@ -33,7 +36,9 @@ class MedusaDrafter:
         rows = torch.arange(last_hidden.shape[0], device=last.device)
         hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
         with torch.no_grad():
-            self._logits = self.heads(hidden)[:, :, 0].transpose(0, 1)  # (K, B, 1, V) -> (B, K, V)
+            self._logits = self.heads(hidden, self.depth)[:, :, 0].transpose(
+                0, 1
+            )  # (K, B, 1, V) -> (B, K, V)
 
     def root_logits(self) -> torch.Tensor:
         assert self._logits is not None, "observe() first"
@@ -156,14 +161,15 @@ def _device(module: Any) -> torch.device:
         return torch.device("cpu")
 
 
-def make_drafter(heads: Any, vocab_size: int) -> Any:
+def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Any:
     """The drafter for `heads`; an object that already is a drafter (observe/root_logits/expand,
-    e.g. a scripted test drafter) is used as is."""
+    e.g. a scripted test drafter) is used as is. `depth`: how deep the tree drafts (None: as deep
+    as the heads can)."""
     if all(hasattr(heads, name) for name in ("observe", "root_logits", "expand", "end_step")):
         return heads
     kind = getattr(heads, "kind", None)
     if kind == "medusa":
-        return MedusaDrafter(heads)
+        return MedusaDrafter(heads, depth)
     if kind in ("eagle", "eagle3"):
         return EagleDrafter(heads, vocab_size)
     raise HeadstartError(

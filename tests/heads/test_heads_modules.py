@@ -33,6 +33,24 @@ def test_medusa_shapes_zero_init_and_distinct_blocks(target):
     assert heads.lm_heads[0].weight.data_ptr() != target.model.get_output_embeddings().weight.data_ptr()
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_medusa_forward_of_the_first_heads_equals_each_head(target, shared):
+    """forward(count) gives heads 1..count exactly as head_logits does one by one (the shared
+    lm_head runs once over all heads' states)."""
+    torch.manual_seed(3)
+    heads = build_head(HeadSpec(kind="medusa", num_heads=3, shared_lm_head=shared), target)
+    heads.bind(target.model)
+    for block in heads.heads:
+        block[0].linear.weight.data.normal_(0, 0.1)
+    hidden = torch.randn(2, 5, target.hidden_size)
+    both = heads(hidden, 2)
+    assert both.shape == (2, 2, 5, target.vocab_size)
+    for k in range(2):
+        torch.testing.assert_close(both[k], heads.head_logits(k, hidden), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(both[0], both[1], atol=1e-3)
+    assert heads(hidden).shape[0] == 3 and heads(hidden, 9).shape[0] == 3
+
+
 def test_medusa_shared_lm_head_is_not_saved(target, tmp_path):
     heads = build_head(HeadSpec(kind="medusa", num_heads=2), target)
     assert not any("lm_head" in k for k in heads.state_dict())

@@ -28,13 +28,9 @@ class RandomMedusa(nn.Module):
     def bind(self, target_model: Any) -> None:
         pass
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.stack(
-            [
-                o(hidden + torch.nn.functional.silu(b(hidden)))
-                for b, o in zip(self.blocks, self.out, strict=True)
-            ]
-        )
+    def forward(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        pairs = list(zip(self.blocks, self.out, strict=True))[:count]
+        return torch.stack([o(hidden + torch.nn.functional.silu(b(hidden))) for b, o in pairs])
 
 
 class RandomEagle(nn.Module):

@@ -109,3 +109,16 @@ def test_stop_strings_and_max_new_tokens(target, prompts):
     assert out.token_ids[0] == ref[: len(out.token_ids[0])] and len(out.token_ids[0]) <= 14
     one = decoder.generate(ids, max_new_tokens=1, eos_token_id=None)
     assert one.token_ids == [ref[:1]] and one.stats.target_forwards == 1
+
+
+@pytest.mark.parametrize(("tree", "heads_run"), [("chain:1", 1), ("chain:2", 2), ("static", 3)])
+def test_medusa_runs_only_the_heads_the_tree_reaches(target, prompts, tree, heads_run):
+    heads = RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
+    counts = []
+    forward = heads.forward
+    heads.forward = lambda hidden, count=None: counts.append(count) or forward(hidden, count)
+    out = SpeculativeDecoder(target, heads, tree=tree).generate(
+        prompts[:1], max_new_tokens=12, eos_token_id=None
+    )
+    assert out.token_ids[0] == reference(target, prompts[0], 12, eos=False)
+    assert counts and set(counts) == {heads_run}
