@@ -55,6 +55,12 @@ def mean_at(total: torch.Tensor, selected: int, count: torch.Tensor | None = Non
     return total / denom.clamp(min=1.0)
 
 
+def decayed_sum(per_term: torch.Tensor, decay: float) -> torch.Tensor:
+    """sum_i decay**i * per_term[i] (heads / TTT steps further ahead weigh less)."""
+    weights = decay ** torch.arange(per_term.shape[0], device=per_term.device, dtype=per_term.dtype)
+    return (weights * per_term).sum()
+
+
 def medusa_loss(
     logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -91,8 +97,7 @@ def medusa_loss_at(
             for i, (lg, y) in enumerate(zip(head_logits, labels, strict=True))
         ]
     )
-    weights = decay ** torch.arange(len(head_logits), device=per_head.device, dtype=per_head.dtype)
-    return (weights * per_head).sum(), per_head.detach()
+    return decayed_sum(per_head, decay), per_head.detach()
 
 
 def lm_loss(
@@ -159,8 +164,7 @@ def ttt_loss_at(
             for j, (lg, tg) in enumerate(zip(step_logits, step_targets, strict=True))
         ]
     )
-    weights = decay ** torch.arange(len(step_logits), device=per_step.device, dtype=per_step.dtype)
-    return (weights * per_step).sum(), per_step.detach()
+    return decayed_sum(per_step, decay), per_step.detach()
 
 
 def draft_hits(
