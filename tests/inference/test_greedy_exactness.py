@@ -10,6 +10,7 @@ from scripted import ScriptedDrafter
 
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.target import load_target
+from headstart.target.packing import mkl_packing_available
 
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea"]
 TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3"]
@@ -65,6 +66,8 @@ def make_heads(kind: str, target):
 @pytest.mark.parametrize("tree", TREES)
 def test_greedy_matches_generate(target, prompts, kind, tree):
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
+    # the verify runs through MKL-packed linears where the build has them (target/packing.py)
+    assert (decoder.packed is not None) == mkl_packing_available()
     for batch in (prompts[:1], prompts):
         out = decoder.generate(batch, max_new_tokens=40, eos_token_id=None)
         for ids, got in zip(batch, out.token_ids, strict=True):

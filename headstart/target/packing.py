@@ -1,0 +1,126 @@
+"""Pre-packed CPU matmuls for the verify forward (a measured fix, not a guess).
+
+Why: on x86 CPUs with MKL, `F.linear` with a handful of rows falls off a cliff. At 1 thread on
+this project's 2-core AVX-512 machine, SmolLM2's lm_head (49152 x 576) takes 13 ms for 1-3 rows,
+26 ms for 4 and 43 ms for 8: past 3 rows MKL's gemm re-packs the whole weight matrix on every
+call, so a verify over 8 tree nodes cost 2.3x a 1-token forward instead of barely more. MKL can
+pack a weight once for a given row count (`cblas_sgemm_pack`, exposed by PyTorch as
+`torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops Inductor's CPU freezing uses).
+With packs, a verify over 8 nodes costs about 1.3x a 1-token forward (see `docs/bench`).
+
+What it does: while a `rows(n)` context is open, every `nn.Linear` of the model computes with
+weights packed for exactly `n` rows; any other row count falls back to `F.linear` (MKL only uses
+a pack for the row count it was made for). Packs are built on first use (about 0.4 s and one
+extra copy of the weights, ~540 MB for SmolLM2), and at most `keep` row counts are kept (LRU).
+A pack is a snapshot: a weight changed in place (its `_version` moves) is re-packed.
+
+Exactness: the packed kernel is MKL's own sgemm on the same fp32 numbers; results differ from
+`F.linear` only by summation order (~1e-6 relative), as `F.linear` with 8 rows already differs
+from `F.linear` with 1 row. The greedy exactness tests run through this path.
+
+Only for fp32 on CPU with an MKL build; anywhere else `PackedLinears.for_model` returns None and
+nothing changes. `HEADSTART_PACKED=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+MIN_ROWS = 4  # below this MKL's small-row path is already one pass over the weights
+MAX_ROWS = 256  # past this a plain gemm amortises its packing; a pack would only cost memory
+
+
+def packed_rows(rows: int) -> int:
+    """The row count to pack for: MKL's packed kernel is slow for 5-7 rows (lm_head: 29 ms, as
+    slow as unpacked, against 14 ms for 4 and 15 ms for 8), so those are padded to 8."""
+    return 8 if 4 < rows < 8 else rows
+
+
+def mkl_packing_available() -> bool:
+    """MKL's packed sgemm is in this PyTorch build (x86 wheels; not macOS/ARM builds)."""
+    ops = getattr(torch.ops, "mkl", None)
+    try:
+        return (
+            bool(torch.backends.mkl.is_available())
+            and ops is not None
+            and (hasattr(ops, "_mkl_reorder_linear_weight") and hasattr(ops, "_mkl_linear"))
+        )
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class PackedLinears:
+    """Row-count-specific MKL packs of a module's `nn.Linear` weights; see the module docstring."""
+
+    def __init__(self, model: nn.Module, keep: int = 2) -> None:
+        # a module whose forward is already an instance attribute (accelerate's offload hooks,
+        # another patch) is left alone: replacing it would drop that wrapper
+        self.linears = [
+            m for m in model.modules() if isinstance(m, nn.Linear) and "forward" not in m.__dict__
+        ]
+        self.keep = keep
+        self._packs: OrderedDict[int, list[tuple[torch.Tensor, int]]] = OrderedDict()
+
+    @classmethod
+    def for_model(cls, model: nn.Module, keep: int = 2) -> PackedLinears | None:
+        """A packer when it applies (fp32 weights on CPU, MKL present, not disabled), else None."""
+        if os.environ.get("HEADSTART_PACKED", "1") == "0" or not mkl_packing_available():
+            return None
+        weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+        if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
+            return None
+        return cls(model, keep)
+
+    def _pack(self, rows: int) -> list[tuple[torch.Tensor, int]]:
+        packs = self._packs.get(rows)
+        stale = packs is not None and any(
+            version != m.weight._version for (_, version), m in zip(packs, self.linears, strict=True)
+        )
+        if packs is None or stale:
+            self._packs.pop(rows, None)
+            while len(self._packs) >= self.keep:
+                self._packs.popitem(last=False)  # cost: frees one extra copy of the weights
+            reorder = torch.ops.mkl._mkl_reorder_linear_weight
+            packs = [(reorder(m.weight.detach().contiguous(), rows), m.weight._version) for m in self.linears]
+            self._packs[rows] = packs
+        self._packs.move_to_end(rows)
+        return packs
+
+    @contextlib.contextmanager
+    def rows(self, rows: int) -> Iterator[None]:
+        """Inside, linears with exactly `rows` input rows use packed weights."""
+        if not MIN_ROWS <= rows <= MAX_ROWS:
+            yield
+            return
+        packs = self._pack(packed_rows(rows))
+        for module, (packed, _) in zip(self.linears, packs, strict=True):
+            module.forward = _packed_forward(
+                module, packed, rows, packed_rows(rows)
+            )  # instance attribute shadows the class's
+        try:
+            yield
+        finally:
+            for module in self.linears:
+                del module.forward
+
+
+def _packed_forward(module: nn.Linear, packed: torch.Tensor, rows: int, padded: int) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        # packs are inference-only snapshots (MKL's packed op has no backward): never under autograd
+        if x.numel() != rows * module.in_features or torch.is_grad_enabled():
+            return F.linear(x, module.weight, module.bias)
+        flat = x.reshape(rows, -1)
+        if padded > rows:  # zero rows: free in a memory-bound matmul, and rows do not mix
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, flat.shape[1])])
+        out = torch.ops.mkl._mkl_linear(flat, packed, module.weight, module.bias, padded)
+        return out[:rows].view(*x.shape[:-1], module.out_features)
+
+    return forward
