@@ -6,6 +6,7 @@ tokens per step but every node costs target compute, and on a CPU the cost grows
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ import torch
 
 from headstart.inference.cache import truncate
 from headstart.target import Target, forward, new_cache, tree_attention_mask
+from headstart.target.packing import PackedLinears
 
 
 @torch.no_grad()
@@ -25,7 +27,8 @@ def verify_cost_ms(
 ) -> dict[int, float]:
     """Median ms of one target forward over `n` new tokens after a `context`-token cached prefix.
 
-    Uses a chain-shaped tree mask: the mask's shape, not its pattern, sets the cost.
+    Uses a chain-shaped tree mask: the mask's shape, not its pattern, sets the cost. Runs through
+    the packed linears as the decoder's verify does (fp32 on CPU; the first, untimed repeat packs).
     """
     model = target.model
     vocab = min(target.vocab_size, target.tokenizer.vocab_size)
@@ -33,6 +36,7 @@ def verify_cost_ms(
     cache = new_cache(model)
     forward(model, prefix, past_key_values=cache)
     visible_prefix = torch.ones(1, context, dtype=torch.bool, device=target.device)
+    packer = PackedLinears.for_model(model)
     costs = {}
     for n in node_counts:
         tokens = torch.randint(0, vocab, (1, n), device=target.device)
@@ -41,7 +45,8 @@ def verify_cost_ms(
         times = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            forward(model, tokens, attention_mask=mask, position_ids=positions, past_key_values=cache)
+            with packer.rows(n) if packer else contextlib.nullcontext():
+                forward(model, tokens, attention_mask=mask, position_ids=positions, past_key_values=cache)
             if tokens.is_cuda:
                 torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
             times.append(time.perf_counter() - start)

@@ -82,11 +82,16 @@ def tune(
     from headstart.heads import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.inference.plain import SamplingConfig
+    from headstart.target.packing import MIN_ROWS, packed_rows
 
     heads = load_heads_for_inference(heads_path, target)
     probe = SpeculativeDecoder(target, heads)
     candidates = candidates or candidate_trees(heads.kind, probe.max_depth)
     decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
+    if probe.packed is not None:  # keep every candidate's packs: a re-pack inside a timed run
+        # would charge ~0.4 s (SmolLM2) to it. Cost: one copy of the weights per distinct bucket.
+        buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}
+        probe.packed.keep = max(probe.packed.keep, len(buckets))
     sampling = SamplingConfig(max_new_tokens=max_new_tokens)
     ids = [target.chat.user_prompt_ids(p) for p in prompts]
     for decoder in decoders.values():  # warm-up

@@ -127,6 +127,14 @@ class SpeculativeDecoder:
             return min(self.tree.depth, self.max_depth) if self.max_depth else self.tree.depth
         return self.tree.max_depth
 
+    @property
+    def verify_nodes(self) -> int:
+        """Tree nodes in one row's verify forward (root included)."""
+        if isinstance(self.tree, DynamicTree):
+            k, depth = self.tree.top_k, self._tree_depth() or self.tree.depth
+            return 1 + min(self.tree.total_tokens, k + (depth - 1) * k * k)
+        return self.tree.size
+
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if sampling.greedy:
             return logits.argmax(-1)

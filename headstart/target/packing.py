@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -36,12 +37,17 @@ from torch import nn
 
 MIN_ROWS = 4  # below this MKL's small-row path is already one pass over the weights
 MAX_ROWS = 256  # past this a plain gemm amortises its packing; a pack would only cost memory
+_SHARED: weakref.WeakKeyDictionary[nn.Module, PackedLinears] = weakref.WeakKeyDictionary()
+
+
+BUCKETS = (4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 def packed_rows(rows: int) -> int:
-    """The row count to pack for: MKL's packed kernel is slow for 5-7 rows (lm_head: 29 ms, as
-    slow as unpacked, against 14 ms for 4 and 15 ms for 8), so those are padded to 8."""
-    return 8 if 4 < rows < 8 else rows
+    """The row count to pack for: the next of `BUCKETS`. Padding rows is almost free in a
+    memory-bound matmul, fewer packs mean less memory and fewer re-packs, and MKL's packed kernel
+    is slow for 5-7 rows (lm_head: 29 ms, no better than unpacked, against 14 for 4 and 15 for 8)."""
+    return next(b for b in BUCKETS if b >= rows)
 
 
 def mkl_packing_available() -> bool:
@@ -70,14 +76,17 @@ class PackedLinears:
         self._packs: OrderedDict[int, list[tuple[torch.Tensor, int]]] = OrderedDict()
 
     @classmethod
-    def for_model(cls, model: nn.Module, keep: int = 2) -> PackedLinears | None:
-        """A packer when it applies (fp32 weights on CPU, MKL present, not disabled), else None."""
+    def for_model(cls, model: nn.Module) -> PackedLinears | None:
+        """The model's packer, shared by every decoder on it (packs are per model, not per
+        decoder), when it applies: fp32 weights on CPU, MKL present, not disabled. Else None."""
         if os.environ.get("HEADSTART_PACKED", "1") == "0" or not mkl_packing_available():
             return None
         weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
         if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
             return None
-        return cls(model, keep)
+        if model not in _SHARED:
+            _SHARED[model] = cls(model)
+        return _SHARED[model]
 
     def _pack(self, rows: int) -> list[tuple[torch.Tensor, int]]:
         packs = self._packs.get(rows)
