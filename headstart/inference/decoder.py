@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
+from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
 from headstart.inference.drafters import make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
+from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import Prompts, prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats, GenerateOutput
@@ -49,7 +51,8 @@ class SpeculativeDecoder:
         self.heads = heads
         heads.bind(target.model)
         self.max_depth = make_drafter(heads, target.vocab_size).max_depth
-        self.tree = parse_tree(tree, self.max_depth)
+        base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
+        self.tree = parse_tree(base, self.max_depth)
         self.typical = typical
         self.generator: torch.Generator | None = None
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
@@ -76,10 +79,17 @@ class SpeculativeDecoder:
         )
         return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
 
-    def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any) -> DraftTree:
+    def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
+              contexts: list[torch.Tensor] | None = None) -> DraftTree:  # fmt: skip
+        """The heads' tree; with a lookup branch, plus the tokens that followed the latest earlier
+        match of each row's context (`contexts`: committed tokens per live row, root last)."""
         if isinstance(self.tree, DynamicTree):
-            return draft_dynamic(self.tree, drafter, state.root, sampling, self.max_depth)
-        return draft_static(self.tree, drafter, state.root, sampling, self.generator)
+            tree = draft_dynamic(self.tree, drafter, state.root, sampling, self.max_depth)
+        else:
+            tree = draft_static(self.tree, drafter, state.root, sampling, self.generator)
+        if self.lookup is None or contexts is None:
+            return tree
+        return extend_with_lookup(tree, *self.lookup.propose_rows(contexts))
 
     def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
         mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
@@ -129,11 +139,12 @@ class SpeculativeDecoder:
 
     @property
     def verify_nodes(self) -> int:
-        """Tree nodes in one row's verify forward (root included)."""
+        """Tree nodes in one row's verify forward (root and any lookup branch included)."""
+        extra = self.lookup.tokens if self.lookup else 0
         if isinstance(self.tree, DynamicTree):
             k, depth = self.tree.top_k, self._tree_depth() or self.tree.depth
-            return 1 + min(self.tree.total_tokens, k + (depth - 1) * k * k)
-        return self.tree.size
+            return 1 + min(self.tree.total_tokens, k + (depth - 1) * k * k) + extra
+        return self.tree.size + extra
 
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if sampling.greedy:
@@ -176,10 +187,14 @@ class SpeculativeDecoder:
         strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
         rule = StopRule(sampling.max_new_tokens, frozenset(eos), strings, self.target.tokenizer)
         if streamer is not None and prompts.batch > 1:
-            from headstart.errors import HeadstartError
-
             raise HeadstartError(
                 "streaming needs a single prompt", "drop the streamer or decode one prompt at a time"
+            )
+        if self.lookup and not sampling.greedy and not isinstance(self.tree, DynamicTree):
+            raise HeadstartError(
+                "a lookup branch with sampling needs a dynamic tree (a static tree's drafts are drawn "
+                "from the draft distribution, and exact acceptance cannot mix those with looked-up tokens)",
+                "use --tree dynamic+lookup:4, or decode greedily",
             )
         stats = DecodeStats(batch_size=prompts.batch, lossy=self.typical and not sampling.greedy)
         emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
@@ -198,7 +213,8 @@ class SpeculativeDecoder:
             if keep.numel() < len(done):
                 state.select_rows(keep)
                 drafter.select_rows(keep)
-            tree = self.draft(state, sampling, drafter)
+            contexts = self._contexts(prompts, state, emitted) if self.lookup else None
+            tree = self.draft(state, sampling, drafter, contexts)
             feats = self.verify(state, tree, drafter)
             drafter.end_step()
             stats.target_forwards += 1
@@ -210,6 +226,14 @@ class SpeculativeDecoder:
             streamer.end()
         stats.new_tokens = sum(len(row) for row in emitted)
         return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
+
+    @staticmethod
+    def _contexts(prompts: Prompts, state: DecodeState, emitted: list[list[int]]) -> list[torch.Tensor]:
+        """Each live row's committed tokens (prompt, then output; the root is the last)."""
+        return [
+            torch.cat([prompts.ids[row][prompts.valid[row]], prompts.ids.new_tensor(emitted[row])])
+            for row in state.rows
+        ]
 
     def _take(self, state: DecodeState, tokens: torch.Tensor, lengths: torch.Tensor, rule: StopRule,
               emitted: list[list[int]], streamer: Any, stats: DecodeStats | None = None) -> list[bool]:  # fmt: skip

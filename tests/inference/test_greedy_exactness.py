@@ -13,7 +13,7 @@ from headstart.target import load_target
 from headstart.target.packing import mkl_packing_available
 
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea"]
-TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3"]
+TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3", "chain:1+lookup:4"]
 
 
 @pytest.fixture(scope="module")

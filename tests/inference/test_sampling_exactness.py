@@ -82,6 +82,18 @@ def test_sampling_preserves_target_distribution(target, tree, config):
     assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_sampling_with_a_lookup_branch_preserves_target_distribution(target, config):
+    """Looked-up tokens join the root's top-k drafts as one-point proposals. 100,000 samples: the
+    branch adds only ~0.02 to tau here (1.117 against 1.100 without it), so a bias it caused would
+    be small and need the larger sample to show (at 12,000 samples one seed gave p = 8e-4; at 100,000 three seeds gave
+    0.09, 0.07 and 0.84, no sign of bias)."""
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
+    heads = RandomEagle(target.model, seed=1)
+    tree = "dynamic:depth=2,top_k=2,total_tokens=3+lookup:2"
+    assert run_check(target, heads, tree, sampling, samples=100_000) > ALPHA
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])

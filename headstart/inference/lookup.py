@@ -1,0 +1,109 @@
+"""A prompt-lookup branch under the root of the heads' tree (`--tree chain:1+lookup:4`).
+
+Why: a verify forward of up to 8 tree nodes costs little more than one of 2 on a CPU with packed
+weights (target/packing.py), and copying from the context (code, quoted text, names, lists) is
+what trained heads miss and prompt-lookup decoding gets for free. So each step also proposes the
+tokens that followed the most recent earlier occurrence of the context's last n-gram, as a chain
+under the root beside the heads' own drafts; the verify takes whichever path the target agrees
+with furthest. No extra forward, no model.
+
+Exactness: greedy acceptance takes the deepest path of argmax tokens, wherever it comes from.
+With sampling, the chain's nodes are deterministic proposals, which exact tree rejection sampling
+treats as one-point proposals; that is exact only when every child of the root is one (a dynamic
+tree, or greedy), so a tree whose root's children were DRAWN from the draft distribution (a static
+tree under sampling) gets no lookup branch (`extend_with_lookup` refuses it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.inference.draft_tree import DraftTree
+
+SUFFIX = "+lookup:"
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Propose up to `tokens` tokens after the latest earlier match of the last `max_ngram` ...
+    `min_ngram` tokens of the context (longest n-gram first)."""
+
+    tokens: int = 4
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or not 1 <= self.min_ngram <= self.max_ngram:
+            raise HeadstartError(
+                f"bad lookup branch (tokens={self.tokens}, n-grams {self.min_ngram}..{self.max_ngram})",
+                "use e.g. --tree chain:1+lookup:4 (4 looked-up tokens)",
+            )
+
+    def propose(self, context: torch.Tensor) -> torch.Tensor:
+        """context (L,) committed tokens, the root last -> (k,) proposals, k <= tokens (may be 0)."""
+        length = context.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            # windows of context[:-1] start at 0 .. L-1-n: every earlier n-gram, not the suffix itself
+            windows = context[:-1].unfold(0, n, 1)  # (L - n, n)
+            hits = (windows == context[-n:]).all(1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n  # the most recent match; host sync, once per row and step
+                return context[start : start + self.tokens]
+        return context[:0]
+
+    def propose_rows(self, contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One context per row -> tokens (B, tokens) and found (B, tokens) bool."""
+        device = contexts[0].device
+        tokens = torch.zeros(len(contexts), self.tokens, dtype=torch.long, device=device)
+        found = torch.zeros(len(contexts), self.tokens, dtype=torch.bool, device=device)
+        for row, context in enumerate(contexts):
+            guess = self.propose(context)
+            tokens[row, : guess.shape[0]] = guess
+            found[row, : guess.shape[0]] = True
+        return tokens, found
+
+
+def split_lookup(spec: str | None) -> tuple[str | None, Lookup | None]:
+    """'chain:1+lookup:4' -> ('chain:1', Lookup(tokens=4)); anything else -> (spec, None)."""
+    if not isinstance(spec, str) or SUFFIX not in spec:
+        return spec, None
+    base, _, count = spec.partition(SUFFIX)
+    if not count.isdigit():
+        raise HeadstartError(f"bad lookup branch in tree '{spec}'", "use e.g. --tree chain:1+lookup:4")
+    return base or None, Lookup(tokens=int(count))
+
+
+def extend_with_lookup(tree: DraftTree, tokens: torch.Tensor, found: torch.Tensor) -> DraftTree:
+    """Append a chain of looked-up `tokens` (B, m) under the root; `found` (B, m) marks real ones
+    (a row without a match gets invalid nodes: the same node count keeps one packed verify shape)."""
+    if tree.draft_probs is not None:
+        raise HeadstartError(
+            "a lookup branch cannot join a tree whose children were drawn from the draft (static tree, sampling)",
+            "sample with a dynamic tree (--tree dynamic+lookup:4), or decode greedily",
+        )
+    batch, n = tree.tokens.shape
+    m = tokens.shape[1]
+    device = tree.tokens.device
+    chain = torch.arange(n, n + m, device=device)  # node ids of the branch
+    parents = torch.cat([torch.zeros(1, dtype=torch.long, device=device), chain[:-1]])  # root, then chain
+    visible = torch.zeros(batch, n + m, n + m, dtype=torch.bool, device=device)
+    visible[:, :n, :n] = tree.visible
+    visible[:, n:, 0] = True  # every branch node sees the root ...
+    visible[:, n:, n:] = torch.ones(m, m, dtype=torch.bool, device=device).tril()  # ... and its chain
+    width = tree.children.shape[2] + 1
+    children = torch.full((batch, n + m, width), -1, dtype=torch.long, device=device)
+    children[:, :n, : width - 1] = tree.children
+    children[:, 0, width - 1] = n  # tried after the heads' own children of the root
+    children[:, n:-1, 0] = chain[1:]
+    return DraftTree(
+        tokens=torch.cat([tree.tokens, tokens], 1),
+        parents=torch.cat([tree.parents, parents.expand(batch, -1)], 1),
+        depths=torch.cat([tree.depths, torch.arange(1, m + 1, device=device).expand(batch, -1)], 1),
+        visible=visible,
+        children=children,
+        valid=torch.cat([tree.valid, found.cumprod(1).bool()], 1),
+        draft_probs=None,
+    )
