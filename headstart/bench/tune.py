@@ -46,13 +46,16 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     deepest = max_depth or 6
     chains = [f"chain:{d}" for d in range(1, deepest + 1)]
     forks = [forked(d, f) for d in range(2, min(deepest, 5) + 1) for f in (1, 2) if f < d]
+    # a prompt-lookup branch beside the small trees: verified in the same forward, it pays where
+    # the output copies from the context (code, quotes, lists)
+    looked = [f"{base}+lookup:{k}" for base in ("chain:1", "chain:2", forked(2, 1)) for k in (2, 4)]
     if kind == "medusa":
-        return chains + forks + ["static"]
+        return chains + forks + looked + ["static"]
     dynamic = [
         f"dynamic:depth={d},top_k={k},total_tokens={n}"
         for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
     ]
-    return chains + forks + dynamic
+    return chains + forks + looked + dynamic
 
 
 def tuned_tree(heads_path: str | Path) -> str | None:

@@ -39,7 +39,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         "--tree",
         default=None,
         help="the tree stored with the heads by `headstart tune` if any, else static (default); or "
-        "chain:N, JSON index paths, a .json file, dynamic, dynamic:depth=4,top_k=4,total_tokens=12 (EAGLE-2)",
+        "chain:N, JSON index paths, a .json file, dynamic, dynamic:depth=4,top_k=4,total_tokens=12 (EAGLE-2); "
+        "any of them +lookup:K adds a prompt-lookup branch of K tokens (e.g. chain:1+lookup:4)",
     )
     group.add_argument(
         "--typical",

@@ -6,6 +6,8 @@ chain:4                                  a single top-1 path of 4 drafts
 tree.json                                a file with a JSON list of paths, or {"paths": [...]}
 dynamic                                  EAGLE-2 dynamic tree with default sizes
 dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
+<any of these>+lookup:4                  plus a prompt-lookup branch of 4 tokens (inference/lookup.py;
+                                         split off by the decoder before `parse_tree`)
 """
 
 from __future__ import annotations

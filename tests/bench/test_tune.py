@@ -6,6 +6,7 @@ import json
 
 from headstart.bench.tune import TUNED_FILE, _survivors, candidate_trees, forked, tuned_tree
 from headstart.cli import main
+from headstart.inference.lookup import split_lookup
 from headstart.inference.tree_spec import parse_tree
 
 
@@ -15,8 +16,10 @@ def test_candidates_fit_the_heads():
     eagle = candidate_trees("eagle3", None)
     assert eagle[:6] == [f"chain:{d}" for d in range(1, 7)]
     assert any(c.startswith("dynamic:") for c in eagle)
+    assert "chain:1+lookup:4" in medusa and "chain:1+lookup:4" in eagle
     for spec in medusa + eagle:  # every candidate parses, and none is deeper than Medusa's heads
-        tree = parse_tree(spec, 3 if spec in medusa else None)
+        base, _ = split_lookup(spec)
+        tree = parse_tree(base, 3 if spec in medusa else None)
         assert not hasattr(tree, "max_depth") or spec not in medusa or tree.max_depth <= 3
 
 
