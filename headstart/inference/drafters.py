@@ -26,7 +26,12 @@ def _packers(heads: Any) -> list[PackedLinears]:
     """Packers for the head and the target modules it borrows (a shared lm_head): a draft step
     over 4+ rows hits the same MKL cliff as the verify (an 8192-row draft lm_head: 1.1 ms for 1
     row, 2.8 for 4, 4.8 for 8; packed 1.4 and 1.9). None off CPU fp32."""
-    modules = [heads, *getattr(heads, "_bound", {}).values()]
+    bound = dict(getattr(heads, "_bound", {}))
+    if isinstance(getattr(heads, "lm_head", None), nn.Module):
+        bound.pop(
+            "lm_head", None
+        )  # EAGLE-3 drafts with its own lm_head: packing the target's would waste memory
+    modules = [heads, *bound.values()]
     found = (PackedLinears.for_model(m) for m in modules if isinstance(m, nn.Module))
     return [p for p in found if p is not None]
 
