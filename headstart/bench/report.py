@@ -50,6 +50,8 @@ def markdown(report: dict[str, Any]) -> str:
         "forward, bonus token included; speedup vs vanilla in the same run.",
         "",
     ]
+    if cfg.get("trees"):
+        lines += ["Trees: " + ", ".join(f"{name} `{tree}`" for name, tree in cfg["trees"].items()), ""]
     header = "| category | method | tokens/s | speedup | tau | tokens/forward | identical |"
     rule = "|---|---|---:|---:|---:|---:|---:|"
     lines += [header, rule]

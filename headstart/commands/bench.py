@@ -144,10 +144,12 @@ def run(args: argparse.Namespace) -> int:
     if "pld" in baselines:
         methods["pld"] = bench_methods.pld(target, sampling)
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
+    trees = {}
     for spec in heads_specs:
         label, path = _label(spec)
         tree = args.tree or tuned_tree(path)  # the tree `headstart tune` stored with the heads
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
+        trees[f"headstart:{label}"] = tree or "static"
     prompt = turn_prompt(target, args.max_new_tokens)
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement
@@ -167,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "heads": {
             name: spec for name, spec in zip(list(methods)[len(baselines) :], heads_specs, strict=True)
         },
+        "trees": trees,
     }
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
