@@ -1,8 +1,8 @@
 """SLOW: on SmolLM2-135M, greedy speculative decoding equals `model.generate(do_sample=False)`
-token for token on 20 MT-bench first turns, for every head kind and both tree kinds, batch 1
-and batch 4. Uses trained heads found under runs/ (a head directory holds config.json with a
-headstart kind + model.safetensors) or, for kinds without trained heads, fresh untrained heads:
-exactness must hold whatever the draft."""
+token for token on 20 MT-bench first turns, for every head kind and tree kind (static, dynamic, a
+lookup branch), batch 1 and batch 4. Uses trained heads found under runs/ (a head directory holds
+config.json with a headstart kind + model.safetensors) or, for kinds without trained heads, fresh
+untrained heads: exactness must hold whatever the draft."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def references(smollm2):
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
-@pytest.mark.parametrize("tree", ["static", "dynamic"])
+@pytest.mark.parametrize("tree", ["static", "dynamic", "[[0],[0,0],[1]]+lookup:4"])
 def test_smollm2_greedy_is_exact(smollm2, references, kind, tree):
     from headstart.heads import HeadSpec, build_head, load_heads
     from headstart.inference.decoder import SpeculativeDecoder
