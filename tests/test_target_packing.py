@@ -74,3 +74,15 @@ def test_not_used_off_fp32_or_when_disabled(monkeypatch):
     assert PackedLinears.for_model(_model().to(torch.bfloat16)) is None
     monkeypatch.setenv("HEADSTART_PACKED", "0")
     assert PackedLinears.for_model(_model()) is None
+
+
+def test_keeping_raises_keep_inside_and_trims_after():
+    model = _model()
+    packer = PackedLinears.for_model(model)
+    packer.keep = 2
+    with torch.no_grad(), packer.keeping(3):
+        for rows in (4, 8, 16):
+            with packer.rows(rows):
+                model(torch.randn(rows, 48))
+        assert list(packer._packs) == [4, 8, 16]
+    assert packer.keep == 2 and list(packer._packs) == [8, 16]

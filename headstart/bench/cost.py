@@ -6,7 +6,6 @@ tokens per step but every node costs target compute, and on a CPU the cost grows
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ import torch
 
 from headstart.inference.cache import truncate
 from headstart.target import Target, forward, new_cache, tree_attention_mask
-from headstart.target.packing import PackedLinears
+from headstart.target.packing import PackedLinears, packed
 
 
 @torch.no_grad()
@@ -45,7 +44,7 @@ def verify_cost_ms(
         times = []
         for _ in range(repeats + 1):
             start = time.perf_counter()
-            with packer.rows(n) if packer else contextlib.nullcontext():
+            with packed([packer], n):
                 forward(model, tokens, attention_mask=mask, position_ids=positions, past_key_values=cache)
             if tokens.is_cuda:
                 torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing

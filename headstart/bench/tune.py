@@ -10,6 +10,7 @@ speed differs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -79,22 +80,35 @@ def tune(
     Successive pruning: after each prompt from the second on, a candidate below `prune` x the
     best running tokens/s is dropped (at least 3 stay), so a long candidate list costs about as
     much as a few good ones. Dropped candidates are reported with the prompts they ran."""
-    import torch
-
-    from headstart.bench.cost import verify_cost_ms
     from headstart.heads import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.inference.plain import SamplingConfig
     from headstart.target.packing import MIN_ROWS, packed_rows
 
     heads = load_heads_for_inference(heads_path, target)
     probe = SpeculativeDecoder(target, heads)
     candidates = candidates or candidate_trees(heads.kind, probe.max_depth)
     decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
-    if probe.packed is not None:  # keep every candidate's packs: a re-pack inside a timed run
-        # would charge ~0.4 s (SmolLM2) to it. Cost: one copy of the weights per distinct bucket.
-        buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}
-        probe.packed.keep = max(probe.packed.keep, len(buckets))
+    # keep every candidate's packs while tuning: a re-pack inside a timed run would charge ~0.4 s
+    # (SmolLM2) to it. Cost: one copy of the weights per distinct bucket, freed afterwards.
+    buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}
+    with probe.packed.keeping(len(buckets)) if probe.packed else contextlib.nullcontext():
+        return _measure(target, decoders, candidates, prompts, max_new_tokens, prune)
+
+
+def _measure(
+    target: Any,
+    decoders: dict[str, Any],
+    candidates: list[str],
+    prompts: list[str],
+    max_new_tokens: int,
+    prune: float,
+) -> dict[str, Any]:
+    """Decode the calibration prompts with every candidate, interleaved; the tuning report."""
+    import torch
+
+    from headstart.bench.cost import verify_cost_ms
+    from headstart.inference.plain import SamplingConfig
+
     sampling = SamplingConfig(max_new_tokens=max_new_tokens)
     ids = [target.chat.user_prompt_ids(p) for p in prompts]
     for decoder in decoders.values():  # warm-up

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -33,7 +32,7 @@ from headstart.inference.stops import StopRule
 from headstart.inference.tree_spec import TreeSpec, parse_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
-from headstart.target.packing import PackedLinears
+from headstart.target.packing import PackedLinears, packed
 
 
 class SpeculativeDecoder:
@@ -56,7 +55,7 @@ class SpeculativeDecoder:
         self.typical = typical
         self.generator: torch.Generator | None = None
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
-        # ~1.3x a 1-token forward instead of ~2.3x); None elsewhere. See target/packing.py.
+        # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See target/packing.py.
         self.packed = PackedLinears.for_model(target.model)
 
     # ---- steps -------------------------------------------------------------------------------
@@ -94,8 +93,7 @@ class SpeculativeDecoder:
     def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
         mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
         positions = state.lengths[:, None] + tree.depths  # (B, n)
-        packed = self.packed.rows(tree.tokens.numel()) if self.packed else contextlib.nullcontext()
-        with packed:
+        with packed([self.packed], tree.tokens.numel()):
             return forward(self.target.model, tree.tokens, attention_mask=mask, position_ids=positions,
                            past_key_values=state.cache, layers=drafter.feature_layers)  # fmt: skip
 
@@ -142,8 +140,7 @@ class SpeculativeDecoder:
         """Tree nodes in one row's verify forward (root and any lookup branch included)."""
         extra = self.lookup.tokens if self.lookup else 0
         if isinstance(self.tree, DynamicTree):
-            k, depth = self.tree.top_k, self._tree_depth() or self.tree.depth
-            return 1 + min(self.tree.total_tokens, k + (depth - 1) * k * k) + extra
+            return 1 + self.tree.kept(self.max_depth) + extra
         return self.tree.size + extra
 
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

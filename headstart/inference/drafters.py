@@ -9,8 +9,6 @@ non-draft tokens get -inf.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,7 +17,7 @@ from torch import nn
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.target import tree_attention_mask
-from headstart.target.packing import PackedLinears
+from headstart.target.packing import PackedLinears, packed
 
 
 def _packers(heads: Any) -> list[PackedLinears]:
@@ -28,20 +26,11 @@ def _packers(heads: Any) -> list[PackedLinears]:
     row, 2.8 for 4, 4.8 for 8; packed 1.4 and 1.9). None off CPU fp32."""
     bound = dict(getattr(heads, "_bound", {}))
     if isinstance(getattr(heads, "lm_head", None), nn.Module):
-        bound.pop(
-            "lm_head", None
-        )  # EAGLE-3 drafts with its own lm_head: packing the target's would waste memory
+        # EAGLE-3 drafts with its own lm_head: packing the target's would only cost memory
+        bound.pop("lm_head", None)
     modules = [heads, *bound.values()]
     found = (PackedLinears.for_model(m) for m in modules if isinstance(m, nn.Module))
     return [p for p in found if p is not None]
-
-
-@contextlib.contextmanager
-def _packed(packers: list[PackedLinears], rows: int) -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for packer in packers:
-            stack.enter_context(packer.rows(rows))
-        yield
 
 
 class MedusaDrafter:
@@ -62,10 +51,9 @@ class MedusaDrafter:
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         rows = torch.arange(last_hidden.shape[0], device=last.device)
         hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
-        with torch.no_grad(), _packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
-            self._logits = self.heads(hidden, self.depth)[:, :, 0].transpose(
-                0, 1
-            )  # (K, B, 1, V) -> (B, K, V)
+        with torch.no_grad(), packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
+            logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
+        self._logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V)
 
     def root_logits(self) -> torch.Tensor:
         assert self._logits is not None, "observe() first"
@@ -128,7 +116,7 @@ class EagleDrafter:
         causal = torch.ones(steps, steps, dtype=torch.bool, device=valid.device).tril()
         tree = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=valid.device)
         mask = tree_attention_mask(prefix, tree, hidden.dtype)  # (B, 1, T, P + T)
-        with _packed(self.packers, batch * steps):
+        with packed(self.packers, batch * steps):
             g = self.heads(
                 hidden, next_tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
             )
@@ -163,7 +151,7 @@ class EagleDrafter:
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
         mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (B, 1, k, kv)
         positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
-        with _packed(self.packers, batch * width):
+        with packed(self.packers, batch * width):
             g = self.heads(
                 hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
             )

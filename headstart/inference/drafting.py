@@ -30,6 +30,18 @@ class DynamicTree:
     top_k: int = 4
     total_tokens: int = 12
 
+    def levels(self, max_depth: int | None) -> int:
+        """Draft steps taken: `depth`, cut to how deep the heads can draft."""
+        return min(self.depth, max_depth) if max_depth else self.depth
+
+    def pool(self, max_depth: int | None) -> int:
+        """Nodes drafted before the cut, root included."""
+        return 1 + self.top_k + (self.levels(max_depth) - 1) * self.top_k**2
+
+    def kept(self, max_depth: int | None) -> int:
+        """Drafted nodes kept for the verify (root excluded)."""
+        return min(self.total_tokens, self.pool(max_depth) - 1)
+
     def __post_init__(self) -> None:
         for name in ("depth", "top_k", "total_tokens"):
             if getattr(self, name) < 1:
@@ -81,9 +93,8 @@ def draft_dynamic(
     spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None
 ) -> DraftTree:
     """EAGLE-2: expand the top_k best frontier nodes for `depth` steps, keep the best total_tokens."""
-    depth = min(spec.depth, max_depth) if max_depth else spec.depth
+    depth, size = spec.levels(max_depth), spec.pool(max_depth)
     k, batch, device = spec.top_k, root.shape[0], root.device
-    size = 1 + k + (depth - 1) * k * k
     tokens = torch.zeros(batch, size, dtype=torch.long, device=device)
     parent = torch.zeros(batch, size, dtype=torch.long, device=device)
     level = torch.zeros(batch, size, dtype=torch.long, device=device)
@@ -124,7 +135,7 @@ def draft_dynamic(
         frontier = ids.gather(1, cum.flatten(1).topk(k, dim=-1).indices)
     # Stable sort, best first: a child never outscores its parent and parents come first in the
     # pool, so any kept child's parent is kept too (the selection is a tree).
-    keep = min(spec.total_tokens, size - 1)
+    keep = spec.kept(max_depth)
     best = score[:, 1:].argsort(dim=1, descending=True, stable=True)[:, :keep] + 1
     chosen = torch.cat(
         [torch.zeros(batch, 1, dtype=torch.long, device=device), best.sort(dim=1).values], dim=1

@@ -3,10 +3,10 @@
 Why: on x86 CPUs with MKL, `F.linear` with a handful of rows falls off a cliff. At 1 thread on
 this project's 2-core AVX-512 machine, SmolLM2's lm_head (49152 x 576) takes 13 ms for 1-3 rows,
 26 ms for 4 and 43 ms for 8: past 3 rows MKL's gemm re-packs the whole weight matrix on every
-call, so a verify over 8 tree nodes cost 2.3x a 1-token forward instead of barely more. MKL can
+call, so a verify over 8 tree nodes cost ~2.1x a 1-token forward instead of barely more. MKL can
 pack a weight once for a given row count (`cblas_sgemm_pack`, exposed by PyTorch as
 `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops Inductor's CPU freezing uses).
-With packs, a verify over 8 nodes costs about 1.3x a 1-token forward (see `docs/bench`).
+With packs, a verify over 8 nodes costs about 1.3-1.5x a 1-token forward (README, "Measured speed").
 
 What it does: while a `rows(n)` context is open, every `nn.Linear` of the model computes with
 weights packed for exactly `n` rows; any other row count falls back to `F.linear` (MKL only uses
@@ -28,7 +28,7 @@ import contextlib
 import os
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -88,6 +88,17 @@ class PackedLinears:
             _SHARED[model] = cls(model)
         return _SHARED[model]
 
+    @contextlib.contextmanager
+    def keeping(self, count: int) -> Iterator[None]:
+        """Keep up to `count` buckets inside (the tuner: every candidate's), back to `keep` after."""
+        before, self.keep = self.keep, max(self.keep, count)
+        try:
+            yield
+        finally:
+            self.keep = before
+            while len(self._packs) > self.keep:
+                self._packs.popitem(last=False)
+
     def _pack(self, rows: int) -> list[tuple[torch.Tensor, int]]:
         packs = self._packs.get(rows)
         stale = packs is not None and any(
@@ -109,16 +120,25 @@ class PackedLinears:
         if not MIN_ROWS <= rows <= MAX_ROWS:
             yield
             return
-        packs = self._pack(packed_rows(rows))
-        for module, (packed, _) in zip(self.linears, packs, strict=True):
-            module.forward = _packed_forward(
-                module, packed, rows, packed_rows(rows)
-            )  # instance attribute shadows the class's
+        padded = packed_rows(rows)
+        for module, (weight, _) in zip(self.linears, self._pack(padded), strict=True):
+            # an instance attribute shadows the class's forward until the context closes
+            module.forward = _packed_forward(module, weight, rows, padded)
         try:
             yield
         finally:
             for module in self.linears:
                 del module.forward
+
+
+@contextlib.contextmanager
+def packed(packers: Iterable[PackedLinears | None], rows: int) -> Iterator[None]:
+    """Run `rows`-row matmuls through each packer's packs (None entries: packing not available)."""
+    with contextlib.ExitStack() as stack:
+        for packer in packers:
+            if packer is not None:
+                stack.enter_context(packer.rows(rows))
+        yield
 
 
 def _packed_forward(module: nn.Linear, packed: torch.Tensor, rows: int, padded: int) -> Any:

@@ -57,10 +57,12 @@ def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
         "--max-new-tokens",
         "8",
     ]
-    assert main(args + ["--candidates", "chain:1;dynamic:depth=2,top_k=2,total_tokens=3"]) == 0
+    assert (
+        main(args + ["--candidates", "chain:1;dynamic:depth=2,top_k=2,total_tokens=3;chain:1+lookup:3"]) == 0
+    )
     report = json.loads((heads / TUNED_FILE).read_text())
     rates = {row["tree"]: row["tokens_per_s"] for row in report["candidates"]}
-    assert set(rates) == {"chain:1", "dynamic:depth=2,top_k=2,total_tokens=3"}
+    assert set(rates) == {"chain:1", "dynamic:depth=2,top_k=2,total_tokens=3", "chain:1+lookup:3"}
     assert report["tree"] == max(rates, key=rates.get) == tuned_tree(heads)
     assert set(report["verify_cost_ms"]) >= {"1", "8"}
     assert "best:" in capsys.readouterr().out
