@@ -103,6 +103,10 @@ class TrainConfig:
     """Where checkpoints, logs and the final head (output_dir/final) go."""
     head: HeadSpec = field(default_factory=HeadSpec)
     """The head to train (headstart.heads.HeadSpec)."""
+    init_from: str | None = None
+    """Start from these heads' weights (a directory saved by headstart, e.g. an earlier run's
+    output_dir/final or a shipped default) instead of a fresh initialisation: fine-tune on new data
+    or train longer. The heads must match `head` and the target; EAGLE-3 keeps their draft vocabulary."""
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     loss: LossConfig = field(default_factory=LossConfig)

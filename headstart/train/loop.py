@@ -163,6 +163,7 @@ def train(
 def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, Any], out: Path) -> Path:
     """The trained head in HF layout (out/final), with what the model card needs."""
     from headstart.heads.checkpoint import atomic_dir
+    from headstart.heads.config import HeadConfig
 
     head = model.head
     head.config.training = {
@@ -172,6 +173,11 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
         "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",
         "metrics": {k: v for k, v in summary["final_eval"].items() if isinstance(v, float)},
     }
+    if cfg.init_from:  # the model card says what the run continued from
+        earlier = HeadConfig.read(cfg.init_from).training
+        head.config.training["init_from"] = (
+            f"{cfg.init_from} ({earlier.get('steps', '?')} steps on {earlier.get('data', 'unrecorded data')})"
+        )
     final = head.save_pretrained(out / "final")
     if cfg.lora.enabled:  # Medusa-2: the adapted target goes with its heads
         atomic_dir(out / "final-lora", lambda tmp: model.target.save_pretrained(str(tmp)))

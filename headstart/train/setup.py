@@ -107,6 +107,8 @@ def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, t
 
 
 def make_head(p: Plan) -> Any:
+    if p.cfg.init_from:
+        return initial_head(p)
     counts = None
     if p.cfg.head.kind == "eagle3" and p.cfg.head.draft_vocab_size:
         counts = token_counts(p.data, p.train_idx, p.target.vocab_size)
@@ -114,6 +116,40 @@ def make_head(p: Plan) -> Any:
     if p.cfg.mixed_precision != "no":
         head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
     return head
+
+
+# Structural fields a checkpoint must share with the recipe's head to continue from it.
+SHAPE_FIELDS = ("kind", "hidden_size", "vocab_size", "num_heads", "num_layers", "shared_lm_head",
+                "feature_layers", "draft_vocab_size", "input_norms")  # fmt: skip
+
+
+def initial_head(p: Plan) -> Any:
+    """The heads at cfg.init_from, checked against the target and the recipe's head spec."""
+    from headstart.heads import load_heads
+    from headstart.heads.config import HeadConfig
+
+    path = p.cfg.init_from
+    assert path is not None
+    if not (Path(path) / "config.json").is_file():
+        raise HeadstartError(
+            f"init_from={path} is not a saved head (no config.json)",
+            "point init_from at a directory written by headstart train (output_dir/final)",
+        )
+    wanted, found = head_config(p.cfg.head, p.target), HeadConfig.read(path)
+    diff = [f"{k}: recipe {getattr(wanted, k)!r}, heads {getattr(found, k)!r}" for k in SHAPE_FIELDS
+            if list_or(getattr(wanted, k)) != list_or(getattr(found, k))]  # fmt: skip
+    if diff:
+        raise HeadstartError(
+            f"init_from={path} does not match the recipe's head ({'; '.join(diff)})",
+            "set head.* in the recipe to the saved heads' shape, or start without init_from",
+        )
+    head = load_heads(path, p.target)  # checks the target fingerprint, binds
+    head.to(dtype=torch.float32 if p.cfg.mixed_precision != "no" else p.target.dtype).train()
+    return head.requires_grad_(True)
+
+
+def list_or(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def add_lora(cfg: TrainConfig, target_model: Any) -> Any:

@@ -104,3 +104,41 @@ def test_medusa2_trains_lora_jointly_after_warmup(tiny_root, tmp_path):
     for name, param in fresh.model.named_parameters():
         if "lora_" not in name:
             assert torch.equal(param, before[name.replace(".base_layer", "")]), name
+
+
+def test_init_from_continues_from_saved_heads(target, tmp_path):
+    """A run with init_from starts from the saved weights (and EAGLE-3 draft vocabulary): at lr 0
+    it saves them back unchanged, and its first loss is the earlier run's trained loss, not a fresh
+    head's."""
+    from safetensors.torch import load_file
+
+    data = self_distilled(target, count=20)
+    eagle3 = KINDS["eagle3"]
+    first = train(_cfg(target.spec, tmp_path / "a", *eagle3, "trackers=[none]"), data=data, target=target)
+    again = _cfg(target.spec, tmp_path / "b", *eagle3, "trackers=[none]", f"init_from={first['final']}")
+    again.max_steps, again.optim.lr, again.eval_every, again.log_every = 5, 0.0, 5, 1
+    second = train(again, data=data, target=target)
+    before = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
+    after = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    losses = lambda s: [h["loss"] for h in s["history"] if h["kind"] == "train"]  # noqa: E731
+    assert losses(second)[0] < 0.95 * losses(first)[0], (losses(first), losses(second))
+    assert "init_from" in (tmp_path / "b" / "final" / "README.md").read_text()
+
+
+def test_init_from_must_match_the_recipe_head(target, tmp_path):
+    from headstart.errors import HeadstartError
+
+    data = self_distilled(target, count=20)
+    first = train(
+        _cfg(target.spec, tmp_path / "a", *KINDS["medusa"], "trackers=[none]", "max_steps=2"),
+        data=data,
+        target=target,
+    )
+    wrong = _cfg(
+        target.spec, tmp_path / "b", "head.kind=medusa", "head.num_heads=3", f"init_from={first['final']}"
+    )
+    with pytest.raises(HeadstartError, match="num_heads: recipe 3, heads 2"):
+        train(wrong, data=data, target=target)
+    with pytest.raises(HeadstartError, match="not a saved head"):
+        train(_cfg(target.spec, tmp_path / "c", f"init_from={tmp_path}"), data=data, target=target)
