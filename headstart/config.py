@@ -37,6 +37,9 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
+YAML_BOOLS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
+
+
 def _coerce(value: Any, tp: Any, flag: str) -> Any:
     """Check (and gently convert) one value against its annotation; errors name the flag."""
     if value is None:
@@ -62,6 +65,9 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         return tuple(items) if origin is tuple else items
     if origin is typing.Literal:
         choices = typing.get_args(tp)
+        if isinstance(value, bool):  # YAML 1.1 reads a bare no/off/yes/on as a boolean
+            spelt = [c for c in YAML_BOOLS[value] if c in choices]
+            value = spelt[0] if len(spelt) == 1 else value
         if value not in choices:
             raise HeadstartError(
                 f"'{flag}' must be one of {list(choices)}, got {value!r}", f"set {flag}={choices[0]}"

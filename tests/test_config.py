@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 
@@ -25,6 +26,7 @@ class Recipe:
     kind: str | None = None
     layers: list[int] = field(default_factory=lambda: [1, 2])
     optim: Optim = field(default_factory=Optim)
+    precision: Literal["no", "bf16"] = "bf16"
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -60,3 +62,13 @@ def test_parse_overrides_rejects_garbage():
     assert parse_overrides(["a.b=1", "a.c=x"]) == {"a": {"b": 1, "c": "x"}}
     with pytest.raises(HeadstartError, match="dotted.key=value"):
         parse_overrides(["novalue"])
+
+
+def test_a_bare_no_picks_the_literal_choice_not_a_boolean(tmp_path):
+    """YAML 1.1 reads `no` as False: `mixed_precision=no` must still mean the choice "no"."""
+    assert load_config(Recipe, None, ["precision=no"]).precision == "no"
+    path = tmp_path / "r.yaml"
+    path.write_text("precision: no\n")
+    assert load_config(Recipe, path).precision == "no"
+    with pytest.raises(HeadstartError, match="must be one of"):
+        load_config(Recipe, None, ["precision=yes"])
