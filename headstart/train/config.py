@@ -18,14 +18,22 @@ class DataConfig:
     """online: the frozen target runs inside the loop; offline: read features cached by distill."""
     max_length: int = 1024
     """Truncate conversations to this many tokens."""
-    holdout: float = 0.05
-    """Held-out share for metrics: a fraction (< 1) or a number of conversations (>= 1)."""
+    eval_path: list[str] = field(default_factory=list)
+    """Directories used only for held-out metrics, never trained on: a fixed evaluation set that
+    stays the same when `path` grows (continuing a run with init_from on more data)."""
+    holdout: float | None = None
+    """Held-out share of `path` for metrics: a fraction (< 1) or a number of conversations (>= 1);
+    default 0.05 without eval_path, 0 with it."""
     max_records: int = 0
-    """Use only the first N conversations (0 = all)."""
+    """Use only the first N conversations of `path` (0 = all)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
             self.path = [self.path]
+        if isinstance(self.eval_path, str):
+            self.eval_path = [self.eval_path]
+        if self.holdout is None:
+            self.holdout = 0.0 if self.eval_path else 0.05
         if self.max_length < 8:
             raise HeadstartError(
                 f"data.max_length must be >= 8, got {self.max_length}", "set data.max_length=1024"

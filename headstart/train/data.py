@@ -30,20 +30,35 @@ class TrainData:
     features: Any = None
     """Offline mode: `features(i) -> {'last' | 'layer<i>': (T, H)}` for conversation i."""
     feature_names: list[str] = field(default_factory=list)
+    eval_from: int | None = None
+    """Conversations from this index on are held-out only (data.eval_path); None: none are."""
+
+    @property
+    def train_count(self) -> int:
+        """How many conversations may be trained on (the rest are eval_path's)."""
+        return len(self) if self.eval_from is None else self.eval_from
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
 
 def load_distilled_data(cfg: DataConfig) -> TrainData:
-    """Read one or more `headstart distill` output directories (joined in the given order)."""
+    """Read one or more `headstart distill` output directories (joined in the given order), then
+    the `eval_path` ones: conversations from `eval_from` on are for held-out metrics only."""
     if not cfg.path:
         raise HeadstartError(
             "no training data: data.path is empty", "set data.path=DIR (a `headstart distill` output)"
         )
     parts = [_load_one(path, cfg.mode) for path in cfg.path]
+    if cfg.max_records:  # only the first N training conversations: cut the parts, keep the order
+        left = cfg.max_records
+        for part in parts:
+            part.input_ids, part.loss_mask = part.input_ids[:left], part.loss_mask[:left]
+            left -= len(part)
+    eval_parts = [_load_one(path, cfg.mode) for path in cfg.eval_path]
+    everything = parts + eval_parts
     first = parts[0]
-    for part in parts[1:]:
+    for part in everything[1:]:
         if (
             first.fingerprint
             and part.fingerprint
@@ -54,22 +69,21 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
                 f"({describe(first.fingerprint)} vs {describe(part.fingerprint)})",
                 "train on data from one target only",
             )
-    input_ids = [ids for part in parts for ids in part.input_ids]
-    loss_mask = [mask for part in parts for mask in part.loss_mask]
-    readers = [(part.features, len(part)) for part in parts]
-    if cfg.max_records:
-        input_ids, loss_mask = input_ids[: cfg.max_records], loss_mask[: cfg.max_records]
     features = None
-    if cfg.mode == "offline" and all(part.features is not None for part in parts):
-        features = _joined_reader(readers)
-    names = [set(part.feature_names) for part in parts]
+    if cfg.mode == "offline" and all(part.features is not None for part in everything):
+        features = _joined_reader([(part.features, len(part)) for part in everything])
+    names = [set(part.feature_names) for part in everything]
+    description = " + ".join(part.description for part in parts)
+    if eval_parts:
+        description += " (held out: " + " + ".join(part.description for part in eval_parts) + ")"
     return TrainData(
-        input_ids=input_ids,
-        loss_mask=loss_mask,
+        input_ids=[ids for part in everything for ids in part.input_ids],
+        loss_mask=[mask for part in everything for mask in part.loss_mask],
         fingerprint=first.fingerprint,
-        description=" + ".join(part.description for part in parts),
+        description=description,
         features=features,
         feature_names=[n for n in first.feature_names if all(n in have for have in names)],
+        eval_from=sum(len(part) for part in parts) if eval_parts else None,
     )
 
 

@@ -93,7 +93,9 @@ def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, t
         data = load_distilled_data(cfg.data)
     config = head_config(cfg.head, target)  # raises when the head does not fit the target
     check_data(data, target, config.feature_layers, cfg.data.mode)
-    train_idx, eval_idx = split(len(data), cfg.data.holdout, cfg.seed)
+    assert cfg.data.holdout is not None  # DataConfig fills the default in
+    train_idx, eval_idx = split(data.train_count, cfg.data.holdout, cfg.seed)
+    eval_idx += list(range(data.train_count, len(data)))  # eval_path: held out by construction
     if len(train_idx) < cfg.batch_size:
         raise HeadstartError(
             f"only {len(train_idx)} training conversations for batch_size={cfg.batch_size}",

@@ -111,3 +111,28 @@ def test_train_joins_several_distilled_dirs(distilled, tiny_llama, tmp_path, cap
     assert main(["train", "--recipe", str(recipe), f"data.path=[{distilled},{distilled}]"]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["data"].count("(10 conversations)") == 2
+
+
+def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled, tiny_llama, tmp_path):
+    from headstart.config import load_config
+    from headstart.target import load_target
+    from headstart.train.config import TrainConfig
+    from headstart.train.setup import plan
+
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [f"target={tiny_llama}", f"data.path={distilled}", f"data.eval_path={distilled}",
+         "data.mode=offline", "data.max_records=7", "batch_size=2"],
+    )  # fmt: skip
+    assert cfg.data.holdout == 0.0  # eval_path replaces the default 5% split
+    p = plan(cfg, target=load_target(str(tiny_llama)))
+    assert len(p.data) == 17 and p.data.train_count == 7
+    assert p.train_idx == list(range(7)) and p.eval_idx == list(range(7, 17))
+    # the held-out conversations are eval_path's, features included
+    torch.testing.assert_close(p.data.features(7)["last"], p.data.features(0)["last"])
+    assert "held out:" in p.data.description
+    both = load_config(TrainConfig, None, [f"target={tiny_llama}", f"data.path={distilled}",
+                                           f"data.eval_path={distilled}", "data.holdout=2", "batch_size=2"])  # fmt: skip
+    p = plan(both, target=p.target)
+    assert len(p.train_idx) == 8 and len(p.eval_idx) == 12 and set(p.train_idx).isdisjoint(p.eval_idx)
