@@ -23,6 +23,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "field": (str, "column holding the prompt or conversation (e.g. question)"),
     "system": (str, "system message for every conversation (default: the template's)"),
     "out": (str, "output directory (rerun the same command to resume)"),
+    "skip_rows": (int, "start at this source row (more data without repeating an earlier run)"),
     "num": (int, "records wanted in the output (default 1000)"),
     "max_turns": (int, "answer at most this many user turns per conversation (0 = all)"),
     "max_new_tokens": (int, "longest reply per turn (default 256)"),

@@ -79,6 +79,9 @@ class DistillConfig:
     """Column holding the prompt or conversation (e.g. 'question' for GSM8K); None = by shape."""
     system: str | None = None
     """System message prepended to every conversation; None = the template's own default."""
+    skip_rows: int = 0
+    """Start at this source row: more data from later prompts without repeating an earlier run's,
+    or a separate held-out set from the end of a file (rows keep their index as the resume key)."""
     num: int = 1000
     """Number of records (conversations) wanted in the output, counting those already there."""
     max_turns: int = 0
@@ -121,6 +124,8 @@ class DistillConfig:
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}",
                     f"set {name} to a positive number",
                 )
+        if self.skip_rows < 0:
+            raise HeadstartError(f"skip_rows must be >= 0, got {self.skip_rows}", "use skip_rows=0")
         if self.threads < 0:
             raise HeadstartError(f"--threads must be >= 0, got {self.threads}", "use 0 for torch's default")
         if self.max_turns < 0:

@@ -55,6 +55,8 @@ def _source_conversations(
 ) -> Iterator[tuple[int, Conversation, str | None]]:
     assert cfg.prompts is not None
     for index, row in read_rows(cfg.prompts, cfg.split):
+        if index < cfg.skip_rows:
+            continue
         if isinstance(row, BadRow):
             skipped[row.reason] += 1
             continue

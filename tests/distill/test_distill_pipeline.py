@@ -250,3 +250,16 @@ def test_length_batches_sort_within_windows_and_keep_every_item():
     batches = length_batches(items, batch_size=2, window=2)  # windows of 4 items
     assert [[it.prompt_tokens for it in b] for b in batches] == [[3, 4], [40, 50], [1, 5], [9, 30]]
     assert sorted(it.index for b in batches for it in b) == list(range(8))
+
+
+def test_skip_rows_starts_later_in_the_source(distill_target, make_cfg, tmp_path):
+    source = _write(tmp_path / "p.jsonl", [{"prompt": f"Question {i}"} for i in range(6)])
+    summary = run_distill(make_cfg(prompts=source, num=3, skip_rows=4), target=distill_target, quiet=True)
+    assert summary["records_total"] == 2 and summary["source_exhausted"]
+    users = [
+        m["content"]
+        for row in load_distilled(tmp_path / "out")
+        for m in row["messages"]
+        if m["role"] == "user"
+    ]
+    assert users == ["Question 4", "Question 5"]
