@@ -111,15 +111,18 @@ def forward(
     Runs under no_grad: the target is frozen. For training with gradients through the target
     (Medusa-2) use `capture` with `grad=True`.
     """
-    return capture(
-        model,
-        input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=past_key_values,
-        layers=layers,
-        logits_to_keep=logits_to_keep,
-    )
+    from headstart.target.attention import grouped_query_attention
+
+    with grouped_query_attention(model):  # CPU: no KV copies for masked multi-token queries
+        return capture(
+            model,
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            layers=layers,
+            logits_to_keep=logits_to_keep,
+        )
 
 
 def capture(
