@@ -65,10 +65,11 @@ def check_layer_ids(model: nn.Module, layer_ids: Sequence[int]) -> None:
 
 
 def new_cache(model: nn.Module) -> Any:
-    """An empty KV cache for the target (a transformers DynamicCache)."""
-    from transformers import DynamicCache
+    """An empty KV cache for the target: a transformers DynamicCache whose layers append in place
+    (headstart.target.growing_cache; no whole-cache copy per forward)."""
+    from headstart.target.growing_cache import growing_cache
 
-    return DynamicCache(config=model.config)
+    return growing_cache(model.config)
 
 
 def tree_attention_mask(

@@ -11,10 +11,21 @@ from headstart.inference.tree import build_tree
 from headstart.target import forward, load_target, new_cache, tree_attention_mask
 
 
-def test_keep_entries_gathers_per_row():
+@pytest.fixture(params=["dynamic", "growing"])
+def make_cache(request, tiny_llama):
+    """transformers' DynamicCache, and ours whose layers append in place (new_cache)."""
     from transformers import DynamicCache
 
-    cache = DynamicCache()
+    from headstart.target.growing_cache import growing_cache
+
+    if request.param == "dynamic":
+        return DynamicCache
+    config = load_target(str(tiny_llama)).model.config
+    return lambda: growing_cache(config)
+
+
+def test_keep_entries_gathers_per_row(make_cache):
+    cache = make_cache()
     keys = torch.arange(2 * 1 * 7 * 1, dtype=torch.float32).reshape(2, 1, 7, 1)  # (B, heads, S, D)
     cache.update(keys, -keys, 0)
     kv.keep_entries(cache, 3, torch.tensor([[0, 2], [3, 3]]))
@@ -27,12 +38,10 @@ def test_keep_entries_gathers_per_row():
     assert layer.keys[:, 0, :, 0].tolist() == [[7, 8, 9, 13]]
 
 
-def test_keep_entries_in_place_path_and_the_next_update():
+def test_keep_entries_in_place_path_and_the_next_update(make_cache):
     """A path already in place (a chain) only shortens the cache; the next forward's update
     appends after the kept entries, never after the dropped ones."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
+    cache = make_cache()
     keys = torch.arange(7, dtype=torch.float32).reshape(1, 1, 7, 1)
     cache.update(keys, -keys, 0)
     kv.keep_entries(cache, 3, torch.tensor([[0, 1]]))
@@ -40,6 +49,37 @@ def test_keep_entries_in_place_path_and_the_next_update():
     layer = cache.layers[0]
     assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 50, 50]
     assert torch.equal(layer.values, -layer.keys)
+
+
+def test_growing_layers_append_in_place_and_survive_row_selection(tiny_llama):
+    from headstart.target.growing_cache import growing_cache
+
+    cache = growing_cache(load_target(str(tiny_llama)).model.config)
+    keys = torch.arange(2 * 5, dtype=torch.float32).reshape(2, 1, 5, 1)
+    cache.update(keys, -keys, 0)
+    layer = cache.layers[0]
+    start = layer.keys.data_ptr()
+    keeps = [torch.tensor([[0], [0]]), torch.tensor([[1], [0]]), torch.tensor([[0, 1], [0, 1]])]
+    for step, keep in enumerate(keeps):  # verify 2 nodes, keep a path: all inside the spare room
+        new = torch.tensor([100.0 + step, 200.0 + step]).reshape(1, 1, 2, 1).expand(2, 1, 2, 1)
+        cache.update(new, -new, 0)
+        kv.keep_entries(cache, kv.cache_length(cache) - 2, keep)
+        assert layer.keys.data_ptr() == start  # no new buffer, no copy of the prefix
+    assert layer.keys[:, 0, :, 0].tolist() == [
+        [0, 1, 2, 3, 4, 100, 201, 102, 202],
+        [5, 6, 7, 8, 9, 100, 101, 102, 202],
+    ]
+    assert torch.equal(layer.values, -layer.keys)
+    kv.select_rows(cache, torch.tensor([1]))
+    cache.update(torch.full((1, 1, 1, 1), 7.0), torch.full((1, 1, 1, 1), -7.0), 0)
+    assert layer.keys[0, 0, :, 0].tolist() == [5, 6, 7, 8, 9, 100, 101, 102, 202, 7]
+    many = torch.ones(1, 1, 500, 1)  # past the spare room: a bigger buffer, same contents
+    cache.update(many, -many, 0)
+    assert (
+        kv.cache_length(cache) == 510
+        and layer.keys[0, 0, 9, 0] == 7
+        and torch.equal(layer.values, -layer.keys)
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,89 @@
+"""A DynamicCache whose layers append in place instead of concatenating.
+
+transformers' DynamicLayer appends with `torch.cat([keys, new])`: every forward copies each
+layer's whole cache (O(context) per step, 2 x layers copies). Here keys/values are views of a
+buffer with spare room; an update writes the new entries after the view (O(new entries)) and
+re-views, reallocating with 25% headroom only when the room runs out (amortised O(1) per entry).
+The cache surgery in headstart.inference.cache keeps working unchanged: it writes into the views
+(in place) and re-slices them, which keeps them prefixes of the buffer; a row selection makes a
+fresh tensor, and the next update simply starts a new buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _append(
+    view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(view + new as a prefix view of a buffer, that buffer); view (B, H, n, D), new (B, H, m, D)."""
+    n = view.shape[-2] if view.dim() == 4 else 0
+    m = new.shape[-2]
+    in_buffer = (
+        buffer is not None
+        and n > 0
+        and view.data_ptr() == buffer.data_ptr()
+        and view.stride() == buffer.stride()
+        and view.shape[:2] == buffer.shape[:2] == new.shape[:2]
+        and view.shape[-1] == buffer.shape[-1]
+        and view.dtype == buffer.dtype
+    )
+    if not in_buffer or n + m > buffer.shape[-2]:  # type: ignore[union-attr]
+        capacity = n + m + max(64, (n + m) // 4)  # cost: one copy of the cache per 25% growth
+        grown = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+        if n:
+            grown[:, :, :n] = view
+        buffer = grown
+    assert buffer is not None
+    buffer[:, :, n : n + m] = new  # in place: beyond every live view's end
+    return buffer[:, :, : n + m], buffer
+
+
+def growing_layer_class() -> type | None:
+    """A DynamicLayer subclass appending in place, or None on transformers without DynamicLayer."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:
+        return None
+
+    class GrowingLayer(DynamicLayer):  # type: ignore[misc, valid-type]
+        _key_buffer: torch.Tensor | None = None
+        _value_buffer: torch.Tensor | None = None
+
+        def update(
+            self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+        ) -> Any:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self._key_buffer = _append(self.keys, self._key_buffer, key_states)
+            self.values, self._value_buffer = _append(self.values, self._value_buffer, value_states)
+            return self.keys, self.values
+
+        def reset(self) -> None:
+            self._key_buffer = self._value_buffer = None
+            super().reset()
+
+    return GrowingLayer
+
+
+_LAYER: list[type | None] = []
+
+
+def growing_cache(config: Any) -> Any:
+    """DynamicCache(config) with its full-attention layers appending in place (sliding-window
+    and other special layers are left as transformers made them)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=config)
+    if not _LAYER:
+        _LAYER.append(growing_layer_class())
+    layer_class = _LAYER[0]
+    layers = getattr(cache, "layers", None)
+    if layer_class is None or not isinstance(layers, list):
+        return cache
+    base = layer_class.__mro__[1]
+    cache.layers = [layer_class() if type(layer) is base else layer for layer in layers]
+    return cache
