@@ -56,6 +56,8 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
         f"dynamic:depth={d},top_k={k},total_tokens={n}"
         for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
     ]
+    # small dynamic trees with a lookup branch: exact under sampling too (unlike static + lookup)
+    looked += [f"{dynamic[i]}+lookup:4" for i in (0, 1)]
     return chains + forks + looked + dynamic
 
 

@@ -17,6 +17,7 @@ def test_candidates_fit_the_heads():
     assert eagle[:6] == [f"chain:{d}" for d in range(1, 7)]
     assert any(c.startswith("dynamic:") for c in eagle)
     assert "chain:1+lookup:4" in medusa and "chain:1+lookup:4" in eagle
+    assert "dynamic:depth=3,top_k=2,total_tokens=4+lookup:4" in eagle
     for spec in medusa + eagle:  # every candidate parses, and none is deeper than Medusa's heads
         base, _ = split_lookup(spec)
         tree = parse_tree(base, 3 if spec in medusa else None)
