@@ -42,9 +42,10 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
             f"head.draft_vocab_size={spec.draft_vocab_size} exceeds the target vocabulary ({vocab})",
             f"set head.draft_vocab_size <= {vocab} (0 = full vocabulary)",
         )
-    if spec.draft_vocab_size and spec.kind != "eagle3":
+    if spec.draft_vocab_size and spec.kind == "eagle":
         raise HeadstartError(
-            f"head.draft_vocab_size is only used by eagle3, not {spec.kind}", "remove head.draft_vocab_size"
+            "head.draft_vocab_size is not used by eagle (EAGLE-1 drafts through the target's lm_head)",
+            "remove head.draft_vocab_size, or use head.kind=eagle3",
         )
     return HeadConfig(
         kind=spec.kind,
@@ -56,7 +57,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         num_layers=spec.num_layers if spec.kind == "medusa" else 1,
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
-        draft_vocab_size=spec.draft_vocab_size if spec.kind == "eagle3" else vocab,
+        draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,
         input_norms=spec.input_norms and spec.kind != "medusa",
     )
 
@@ -77,10 +78,11 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
     config = head_config(spec, target)
     torch.manual_seed(seed)
     head = head_class(spec.kind)(config)
-    if spec.kind == "eagle3" and config.draft_vocab_size < config.vocab_size:
+    if config.draft_vocab_size < config.vocab_size:
         if token_counts is None:
             raise HeadstartError(
-                "eagle3 with a reduced draft vocabulary needs token counts", "build it from training data"
+                f"{spec.kind} with a reduced draft vocabulary needs token counts",
+                "build it from training data",
             )
         head.set_draft_vocab(draft_vocab(token_counts, config.draft_vocab_size))
     head.to(device=target.device, dtype=target.dtype)

@@ -30,8 +30,9 @@ class HeadSpec:
     """EAGLE-3: three target layer ids (low, middle, high); None = the reference's taps
     (headstart.target.eagle3_layer_ids). Ids follow headstart.target.features."""
     draft_vocab_size: int = 0
-    """EAGLE-3: size N of the draft vocabulary (the N most frequent target tokens in the training
-    data); 0 = the full target vocabulary."""
+    """EAGLE-3 and Medusa: size N of the draft vocabulary (the N most frequent target tokens in the
+    training data); 0 = the full target vocabulary. EAGLE-3 trains its own N-row lm_head; Medusa
+    trains over the full vocabulary and drafts over the N tokens only (a cheaper draft step)."""
     input_norms: bool = True
     """EAGLE heads: RMS-normalise the token embedding and the feature separately before they are
     fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;

@@ -17,6 +17,7 @@ from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.layer import DraftLayer
+from headstart.heads.vocab import DraftVocab
 
 
 class EagleHead(HeadCheckpoint, nn.Module):
@@ -84,7 +85,7 @@ class EagleHead(HeadCheckpoint, nn.Module):
         return self.midlayer.new_cache()
 
 
-class Eagle3Head(EagleHead):
+class Eagle3Head(DraftVocab, EagleHead):
     """EAGLE-3: fuses three target layers (3H -> H), then its own norm and lm_head over a draft
     vocabulary of Vd tokens, with d2t (target_id = i + d2t[i]) and t2d (bool, V) maps."""
 
@@ -97,24 +98,7 @@ class Eagle3Head(EagleHead):
         self.norm = self.midlayer.new_norm()
         self.lm_head = nn.Linear(hidden, draft, bias=False)
         # Identity maps until `set_draft_vocab`; saved with the weights (vLLM's convention).
-        self.register_buffer("d2t", torch.zeros(draft, dtype=torch.long))
-        self.register_buffer("t2d", torch.arange(config.vocab_size) < draft)
-
-    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
-        """target_ids (Vd,): the draft vocabulary as sorted target ids."""
-        ids = target_ids.to(torch.long).sort().values.to(self.d2t.device)
-        if ids.numel() != self.draft_vocab_size:
-            raise HeadstartError(
-                f"draft vocabulary has {ids.numel()} ids, head expects {self.draft_vocab_size}",
-                "rebuild the head",
-            )
-        self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
-        self.t2d.zero_()
-        self.t2d[ids] = True
-
-    def draft_ids(self) -> torch.Tensor:
-        """The target id of every draft id, (Vd,)."""
-        return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
+        self.init_draft_vocab(draft, config.vocab_size)
 
     def init_from_target(self, target_model: Any) -> None:
         """Start from the target's final norm and the draft-vocabulary rows of its lm_head."""
@@ -135,6 +119,3 @@ class Eagle3Head(EagleHead):
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(g))  # (B, T, Vd)
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]

@@ -9,6 +9,7 @@ from torch import nn
 
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
+from headstart.heads.vocab import DraftVocab
 
 
 class ResBlock(nn.Module):
@@ -24,12 +25,16 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
-class MedusaHeads(HeadCheckpoint, nn.Module):
+class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
     """K heads; head k (1-based) reads f_t and predicts x_{t+1+k} (see headstart.heads.base).
 
     The vocabulary projection is either one trainable copy per head (initialised from the target's
     lm_head when built with `headstart.heads.build_head`) or the target's own lm_head, bound and
     frozen and never saved (`shared_lm_head`).
+
+    With a draft vocabulary (draft_vocab_size < vocab) training still scores the full vocabulary;
+    drafting (`draft_logits`) projects onto the Vd draft rows only: a Medusa step reads K heads'
+    states through the V x H lm_head, 113 MB on SmolLM2, the largest cost of a CPU draft step.
     """
 
     kind = "medusa"
@@ -51,6 +56,12 @@ class MedusaHeads(HeadCheckpoint, nn.Module):
             else nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(config.num_heads))
         )
         self._bound: dict[str, nn.Module] = {}
+        self.init_draft_vocab(config.draft_vocab_size, vocab, always=False)
+        self._rows: dict[int, tuple[tuple[int, int, int], torch.Tensor]] = {}  # head -> (key, Vd x H rows)
+
+    @property
+    def has_draft_vocab(self) -> bool:
+        return self.draft_vocab_size < self.config.vocab_size
 
     def bind(self, target_model: Any) -> None:
         """Keep a frozen reference to the target's lm_head (used when shared; not saved)."""
@@ -90,3 +101,28 @@ class MedusaHeads(HeadCheckpoint, nn.Module):
             return torch.stack([self.head_logits(k, hidden) for k in range(count)])
         states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
         return self.projection(0)(states)
+
+    def draft_logits(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+        """`forward` over the draft vocabulary: logits (K, B, T, Vd) (draft ids; `draft_to_target`
+        maps them). Without a draft vocabulary this is `forward`."""
+        if not self.has_draft_vocab:
+            return self(hidden, count)
+        count = self.num_heads if count is None else min(count, self.num_heads)
+        states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
+        if self.lm_heads is None:  # one matmul through the shared rows
+            return nn.functional.linear(states, self._draft_rows(0))
+        return torch.stack([nn.functional.linear(states[k], self._draft_rows(k)) for k in range(count)])
+
+    def _draft_rows(self, k: int) -> torch.Tensor:
+        """Head k's projection restricted to the draft vocabulary, (Vd, H); cached until the
+        weight changes (cost: one Vd x H gather)."""
+        proj = self.projection(k)
+        weight = proj.weight
+        key = (weight.data_ptr(), weight._version, self.d2t._version)  # type: ignore[union-attr]
+        slot = 0 if self.lm_heads is None else k
+        cached = self._rows.get(slot)
+        if cached is None or cached[0] != key:
+            with torch.no_grad():
+                rows = weight[self.draft_ids().to(weight.device)]
+            self._rows[slot] = (key, rows)
+        return self._rows[slot][1]

@@ -37,23 +37,36 @@ class MedusaDrafter:
     """Medusa: head k at the last committed position's feature predicts the token at depth k;
     the draft does not depend on the parent's token, so `expand` only broadcasts."""
 
-    def __init__(self, heads: Any, depth: int | None = None) -> None:
+    def __init__(self, heads: Any, depth: int | None = None, vocab_size: int | None = None) -> None:
         self.heads = heads
         self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
         self.max_depth: int | None = int(heads.num_heads)  # head k drafts depth k
+        self.vocab_size = vocab_size
         # Only the heads the tree reaches run: a chain of 1 needs head 1 alone (each head costs a
         # V x H projection per step).
         self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
         self._logits: torch.Tensor | None = None  # (B, K, V): head k's logits at the last feature
         self.packers = _packers(heads)
+        # A draft vocabulary: project onto its Vd rows only, scatter into V with -inf elsewhere
+        # (so sampling's q is exactly the distribution the drafts come from).
+        self._to_target = (
+            heads.draft_ids().to(_device(heads)) if getattr(heads, "has_draft_vocab", False) else None
+        )
 
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         rows = torch.arange(last_hidden.shape[0], device=last.device)
         hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
         with torch.no_grad(), packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
-            logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
-        self._logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V)
+            if self._to_target is None:
+                logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
+            else:
+                logits = self.heads.draft_logits(hidden, self.depth)  # (K, B, 1, Vd)
+        logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V or Vd)
+        if self._to_target is not None:
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            logits = full.scatter(-1, self._to_target.expand_as(logits), logits)
+        self._logits = logits  # (B, K, V)
 
     def root_logits(self) -> torch.Tensor:
         assert self._logits is not None, "observe() first"
@@ -188,7 +201,7 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Any:
         return heads
     kind = getattr(heads, "kind", None)
     if kind == "medusa":
-        return MedusaDrafter(heads, depth)
+        return MedusaDrafter(heads, depth, vocab_size)
     if kind in ("eagle", "eagle3"):
         return EagleDrafter(heads, vocab_size)
     raise HeadstartError(

@@ -124,7 +124,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step (global batch = batch_size * grad_accum * processes)."""
     max_steps: int = 1000
-    """Optimizer steps to train."""
+    """Optimizer steps to train (0 with init_from: evaluate and re-save the saved heads, e.g. with
+    a Medusa draft vocabulary added)."""
     seed: int = 0
     """Seeds data order, initialisation and noise."""
     topk: int = 5
@@ -147,11 +148,18 @@ class TrainConfig:
     """Force CPU even when a GPU is present."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "max_steps", "topk", "eval_every", "log_every"):
+        if self.max_steps == 0 and not self.init_from:
+            raise HeadstartError(
+                "max_steps=0 trains nothing: it only re-saves (and evaluates) heads given by init_from",
+                "set max_steps >= 1, or set init_from",
+            )
+        for name in ("batch_size", "grad_accum", "topk", "eval_every", "log_every"):
             if getattr(self, name) < 1:
                 raise HeadstartError(
                     f"{name} must be >= 1, got {getattr(self, name)}", f"set {name}=1 or more"
                 )
+        if self.max_steps < 0:
+            raise HeadstartError(f"max_steps must be >= 0, got {self.max_steps}", "set max_steps=1000")
         if self.keep_last < 1:
             raise HeadstartError("keep_last must be >= 1", "set keep_last=2")
         if self.lora.enabled and self.head.kind != "medusa":

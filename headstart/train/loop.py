@@ -135,6 +135,10 @@ def train(
                 break
         epoch += 1
     bar.close()
+    if eval_loader is not None and not any(
+        h.get("step") == step and h.get("kind") == "eval" for h in history
+    ):
+        history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, False))  # max_steps=0
     wall = time.perf_counter() - start
     total_tokens = accelerator.reduce(tokens.clone(), "sum").item()  # cost: one sync at the end
     run_tokens = total_tokens - float(state.get("tokens", 0.0)) * accelerator.num_processes  # this session's

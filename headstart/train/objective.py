@@ -152,6 +152,8 @@ class Objective(nn.Module):
             if joint:  # after warm-up the target trains through its LoRA adapters
                 out["loss"] = self.cfg.lora.lm_weight * lm + self.cfg.lora.heads_weight * loss
         if evaluate:
+            if getattr(self.head, "has_draft_vocab", False):  # score what drafting can propose
+                logits = logits.masked_fill(~self.head.t2d, float("-inf"))
             top = logits.topk(self.cfg.topk, dim=-1).indices  # (K, B, T, k), already target ids
             out["hits"] = losses.draft_hits(list(top), feats.logits.argmax(-1), mask)
         return out

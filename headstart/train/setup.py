@@ -109,20 +109,25 @@ def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, t
 
 
 def make_head(p: Plan) -> Any:
-    if p.cfg.init_from:
-        return initial_head(p)
-    counts = None
-    if p.cfg.head.kind == "eagle3" and p.cfg.head.draft_vocab_size:
-        counts = token_counts(p.data, p.train_idx, p.target.vocab_size)
-    head = build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
+    """A fresh head, or (init_from) the saved one; fp32 master weights under mixed precision."""
+    head = initial_head(p) if p.cfg.init_from else fresh_head(p)
     if p.cfg.mixed_precision != "no":
         head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
-    return head
+    return head.train().requires_grad_(True)
 
 
-# Structural fields a checkpoint must share with the recipe's head to continue from it.
+def fresh_head(p: Plan) -> Any:
+    counts = None
+    if p.cfg.head.draft_vocab_size:  # the draft vocabulary: the most frequent training tokens
+        counts = token_counts(p.data, p.train_idx, p.target.vocab_size)
+    return build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
+
+
+# Structural fields a checkpoint must share with the recipe's head to continue from it (a Medusa
+# draft vocabulary only picks rows at drafting time: the recipe may add or change it).
 SHAPE_FIELDS = ("kind", "hidden_size", "vocab_size", "num_heads", "num_layers", "shared_lm_head",
                 "feature_layers", "draft_vocab_size", "input_norms")  # fmt: skip
+VOCAB_MAPS = ("d2t", "t2d")
 
 
 def initial_head(p: Plan) -> Any:
@@ -138,16 +143,24 @@ def initial_head(p: Plan) -> Any:
             "point init_from at a directory written by headstart train (output_dir/final)",
         )
     wanted, found = head_config(p.cfg.head, p.target), HeadConfig.read(path)
+    free = ("draft_vocab_size",) if wanted.kind == "medusa" else ()
     diff = [f"{k}: recipe {getattr(wanted, k)!r}, heads {getattr(found, k)!r}" for k in SHAPE_FIELDS
-            if list_or(getattr(wanted, k)) != list_or(getattr(found, k))]  # fmt: skip
+            if k not in free and list_or(getattr(wanted, k)) != list_or(getattr(found, k))]  # fmt: skip
     if diff:
         raise HeadstartError(
             f"init_from={path} does not match the recipe's head ({'; '.join(diff)})",
             "set head.* in the recipe to the saved heads' shape, or start without init_from",
         )
-    head = load_heads(path, p.target)  # checks the target fingerprint, binds
-    head.to(dtype=torch.float32 if p.cfg.mixed_precision != "no" else p.target.dtype).train()
-    return head.requires_grad_(True)
+    saved = load_heads(path, p.target)  # checks the target fingerprint, binds
+    if wanted.draft_vocab_size == found.draft_vocab_size:
+        return saved.to(dtype=p.target.dtype)
+    # Medusa with a new draft vocabulary: the saved weights in a head built with the recipe's
+    head = fresh_head(p)
+    weights = {k: v for k, v in saved.state_dict().items() if k not in VOCAB_MAPS}
+    missing, unexpected = head.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= set(VOCAB_MAPS), (missing, unexpected)
+    head.config.training = dict(saved.config.training)
+    return head
 
 
 def list_or(value: Any) -> Any:

@@ -57,6 +57,32 @@ def test_medusa_shared_lm_head_is_not_saved(target, tmp_path):
     assert sum(p.numel() for p in heads.parameters()) == 2 * (64 * 64 + 64)
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_medusa_draft_vocab_projects_onto_its_rows_only(target, shared, tmp_path):
+    """draft_logits are the full logits at the draft ids (the same rows, so the same numbers);
+    the maps are saved, and a full-vocabulary Medusa checkpoint has none (old ones still load)."""
+    from headstart.heads import load_heads
+
+    counts = torch.zeros(target.vocab_size)
+    counts[[5, 9, 40, 100, 7]] = torch.tensor([10.0, 3.0, 8.0, 1.0, 3.0])
+    spec = HeadSpec(kind="medusa", num_heads=3, shared_lm_head=shared, draft_vocab_size=4)
+    heads = build_head(spec, target, token_counts=counts)
+    for block in heads.heads:
+        block[0].linear.weight.data.normal_(0, 0.1)
+    assert heads.has_draft_vocab and heads.draft_ids().tolist() == [5, 7, 9, 40]
+    hidden = torch.randn(2, 5, target.hidden_size)
+    full, draft = heads(hidden, 2), heads.draft_logits(hidden, 2)
+    assert draft.shape == (2, 2, 5, 4)
+    torch.testing.assert_close(draft, full[..., [5, 7, 9, 40]], rtol=1e-5, atol=1e-5)
+    heads.save_pretrained(tmp_path / "vocab")
+    again = load_heads(tmp_path / "vocab", target)
+    assert again.draft_ids().tolist() == [5, 7, 9, 40]
+    plain = build_head(HeadSpec(kind="medusa", num_heads=2, shared_lm_head=shared), target)
+    assert not plain.has_draft_vocab and not any(k in plain.state_dict() for k in ("d2t", "t2d"))
+    with pytest.raises(HeadstartError, match="full vocabulary"):
+        plain.set_draft_vocab(torch.arange(4))
+
+
 def test_eagle_head_cache_matches_full_forward(target):
     head = build_head(HeadSpec(kind="eagle"), target)
     assert isinstance(head, EagleLike)
@@ -115,6 +141,8 @@ def test_head_spec_that_does_not_fit_the_target_fails_before_compute(llama_targe
         build_head(HeadSpec(kind="eagle3", feature_layers=[0, 1, 7]), llama_target)
     with pytest.raises(HeadstartError, match="needs token counts"):
         build_head(HeadSpec(kind="eagle3", draft_vocab_size=10), llama_target)
+    with pytest.raises(HeadstartError, match="not used by eagle"):
+        build_head(HeadSpec(kind="eagle", draft_vocab_size=10), llama_target)
     with pytest.raises(HeadstartError, match="3 layers"):
         HeadSpec(kind="eagle3", feature_layers=[0, 1])
 

@@ -58,11 +58,16 @@ def make_heads(kind: str, target):
         return RandomEagle(target.model, draft_vocab=100, layers=(0, 1))
     from headstart.heads import HeadSpec, build_head
 
+    if kind == "real-medusa-vocab":  # drafts over 100 tokens only (a Medusa draft vocabulary)
+        counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+        return build_head(HeadSpec(kind="medusa", draft_vocab_size=100), target, token_counts=counts)
     spec = HeadSpec(kind=kind.removeprefix("real-"), draft_vocab_size=0)
     return build_head(spec, target)
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3"])
+@pytest.mark.parametrize(
+    "kind", ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3", "real-medusa-vocab"]
+)
 @pytest.mark.parametrize("tree", TREES)
 def test_greedy_matches_generate(target, prompts, kind, tree):
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)

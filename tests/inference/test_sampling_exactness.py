@@ -94,6 +94,22 @@ def test_sampling_with_a_lookup_branch_preserves_target_distribution(target, con
     assert run_check(target, heads, tree, sampling, samples=100_000) > ALPHA
 
 
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_sampling_with_a_medusa_draft_vocabulary_preserves_target_distribution(target, config):
+    """Medusa heads drafting over 8 of the 12 tokens: q is 0 outside the draft vocabulary, and
+    the acceptance rule sees exactly that q."""
+    from headstart.heads import HeadSpec, build_head
+
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
+    counts = torch.arange(VOCAB, dtype=torch.float64).flip(0)  # tokens 0..7 are the most frequent
+    heads = build_head(HeadSpec(kind="medusa", num_heads=2, draft_vocab_size=8), target, token_counts=counts)
+    torch.manual_seed(3)
+    for block in heads.heads:
+        block[0].linear.weight.data.normal_(0, 0.5)
+    assert heads.draft_ids().tolist() == list(range(8))
+    assert run_check(target, heads, "static", sampling, samples=12_000) > ALPHA
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])

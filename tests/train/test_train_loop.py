@@ -142,3 +142,30 @@ def test_init_from_must_match_the_recipe_head(target, tmp_path):
         train(wrong, data=data, target=target)
     with pytest.raises(HeadstartError, match="not a saved head"):
         train(_cfg(target.spec, tmp_path / "c", f"init_from={tmp_path}"), data=data, target=target)
+
+
+def test_max_steps_0_resaves_medusa_heads_with_a_draft_vocabulary(target, tmp_path):
+    """init_from + max_steps=0: no training step, a held-out evaluation, the same weights saved
+    with a draft vocabulary of the training data's most frequent tokens."""
+    from safetensors.torch import load_file
+
+    from headstart.errors import HeadstartError
+
+    data = self_distilled(target, count=20)
+    first = train(
+        _cfg(target.spec, tmp_path / "a", *KINDS["medusa"], "trackers=[none]", "max_steps=5"),
+        data=data,
+        target=target,
+    )
+    cfg = _cfg(target.spec, tmp_path / "b", *KINDS["medusa"], "trackers=[none]", "max_steps=0",
+               "head.draft_vocab_size=50", f"init_from={first['final']}")  # fmt: skip
+    summary = train(cfg, data=data, target=target)
+    assert summary["steps"] == 0 and [h["kind"] for h in summary["history"]] == ["eval"]
+    heads = load_heads(summary["final"], target)
+    assert heads.has_draft_vocab and heads.draft_vocab_size == 50
+    before = load_file(str(tmp_path / "a" / "final" / "model.safetensors"))
+    after = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
+    assert set(after) == set(before) | {"d2t", "t2d"}
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(HeadstartError, match="max_steps=0 trains nothing"):
+        _cfg(target.spec, tmp_path / "c", "max_steps=0")
