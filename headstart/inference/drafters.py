@@ -33,6 +33,13 @@ def _packers(heads: Any) -> list[PackedLinears]:
     return [p for p in found if p is not None]
 
 
+def in_target_vocab(logits: torch.Tensor, to_target: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft-vocabulary logits (..., Vd) as target-vocabulary logits (..., V), -inf off the draft
+    vocabulary (so sampling's q is exactly the distribution the drafts come from)."""
+    full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+    return full.scatter(-1, to_target.expand_as(logits), logits)
+
+
 class MedusaDrafter:
     """Medusa: head k at the last committed position's feature predicts the token at depth k;
     the draft does not depend on the parent's token, so `expand` only broadcasts."""
@@ -41,14 +48,17 @@ class MedusaDrafter:
         self.heads = heads
         self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
         self.max_depth: int | None = int(heads.num_heads)  # head k drafts depth k
-        self.vocab_size = vocab_size
+        self.vocab_size = (
+            vocab_size
+            if vocab_size is not None
+            else getattr(getattr(heads, "config", None), "vocab_size", None)
+        )
         # Only the heads the tree reaches run: a chain of 1 needs head 1 alone (each head costs a
         # V x H projection per step).
         self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
         self._logits: torch.Tensor | None = None  # (B, K, V): head k's logits at the last feature
         self.packers = _packers(heads)
-        # A draft vocabulary: project onto its Vd rows only, scatter into V with -inf elsewhere
-        # (so sampling's q is exactly the distribution the drafts come from).
+        # A draft vocabulary: project onto its Vd rows only (`in_target_vocab` maps back)
         self._to_target = (
             heads.draft_ids().to(_device(heads)) if getattr(heads, "has_draft_vocab", False) else None
         )
@@ -64,8 +74,7 @@ class MedusaDrafter:
                 logits = self.heads.draft_logits(hidden, self.depth)  # (K, B, 1, Vd)
         logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V or Vd)
         if self._to_target is not None:
-            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-            logits = full.scatter(-1, self._to_target.expand_as(logits), logits)
+            logits = in_target_vocab(logits, self._to_target, self.vocab_size)
         self._logits = logits  # (B, K, V)
 
     def root_logits(self) -> torch.Tensor:
@@ -95,7 +104,11 @@ class EagleDrafter:
         self.heads = heads
         self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
         self.max_depth: int | None = None
-        self.vocab_size = vocab_size
+        self.vocab_size = (
+            vocab_size
+            if vocab_size is not None
+            else getattr(getattr(heads, "config", None), "vocab_size", None)
+        )
         draft_ids = torch.arange(int(heads.draft_vocab_size))
         self._to_target = heads.draft_to_target(draft_ids.to(_device(heads))).long()  # (Vd,)
         if self._to_target.numel() and int(self._to_target.max()) >= vocab_size:
@@ -116,8 +129,7 @@ class EagleDrafter:
         logits = self.heads.logits(g)  # (..., Vd)
         if self._identity:
             return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.scatter(-1, self._to_target.expand_as(logits), logits)
+        return in_target_vocab(logits, self._to_target, self.vocab_size)
 
     @torch.no_grad()
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,

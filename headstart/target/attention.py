@@ -16,6 +16,7 @@ paged caches) goes to transformers' own sdpa function unchanged.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,6 @@ import torch
 from torch import nn
 
 NAME = "headstart_gqa_sdpa"
-_registered: list[bool] = []
 
 
 def gqa_sdpa(
@@ -60,19 +60,17 @@ def gqa_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
+@functools.cache
 def _register() -> bool:
     """Register NAME with transformers once (attention and mask functions); False if too old."""
-    if not _registered:
-        try:
-            from transformers import AttentionInterface
-            from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-            AttentionInterface.register(NAME, gqa_sdpa)
-            AttentionMaskInterface.register(NAME, sdpa_mask)  # 2D masks are built as for sdpa
-            _registered.append(True)
-        except ImportError:
-            _registered.append(False)
-    return _registered[0]
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    except ImportError:
+        return False
+    AttentionInterface.register(NAME, gqa_sdpa)
+    AttentionMaskInterface.register(NAME, sdpa_mask)  # 2D masks are built as for sdpa
+    return True
 
 
 def _attention_configs(model: nn.Module) -> list[Any]:

@@ -11,6 +11,7 @@ fresh tensor, and the next update simply starts a new buffer.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -42,6 +43,7 @@ def _append(
     return buffer[:, :, : n + m], buffer
 
 
+@functools.cache
 def growing_layer_class() -> type | None:
     """A DynamicLayer subclass appending in place, or None on transformers without DynamicLayer."""
     try:
@@ -69,18 +71,13 @@ def growing_layer_class() -> type | None:
     return GrowingLayer
 
 
-_LAYER: list[type | None] = []
-
-
 def growing_cache(config: Any) -> Any:
     """DynamicCache(config) with its full-attention layers appending in place (sliding-window
     and other special layers are left as transformers made them)."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    if not _LAYER:
-        _LAYER.append(growing_layer_class())
-    layer_class = _LAYER[0]
+    layer_class = growing_layer_class()
     layers = getattr(cache, "layers", None)
     if layer_class is None or not isinstance(layers, list):
         return cache
