@@ -13,6 +13,7 @@ from headstart.config import to_dict
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
+from headstart.train.heap import trim_heap
 from headstart.train.objective import Objective
 from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
 
@@ -109,6 +110,8 @@ def train(
                 continue
             scheduler.step()
             step += 1
+            if accelerator.device.type == "cpu" and cfg.heap_trim_every and step % cfg.heap_trim_every == 0:
+                trim_heap()  # else RSS climbs for hours: see train/heap.py
             bar.update(1)
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 logged = metrics.log_train(
