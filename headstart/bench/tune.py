@@ -73,7 +73,7 @@ def tune(
     target: Any,
     heads_path: str | Path,
     prompts: list[str],
-    max_new_tokens: int = 64,
+    max_new_tokens: int = 128,
     candidates: list[str] | None = None,
     prune: float = 0.7,
 ) -> dict[str, Any]:
@@ -81,7 +81,12 @@ def tune(
 
     Successive pruning: after each prompt from the second on, a candidate below `prune` x the
     best running tokens/s is dropped (at least 3 stay), so a long candidate list costs about as
-    much as a few good ones. Dropped candidates are reported with the prompts they ran."""
+    much as a few good ones. Dropped candidates are reported with the prompts they ran.
+
+    max_new_tokens: measure at the length you decode. A lookup branch pays more the longer a reply
+    runs (SmolLM2 repeats itself), so 64-token replies undersold it: at 64 the shipped EAGLE-3
+    heads' tune chose `chain:2` (tau 1.61), which then gave MT-bench tau 1.62 and 1.20x, where at
+    128 it chose `[[0],[0,0],[1]]+lookup:4` (calibration tau 2.00 against chain:2's 1.65)."""
     from headstart.heads import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.target.packing import MIN_ROWS, packed_rows

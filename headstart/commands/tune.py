@@ -17,7 +17,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompts", default=None, help="calibration questions (JSONL); default: built-in generic prompts"
     )
     parser.add_argument("--limit", type=int, default=6, help="calibration prompts to use")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=128,
+        help="tokens per calibration reply; keep it at what you decode (bench and generate: 128)",
+    )
     parser.add_argument("--candidates", default=None, help="--tree values to try, separated by ';'")
     parser.add_argument("--dry-run", action="store_true", help="measure and print, do not store")
 
