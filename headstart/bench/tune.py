@@ -84,9 +84,8 @@ def tune(
     much as a few good ones. Dropped candidates are reported with the prompts they ran.
 
     max_new_tokens: measure at the length you decode. A lookup branch pays more the longer a reply
-    runs (SmolLM2 repeats itself), so 64-token replies undersold it: at 64 the shipped EAGLE-3
-    heads' tune chose `chain:2` (tau 1.61), which then gave MT-bench tau 1.62 and 1.20x, where at
-    128 it chose `[[0],[0,0],[1]]+lookup:4` (calibration tau 2.00 against chain:2's 1.65)."""
+    runs, so short calibration replies undersell it (64 tokens picked `chain:2` for the shipped
+    EAGLE-3 heads: MT-bench tau 1.62; 128 picked `[[0],[0,0],[1]]+lookup:4`: tau 2.22)."""
     from headstart.heads import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.target.packing import MIN_ROWS, packed_rows
