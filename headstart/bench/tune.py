@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def _measure(
     for decoder in decoders.values():  # warm-up
         decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
     totals = {
-        spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0}
+        spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0, "rates": []}
         for spec in candidates
     }
     live = list(candidates)
@@ -134,6 +135,7 @@ def _measure(
                 row["committed"] += stats.committed
                 row["steps"] += stats.row_steps
                 row["prompts"] += 1
+                row["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
                 bar.update(1)
             if index >= 1:
                 kept = _survivors(live, totals, prune)
@@ -151,8 +153,16 @@ def _measure(
         ),
         key=lambda r: (-r["prompts"], -r["tokens_per_s"]),  # candidates that ran every prompt first
     )
+    best_rates = totals[results[0]["tree"]]["rates"]
+    within_noise = []
+    for result in results[1:]:
+        gap, se = paired_gap(best_rates, totals[result["tree"]]["rates"])
+        result["behind"], result["behind_se"] = gap, (se if math.isfinite(se) else None)  # None: 1 prompt
+        if not math.isfinite(se) or gap <= 2 * se:
+            within_noise.append(result["tree"])
     return {
         "tree": results[0]["tree"],
+        "within_noise": within_noise,
         "device": str(target.device),
         "threads": torch.get_num_threads(),
         "dtype": str(target.dtype).removeprefix("torch."),
@@ -161,6 +171,19 @@ def _measure(
         "candidates": results,
         "verify_cost_ms": {str(n): round(ms, 2) for n, ms in verify_cost_ms(target).items()},
     }
+
+
+def paired_gap(best: list[float], other: list[float]) -> tuple[float, float]:
+    """How far `other` runs behind `best`, paired prompt by prompt (both ran each prompt back to
+    back, so a slow spell of the host hits both): the mean per-prompt log speed ratio and its
+    standard error. A gap under ~2 standard errors is this machine's noise, not a real difference
+    (on the shared 2-core CPU, trees within ~10% swapped places between 6-prompt tunes)."""
+    gaps = [math.log(b / o) for b, o in zip(best, other, strict=False)]
+    if len(gaps) < 2:
+        return (gaps[0] if gaps else 0.0), math.inf
+    mean = sum(gaps) / len(gaps)
+    var = sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1)
+    return mean, math.sqrt(var / len(gaps))
 
 
 def _survivors(live: list[str], totals: dict[str, dict[str, Any]], prune: float) -> list[str]:

@@ -45,10 +45,20 @@ def run(args: argparse.Namespace) -> int:
     target = load_target_from_args(args)
     candidates = [c.strip() for c in args.candidates.split(";") if c.strip()] if args.candidates else None
     report = tune(target, args.heads, prompts, max_new_tokens=args.max_new_tokens, candidates=candidates)
-    print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}")
+    print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}  behind the best (paired, +- 1 s.e.)")
     for row in report["candidates"]:
-        print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}")
+        gap = ""
+        if "behind" in row:
+            se = "?" if row["behind_se"] is None else f"{100 * row['behind_se']:.1f}%"
+            gap = f"{100 * row['behind']:5.1f}% +- {se}"
+        print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}  {gap}")
     print("verify forward ms by nodes:", report["verify_cost_ms"])
+    if report["within_noise"]:
+        print(
+            f"note: {', '.join(report['within_noise'])} ran within this machine's noise of the best "
+            f"(paired per-prompt gap under 2 standard errors over {report['calibration_prompts']} prompts); "
+            "more calibration prompts (--limit, --prompts) or a quieter machine would separate them"
+        )
     if args.dry_run:
         print(f"best: {report['tree']} (not stored: --dry-run)")
     else:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 
-from headstart.bench.tune import TUNED_FILE, _survivors, candidate_trees, forked, tuned_tree
+from headstart.bench.tune import TUNED_FILE, _survivors, candidate_trees, forked, paired_gap, tuned_tree
 from headstart.cli import main
 from headstart.inference.lookup import split_lookup
 from headstart.inference.tree_spec import parse_tree
@@ -39,6 +40,19 @@ def test_pruning_keeps_the_fast_and_at_least_three():
     assert _survivors(list(totals), totals, 0.2) == ["a", "b", "e", "c", "d"]
 
 
+def test_paired_gap_separates_a_real_gap_from_noise():
+    # a steady 20% gap over 4 prompts whose speeds swing 2x with the host: far beyond the noise
+    best, slower = [10.0, 5.0, 8.0, 6.0], [8.0, 4.0, 6.4, 4.8]
+    gap, se = paired_gap(best, slower)
+    assert abs(gap - math.log(1.25)) < 1e-9 and se < 1e-9
+    # ahead on two prompts, behind on two: the mean gap is inside 2 standard errors
+    gap, se = paired_gap([10.0, 10.0, 10.0, 10.0], [9.0, 11.0, 9.5, 10.4])
+    assert gap <= 2 * se
+    # pruned after its first prompts: paired over those only; one prompt gives no error estimate
+    assert paired_gap([10.0, 10.0, 10.0], [5.0, 5.0])[0] == math.log(2.0)
+    assert paired_gap([10.0], [5.0])[1] == math.inf
+
+
 def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
     from headstart.heads import HeadSpec, build_head
     from headstart.target import load_target
@@ -66,7 +80,11 @@ def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
     assert set(rates) == {"chain:1", "dynamic:depth=2,top_k=2,total_tokens=3", "chain:1+lookup:3"}
     assert report["tree"] == max(rates, key=rates.get) == tuned_tree(heads)
     assert set(report["verify_cost_ms"]) >= {"1", "8"}
-    assert "best:" in capsys.readouterr().out
+    runners_up = [row for row in report["candidates"] if row["tree"] != report["tree"]]
+    assert all(math.isfinite(row["behind"]) and row["behind_se"] >= 0 for row in runners_up)
+    assert set(report["within_noise"]) <= {row["tree"] for row in runners_up}
+    out = capsys.readouterr().out
+    assert "best:" in out and "behind the best" in out
 
 
 def test_tune_needs_heads(tiny_llama, tmp_path):
