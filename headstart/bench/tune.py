@@ -70,6 +70,25 @@ def tuned_tree(heads_path: str | Path) -> str | None:
     return json.loads(path.read_text())["tree"]
 
 
+def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | None:
+    """A warning when the stored tree was tuned on another device or thread count than this run:
+    the best tree moves with them (measured: the shipped EAGLE-3 tree, tuned at 1 thread, gave 1.04x
+    at 2 threads on 4 prompts, where 1 thread gives 1.2-1.4x, because the draft's small ops
+    and the host's per-step work do not speed up with threads while the target's forward does)."""
+    path = Path(heads_path) / TUNED_FILE
+    if not path.is_file():
+        return None
+    stored = json.loads(path.read_text())
+    then = (stored.get("device"), stored.get("threads"))
+    if then == (device, threads) or None in then:
+        return None
+    return (
+        f"the tree stored with {heads_path} was tuned on {then[0]} at {then[1]} thread(s); this run uses "
+        f"{device} at {threads}: run `headstart tune --heads {heads_path} --threads {threads}` "
+        "for the tree that is fastest here, or match --threads"
+    )
+
+
 def tune(
     target: Any,
     heads_path: str | Path,

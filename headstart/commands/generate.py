@@ -117,10 +117,15 @@ class Decoding:
         self.decoder = None
         self.tree = args.tree
         if self.heads is not None:
-            from headstart.bench.tune import tuned_tree
+            import torch
+
+            from headstart.bench.tune import tuned_elsewhere, tuned_tree
             from headstart.inference.decoder import SpeculativeDecoder
 
             self.tree = args.tree or (tuned_tree(path) if path else None) or "static"
+            warning = tuned_elsewhere(path, str(target.device), torch.get_num_threads()) if path else None
+            if warning and not args.tree:
+                print(f"note: {warning}", file=sys.stderr)
             self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical)
 
     @property

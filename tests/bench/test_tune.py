@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import math
 
-from headstart.bench.tune import TUNED_FILE, _survivors, candidate_trees, forked, paired_gap, tuned_tree
+from headstart.bench.tune import (
+    TUNED_FILE,
+    _survivors,
+    candidate_trees,
+    forked,
+    paired_gap,
+    tuned_elsewhere,
+    tuned_tree,
+)
 from headstart.cli import main
 from headstart.inference.lookup import split_lookup
 from headstart.inference.tree_spec import parse_tree
@@ -89,3 +97,12 @@ def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
 
 def test_tune_needs_heads(tiny_llama, tmp_path):
     assert main(["tune", "--target", str(tiny_llama), "--heads", str(tmp_path / "none")]) == 2
+
+
+def test_a_tree_tuned_elsewhere_is_named(tmp_path):
+    assert tuned_elsewhere(tmp_path, "cpu", 2) is None  # nothing tuned: nothing to say
+    (tmp_path / TUNED_FILE).write_text(json.dumps({"tree": "chain:2", "device": "cpu", "threads": 1}))
+    assert tuned_elsewhere(tmp_path, "cpu", 1) is None
+    warning = tuned_elsewhere(tmp_path, "cpu", 2)
+    assert "1 thread" in warning and "--threads 2" in warning
+    assert "cuda:0" in tuned_elsewhere(tmp_path, "cuda:0", 1)
