@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +63,18 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     return chains + forks + looked + dynamic
 
 
-def tuned_tree(heads_path: str | Path) -> str | None:
-    """The tree stored by `headstart tune` next to the heads, if any."""
+def _stored(heads_path: str | Path) -> dict[str, Any] | None:
+    """The report `headstart tune` stored next to the heads, if any."""
     path = Path(heads_path) / TUNED_FILE
     if not path.is_file():  # also the case for Hub ids: tune after downloading
         return None
-    return json.loads(path.read_text())["tree"]
+    return json.loads(path.read_text())
+
+
+def tuned_tree(heads_path: str | Path) -> str | None:
+    """The tree stored by `headstart tune` next to the heads, if any."""
+    stored = _stored(heads_path)
+    return stored["tree"] if stored else None
 
 
 def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | None:
@@ -75,18 +82,28 @@ def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | 
     the best tree moves with them (measured: the shipped EAGLE-3 tree, tuned at 1 thread, gave 1.04x
     at 2 threads on 4 prompts, where 1 thread gives 1.2-1.4x, because the draft's small ops
     and the host's per-step work do not speed up with threads while the target's forward does)."""
-    path = Path(heads_path) / TUNED_FILE
-    if not path.is_file():
-        return None
-    stored = json.loads(path.read_text())
+    stored = _stored(heads_path) or {}
     then = (stored.get("device"), stored.get("threads"))
     if then == (device, threads) or None in then:
         return None
     return (
         f"the tree stored with {heads_path} was tuned on {then[0]} at {then[1]} thread(s); this run uses "
-        f"{device} at {threads}: run `headstart tune --heads {heads_path} --threads {threads}` "
-        "for the tree that is fastest here, or match --threads"
+        f"{device} at {threads}: run `headstart tune --target TARGET --heads {heads_path} --threads "
+        f"{threads}` for the tree that is fastest here, or match --threads"
     )
+
+
+def tree_for_run(
+    explicit: str | None, heads_path: str | Path | None, device: str, threads: int
+) -> str | None:
+    """The tree a run decodes with: `--tree` if given, else the stored tuned one (None: none stored),
+    with a note on stderr when that one was tuned for another device or thread count."""
+    if explicit or heads_path is None:
+        return explicit
+    warning = tuned_elsewhere(heads_path, device, threads)
+    if warning:
+        print(f"note: {warning}", file=sys.stderr)
+    return tuned_tree(heads_path)
 
 
 def tune(
@@ -197,7 +214,7 @@ def paired_gap(best: list[float], other: list[float]) -> tuple[float, float]:
     back, so a slow spell of the host hits both): the mean per-prompt log speed ratio and its
     standard error. A gap under ~2 standard errors is this machine's noise, not a real difference
     (on the shared 2-core CPU, trees within ~10% swapped places between 6-prompt tunes)."""
-    gaps = [math.log(b / o) for b, o in zip(best, other, strict=False)]
+    gaps = [math.log(b / o) for b, o in zip(best, other, strict=False) if b > 0 and o > 0]  # 0: no tokens
     if len(gaps) < 2:
         return (gaps[0] if gaps else 0.0), math.inf
     mean = sum(gaps) / len(gaps)

@@ -120,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
         return merge_run(args)
     if not args.questions:
         raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
-    import sys
-
     import torch
 
     from headstart.bench import methods as bench_methods
@@ -129,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench.report import build_report, write_report
     from headstart.bench.runner import run_bench
     from headstart.bench.shards import select_shard
-    from headstart.bench.tune import tuned_elsewhere, tuned_tree
+    from headstart.bench.tune import tree_for_run
     from headstart.heads.defaults import shipped_heads
     from headstart.inference.plain import SamplingConfig
 
@@ -149,9 +147,8 @@ def run(args: argparse.Namespace) -> int:
     trees = {}
     for spec in heads_specs:
         label, path = _label(spec)
-        tree = args.tree or tuned_tree(path)  # the tree `headstart tune` stored with the heads
-        if not args.tree and (warning := tuned_elsewhere(path, str(target.device), torch.get_num_threads())):
-            print(f"note: {warning}", file=sys.stderr)
+        # the tree `headstart tune` stored with the heads, unless --tree
+        tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads())
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
         trees[f"headstart:{label}"] = tree or "static"
     prompt = turn_prompt(target, args.max_new_tokens)

@@ -119,13 +119,10 @@ class Decoding:
         if self.heads is not None:
             import torch
 
-            from headstart.bench.tune import tuned_elsewhere, tuned_tree
+            from headstart.bench.tune import tree_for_run
             from headstart.inference.decoder import SpeculativeDecoder
 
-            self.tree = args.tree or (tuned_tree(path) if path else None) or "static"
-            warning = tuned_elsewhere(path, str(target.device), torch.get_num_threads()) if path else None
-            if warning and not args.tree:
-                print(f"note: {warning}", file=sys.stderr)
+            self.tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads()) or "static"
             self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical)
 
     @property

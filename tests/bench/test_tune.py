@@ -11,6 +11,7 @@ from headstart.bench.tune import (
     candidate_trees,
     forked,
     paired_gap,
+    tree_for_run,
     tuned_elsewhere,
     tuned_tree,
 )
@@ -99,10 +100,15 @@ def test_tune_needs_heads(tiny_llama, tmp_path):
     assert main(["tune", "--target", str(tiny_llama), "--heads", str(tmp_path / "none")]) == 2
 
 
-def test_a_tree_tuned_elsewhere_is_named(tmp_path):
+def test_a_tree_tuned_elsewhere_is_named(tmp_path, capsys):
     assert tuned_elsewhere(tmp_path, "cpu", 2) is None  # nothing tuned: nothing to say
     (tmp_path / TUNED_FILE).write_text(json.dumps({"tree": "chain:2", "device": "cpu", "threads": 1}))
     assert tuned_elsewhere(tmp_path, "cpu", 1) is None
     warning = tuned_elsewhere(tmp_path, "cpu", 2)
     assert "1 thread" in warning and "--threads 2" in warning
     assert "cuda:0" in tuned_elsewhere(tmp_path, "cuda:0", 1)
+    # a run takes --tree as given, silently; else the stored tree, with the note on stderr
+    assert tree_for_run("chain:1", tmp_path, "cpu", 2) == "chain:1" and not capsys.readouterr().err
+    assert tree_for_run(None, tmp_path, "cpu", 2) == "chain:2" and "--threads 2" in capsys.readouterr().err
+    assert tree_for_run(None, tmp_path, "cpu", 1) == "chain:2" and not capsys.readouterr().err
+    assert tree_for_run(None, None, "cpu", 1) is None
