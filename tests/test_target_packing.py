@@ -7,8 +7,19 @@ import torch
 from torch import nn
 
 from headstart.target.packing import PackedLinears, mkl_packing_available, packed_rows
+from headstart.target.smallmm import small_matmul
 
 pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
+
+
+@pytest.fixture(autouse=True)
+def mkl_packs_only(monkeypatch):
+    """These tests are about MKL's packs: keep the small-row kernel (tests/test_target_smallmm.py),
+    which takes 1-16 rows first, out of the way."""
+    monkeypatch.setenv("HEADSTART_SMALLMM", "0")
+    small_matmul.cache_clear()
+    yield
+    small_matmul.cache_clear()
 
 
 def _model() -> nn.Module:

@@ -1,25 +1,33 @@
-"""Pre-packed CPU matmuls for the verify forward (a measured fix, not a guess).
+"""Fast CPU matmuls for decoding forwards: a small-row kernel and pre-packed MKL weights.
 
-Why: on x86 CPUs with MKL, `F.linear` with a handful of rows falls off a cliff. At 1 thread on
-this project's 2-core AVX-512 machine, SmolLM2's lm_head (49152 x 576) takes 13 ms for 1-3 rows,
-26 ms for 4 and 43 ms for 8: past 3 rows MKL's gemm re-packs the whole weight matrix on every
-call, so a verify over 8 tree nodes cost ~2.1x a 1-token forward instead of barely more. MKL can
-pack a weight once for a given row count (`cblas_sgemm_pack`, exposed by PyTorch as
-`torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops Inductor's CPU freezing uses).
-With packs, a verify over 8 nodes costs about 1.3-1.5x a 1-token forward (README, "Measured speed").
+Why: a decode step multiplies a handful of rows (1 token, or a verify's tree nodes) by every
+weight of the target: one pass over the weights plus a little compute. PyTorch's `F.linear`
+does that badly on CPUs. With MKL, past 3 rows the gemm re-packs the whole weight matrix on
+every call (SmolLM2's lm_head, 1 thread: 13 ms for 1-3 rows, 26 for 4, 43 for 8), and on this
+project's AMD EPYC even 1 row reaches only ~11 GB/s and a second thread adds nothing. Two fixes:
 
-What it does: while a `rows(n)` context is open, every `nn.Linear` of the model computes with
-weights packed for exactly `n` rows; any other row count falls back to `F.linear` (MKL only uses
-a pack for the row count it was made for). Packs are built on first use (about 0.4 s and one
-extra copy of the weights, ~540 MB for SmolLM2), and at most `keep` row counts are kept (LRU).
-A pack is a snapshot: a weight changed in place (its `_version` moves) is re-packed.
+* 1 to `smallmm.MAX_ROWS` (16) rows: headstart's own kernel (`smallmm.py`): each weight row is
+  streamed once with all rows' accumulators in registers, split over the threads. All of
+  SmolLM2's matmuls for 8 rows: 54 ms at 1 thread, 28 at 2, against MKL's 72 and 56.
+* 4 to MAX_ROWS rows when the kernel is unavailable (no C compiler), or more rows than it takes:
+  weights packed once per row count by MKL (`cblas_sgemm_pack`, exposed by PyTorch as
+  `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops Inductor's CPU freezing
+  uses). Packs are built on first use (about 0.4 s and one extra copy of the weights, ~540 MB for
+  SmolLM2); at most `keep` row counts are kept (LRU); a weight changed in place (its `_version`
+  moves) is re-packed.
 
-Exactness: the packed kernel is MKL's own sgemm on the same fp32 numbers; results differ from
-`F.linear` only by summation order (~1e-6 relative), as `F.linear` with 8 rows already differs
-from `F.linear` with 1 row. The greedy exactness tests run through this path.
+What it does: while a `rows(n)` context is open, every `nn.Linear` of the model with exactly `n`
+input rows takes the fast path; any other row count, and anything under autograd, falls back to
+`F.linear`.
 
-Only for fp32 on CPU with an MKL build; anywhere else `PackedLinears.for_model` returns None and
-nothing changes. `HEADSTART_PACKED=0` turns it off.
+Exactness: both compute on the same fp32 numbers; results differ from `F.linear` only by
+summation order (~1e-6 relative), as `F.linear` with 8 rows already differs from `F.linear` with 1
+row. The kernel's results do not depend on the row count at all. The greedy exactness tests run
+through these paths.
+
+Only for fp32 on CPU (with a C compiler or an MKL build); anywhere else `PackedLinears.for_model`
+returns None and nothing changes. `HEADSTART_PACKED=0` turns both off, `HEADSTART_SMALLMM=0` the
+kernel alone.
 """
 
 from __future__ import annotations
@@ -34,6 +42,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from headstart.target.smallmm import MAX_ROWS as SMALL_MAX_ROWS
+from headstart.target.smallmm import SmallMatmul, small_matmul
 
 MIN_ROWS = 4  # below this MKL's small-row path is already one pass over the weights
 MAX_ROWS = 256  # past this a plain gemm amortises its packing; a pack would only cost memory
@@ -79,10 +90,12 @@ class PackedLinears:
     def for_model(cls, model: nn.Module) -> PackedLinears | None:
         """The model's packer, shared by every decoder on it (packs are per model, not per
         decoder), when it applies: fp32 weights on CPU, MKL present, not disabled. Else None."""
-        if os.environ.get("HEADSTART_PACKED", "1") == "0" or not mkl_packing_available():
+        if os.environ.get("HEADSTART_PACKED", "1") == "0":
             return None
         weights = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
         if not weights or any(w.device.type != "cpu" or w.dtype != torch.float32 for w in weights):
+            return None
+        if not mkl_packing_available() and small_matmul() is None:
             return None
         if model not in _SHARED:
             _SHARED[model] = cls(model)
@@ -116,14 +129,20 @@ class PackedLinears:
 
     @contextlib.contextmanager
     def rows(self, rows: int) -> Iterator[None]:
-        """Inside, linears with exactly `rows` input rows use packed weights."""
-        if not MIN_ROWS <= rows <= MAX_ROWS:
+        """Inside, linears with exactly `rows` input rows use the small-row kernel (1 to
+        `smallmm.MAX_ROWS` rows, when it built) or packed weights (4 to MAX_ROWS rows)."""
+        kernel = small_matmul() if rows <= SMALL_MAX_ROWS else None
+        if kernel is not None:
+            for module in self.linears:
+                # an instance attribute shadows the class's forward until the context closes
+                module.forward = _small_forward(module, kernel, rows)
+        elif MIN_ROWS <= rows <= MAX_ROWS and mkl_packing_available():
+            padded = packed_rows(rows)
+            for module, (weight, _) in zip(self.linears, self._pack(padded), strict=True):
+                module.forward = _packed_forward(module, weight, rows, padded)
+        else:
             yield
             return
-        padded = packed_rows(rows)
-        for module, (weight, _) in zip(self.linears, self._pack(padded), strict=True):
-            # an instance attribute shadows the class's forward until the context closes
-            module.forward = _packed_forward(module, weight, rows, padded)
         try:
             yield
         finally:
@@ -139,6 +158,20 @@ def packed(packers: Iterable[PackedLinears | None], rows: int) -> Iterator[None]
             if packer is not None:
                 stack.enter_context(packer.rows(rows))
         yield
+
+
+def _small_forward(module: nn.Linear, kernel: SmallMatmul, rows: int) -> Any:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, module.in_features)
+        if (
+            flat.shape[0] != rows
+            or torch.is_grad_enabled()
+            or not kernel.fits(flat, module.weight, module.bias)
+        ):
+            return F.linear(x, module.weight, module.bias)
+        return kernel.linear(flat, module.weight, module.bias).view(*x.shape[:-1], module.out_features)
+
+    return forward
 
 
 def _packed_forward(module: nn.Linear, packed: torch.Tensor, rows: int, padded: int) -> Any:

@@ -1,0 +1,138 @@
+"""The small-row CPU matmul kernel: F.linear's numbers, independent of row and thread count,
+wired into the packing context, and a clean fallback when it cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headstart.target import packing, smallmm
+from headstart.target.packing import PackedLinears
+from headstart.target.smallmm import MAX_ROWS, build, small_matmul
+
+needs_kernel = pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11, 16])
+@pytest.mark.parametrize("inner", [16, 40, 576])  # a whole number of vectors, a tail only, SmolLM2's
+@pytest.mark.parametrize("outer", [1, 6, 193])  # under one 4-row block, a block and a tail, many blocks
+def test_equals_linear(rows, inner, outer):
+    torch.manual_seed(rows * 1000 + inner + outer)
+    x, w, b = torch.randn(rows, inner), torch.randn(outer, inner), torch.randn(outer)
+    kernel = small_matmul()
+    for bias in (b, None):
+        # fp32 sums in another order: judge both against float64, the kernel may not be less exact
+        exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+        ours = (kernel.linear(x, w, bias).double() - exact).abs().max()
+        torch_error = (F.linear(x, w, bias).double() - exact).abs().max()
+        assert ours <= 2 * torch_error + 1e-6 * inner**0.5, (ours, torch_error)
+
+
+@needs_kernel
+def test_rows_do_not_change_each_others_bits():
+    """The property the tree verify relies on: row i's result is the same computed alone, with 7
+    other rows or with 15, at 1 thread or 2."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(MAX_ROWS, 200), torch.randn(301, 200), torch.randn(301)
+    kernel = small_matmul()
+    together = kernel.linear(x, w, b)
+    alone = torch.cat([kernel.linear(x[i : i + 1], w, b) for i in range(MAX_ROWS)])
+    eight = torch.cat([kernel.linear(x[i : i + 8], w, b) for i in (0, 8)])
+    assert torch.equal(together, alone) and torch.equal(together, eight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if before > 1 else 2)
+        assert torch.equal(kernel.linear(x, w, b), together)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_strided_rows_are_read_in_place():
+    """A view with a row stride (a slice of a wider tensor) is taken as is, no copy needed."""
+    torch.manual_seed(1)
+    wide, w = torch.randn(4, 100), torch.randn(30, 64)
+    x = wide[:, 10:74]
+    assert small_matmul().fits(x, w, None) and not x.is_contiguous()
+    torch.testing.assert_close(small_matmul().linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_inputs_it_does_not_take():
+    kernel = small_matmul()
+    w = torch.randn(8, 32)
+    assert not kernel.fits(torch.randn(MAX_ROWS + 1, 32), w, None)
+    assert not kernel.fits(torch.randn(2, 32, dtype=torch.float64), w.double(), None)
+    assert not kernel.fits(torch.randn(32, 2).t(), w, None)  # columns not unit-stride
+    assert not kernel.fits(torch.randn(2, 32), torch.randn(32, 8).t(), None)  # weight not contiguous
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(48, 96), nn.GELU(), nn.Linear(96, 40, bias=False)).eval()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 8, 16])
+def test_packing_context_uses_the_kernel(rows, monkeypatch):
+    model = _model()
+    packer = PackedLinears.for_model(model)
+    calls = []
+    kernel = small_matmul()
+    monkeypatch.setattr(kernel, "linear", lambda *a: calls.append(a[0].shape) or F.linear(*a))
+    x = torch.randn(1, rows, 48)
+    with torch.no_grad():
+        ref = model(x)
+        with packer.rows(rows):
+            out = model(x)
+            model(torch.randn(rows + 1, 48))  # another row count: plain F.linear
+    assert calls == [(rows, 48), (rows, 96)]
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the stub computes F.linear itself
+    assert not any("forward" in m.__dict__ for m in packer.linears)
+
+
+def test_disabled_or_unbuildable_kernel_falls_back(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("HEADSTART_SMALLMM", "0")
+    small_matmul.cache_clear()
+    try:
+        assert small_matmul() is None
+        monkeypatch.delenv("HEADSTART_SMALLMM")
+        small_matmul.cache_clear()
+        monkeypatch.setattr(smallmm, "compiler", lambda: None)
+        with caplog.at_level("WARNING"):
+            assert small_matmul() is None
+        assert "no C compiler" in caplog.text
+        model = _model()
+        packer = PackedLinears.for_model(model)
+        x = torch.randn(2, 48)
+        with torch.no_grad():
+            ref = model(x)
+            if packer is not None:  # MKL packing still there; 2 rows is below its range
+                with packer.rows(2):
+                    assert not any("forward" in m.__dict__ for m in packer.linears)
+                    torch.testing.assert_close(model(x), ref, rtol=0, atol=0)
+    finally:
+        small_matmul.cache_clear()
+
+
+def test_build_error_names_the_compiler_output(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setattr(smallmm, "FLAG_SETS", (("-O2",),))
+    with pytest.raises(RuntimeError, match="did not build"):
+        build(tmp_path)
+    assert not list(tmp_path.glob("*.so"))  # nothing half-written left behind
+
+
+@needs_kernel
+def test_build_is_cached_per_source_and_cpu(tmp_path):
+    first = build(tmp_path)
+    assert first.exists() and build(tmp_path) == first
+    assert first.name.startswith("smallmm-") and len(list(tmp_path.iterdir())) == 1
+
+
+def test_for_model_needs_fp32_cpu_weights():
+    assert PackedLinears.for_model(_model().double()) is None
+    assert packing.PackedLinears.for_model(nn.Sequential(nn.GELU())) is None
