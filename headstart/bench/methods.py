@@ -1,4 +1,5 @@
-"""Decoding methods measured by the bench: vanilla `generate`, prompt-lookup decoding, headstart heads.
+"""Decoding methods measured by the bench: vanilla `generate`, prompt-lookup decoding, headstart's
+plain decoding (its own forward and kernels, no drafts), headstart heads.
 
 Every method turns prompt ids into new token ids and reports how many target forwards it ran
 (counted by a forward hook on the target model, so the count is the same for every method).
@@ -83,6 +84,18 @@ def vanilla(target: Target, sampling: SamplingConfig) -> Method:
 def pld(target: Target, sampling: SamplingConfig, lookup_tokens: int = 10) -> Method:
     """Prompt-lookup decoding (transformers' n-gram drafting from the prompt), greedy only."""
     return hf_method(target, sampling, prompt_lookup_num_tokens=lookup_tokens)
+
+
+def plain(target: Target, sampling: SamplingConfig) -> Method:
+    """headstart's own forward without drafts (inference.plain.cached_generate): one token per
+    target forward on the same kernels and KV cache as the speculative decoder's verify."""
+    from headstart.inference.plain import cached_generate
+
+    def run(prompt_ids: list[int]) -> Run:
+        out = cached_generate(target, prompt_ids, sampling)
+        return Run(token_ids=out.token_ids, target_forwards=out.target_forwards, wall_s=out.wall_s)
+
+    return run
 
 
 def speculative(target: Target, heads: str, sampling: SamplingConfig, tree: str | None = None) -> Method:

@@ -52,14 +52,21 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     if cfg.get("trees"):
         lines += ["Trees: " + ", ".join(f"{name} `{tree}`" for name, tree in cfg["trees"].items()), ""]
-    header = "| category | method | tokens/s | speedup | tau | tokens/forward | identical |"
-    rule = "|---|---|---:|---:|---:|---:|---:|"
+    if "plain" in report["methods"]:
+        lines += [
+            "`plain` is headstart's own forward (KV cache, small-row CPU kernels) with no drafts; "
+            "`over plain` is each head's speed-up over it, the speculation's share of the speedup.",
+            "",
+        ]
+    header = "| category | method | tokens/s | speedup | over plain | tau | tokens/forward | identical |"
+    rule = "|---|---|---:|---:|---:|---:|---:|---:|"
     lines += [header, rule]
     sections = [("**all**", report["methods"])] + list(report["by_category"].items())
     for category, methods in sections:
         for name, m in methods.items():
             lines.append(
-                f"| {category} | {name} | {_fmt(m['tokens_per_s'])} | {_fmt(m['speedup'])} | {_fmt(m['tau'])} "
+                f"| {category} | {name} | {_fmt(m['tokens_per_s'])} | {_fmt(m['speedup'])} "
+                f"| {_fmt(m.get('over_plain'))} | {_fmt(m['tau'])} "
                 f"| {_fmt(m['tokens_per_forward'])} | {_fmt(m['identical_fraction'])} |"
             )
     return "\n".join(lines) + "\n"

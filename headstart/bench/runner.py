@@ -98,7 +98,8 @@ def _mean(values: list[int]) -> float | None:
 
 
 def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
-    """Per-method figures: tokens/s, speedup vs vanilla, tau, identical_fraction, totals."""
+    """Per-method figures: tokens/s, speedup vs vanilla (and vs plain for heads), tau,
+    identical_fraction, totals."""
     by_method: dict[str, list[Record]] = {}
     for record in records:
         by_method.setdefault(record.method, []).append(record)
@@ -124,6 +125,11 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
             "prompts": len(rows),
         }
     base = summary.get("vanilla", {}).get("tokens_per_s")
-    for figures in summary.values():
+    # over_plain: against headstart's own forward without drafts (the `plain` baseline), so the
+    # speculation's share of a speed-up stands apart from the CPU kernels' share
+    plain = summary.get("plain", {}).get("tokens_per_s")
+    for name, figures in summary.items():
         figures["speedup"] = figures["tokens_per_s"] / base if base else None
+        speculative = name.startswith("headstart:")
+        figures["over_plain"] = figures["tokens_per_s"] / plain if plain and speculative else None
     return summary

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from headstart.bench.questions import Question
     from headstart.bench.runner import PromptFn
 
-BASELINES = ("vanilla", "pld")
+BASELINES = ("vanilla", "pld", "plain")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--baselines",
-        default="vanilla,pld",
-        help=f"comma list from {','.join(BASELINES)} (vanilla is always run)",
+        default="vanilla,pld,plain",
+        help=f"comma list from {','.join(BASELINES)} (vanilla is always run; plain: headstart's own forward "
+        "and CPU kernels without drafts, to tell the kernels' gain from speculation's)",
     )
     parser.add_argument(
         "--tree", default=None, help="tree for the heads (default: the tuned tree stored with them)"
@@ -143,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
     if "pld" in baselines:
         methods["pld"] = bench_methods.pld(target, sampling)
+    if "plain" in baselines:
+        methods["plain"] = bench_methods.plain(target, sampling)
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
     trees = {}
     for spec in heads_specs:

@@ -87,3 +87,40 @@ def plain_generate(
     wall = time.perf_counter() - start
     new = out[0, ids.shape[1] :].tolist()
     return GenerationResult(token_ids=new, new_tokens=len(new), target_forwards=len(new), wall_s=wall)
+
+
+@torch.no_grad()
+def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConfig) -> GenerationResult:
+    """Plain decoding (one token per target forward) through headstart's own forward: the growing
+    KV cache and the small-row CPU kernels the speculative decoder's verify uses, no drafts.
+    `bench --baselines plain` runs it so that a report separates what those kernels give from what
+    speculation gives. Same tokens as `plain_generate` (greedy; sampling draws from the same p)."""
+    from headstart.inference.sampling import probabilities, sample
+    from headstart.inference.stops import StopRule
+    from headstart.target import forward, new_cache
+    from headstart.target.packing import PackedLinears, packed
+
+    model = target.model
+    generator = None
+    if sampling.seed is not None:
+        generator = torch.Generator(device=target.device).manual_seed(sampling.seed)
+    rule = StopRule(sampling.max_new_tokens, frozenset(target.eos_token_ids))
+    packer = PackedLinears.for_model(model)
+    ids = torch.tensor([input_ids], device=target.device)  # (1, T)
+    start = time.perf_counter()
+    cache = new_cache(model)
+    logits = forward(model, ids, past_key_values=cache, logits_to_keep=1).logits[:, -1]  # (1, V)
+    emitted: list[int] = []
+    forwards = 1
+    while True:
+        token = logits.argmax(-1) if sampling.greedy else sample(probabilities(logits, sampling), generator)
+        if rule.take(emitted, token.tolist()):  # one host sync per token, as generate's
+            break
+        position = torch.tensor([[len(input_ids) + len(emitted) - 1]], device=target.device)
+        with packed([packer], 1):
+            logits = forward(model, token[:, None], position_ids=position, past_key_values=cache).logits[
+                :, -1
+            ]
+        forwards += 1
+    wall = time.perf_counter() - start
+    return GenerationResult(token_ids=emitted, new_tokens=len(emitted), target_forwards=forwards, wall_s=wall)

@@ -219,13 +219,19 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     questions = _write_jsonl(tmp_path / "q.jsonl", rows)
     out = tmp_path / "bench"
     args = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "12"]
-    args += ["--turns", "all", "--baselines", "vanilla", "--heads", f"rnd={heads_dir}"]
+    args += ["--turns", "all", "--baselines", "vanilla,plain", "--heads", f"rnd={heads_dir}"]
     assert main(args + ["--output", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
     figures = report["methods"]["headstart:rnd"]
     assert figures["prompts"] == 4  # 2 questions x 2 turns
     assert figures["identical_fraction"] == 1.0  # exact whatever the (random) draft, on both turns
     assert figures["tau"] is not None and figures["tau"] >= 1.0
+    plain = report["methods"]["plain"]
+    assert plain["identical_fraction"] == 1.0 and plain["tau"] is None and plain["over_plain"] is None
+    assert plain["target_forwards"] == plain["new_tokens"]  # one forward per token, prefill included
+    over = figures["tokens_per_s"] / plain["tokens_per_s"]
+    assert figures["over_plain"] == pytest.approx(over)
+    assert "over plain" in (out / "report.md").read_text()
     assert report["accept_length_histogram"]["headstart:rnd"]
     assert (out / "accept_lengths.png").is_file()
 

@@ -3,6 +3,8 @@ every head kind x tree kind, batch 1 and batched (left padding), with and withou
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from random_heads import RandomEagle, RandomMedusa
@@ -11,6 +13,7 @@ from scripted import ScriptedDrafter
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.target import load_target
 from headstart.target.packing import mkl_packing_available
+from headstart.target.smallmm import small_matmul
 
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea"]
 TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3", "chain:1+lookup:4"]
@@ -71,13 +74,31 @@ def make_heads(kind: str, target):
 @pytest.mark.parametrize("tree", TREES)
 def test_greedy_matches_generate(target, prompts, kind, tree):
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
-    # the verify runs through MKL-packed linears where the build has them (target/packing.py)
-    assert (decoder.packed is not None) == mkl_packing_available()
+    # the verify runs through the small-row kernel (1-16 rows) or MKL-packed linears where this
+    # machine has them (target/packing.py): the batched verifies here take both paths
+    assert (decoder.packed is not None) == (mkl_packing_available() or small_matmul() is not None)
     for batch in (prompts[:1], prompts):
         out = decoder.generate(batch, max_new_tokens=40, eos_token_id=None)
         for ids, got in zip(batch, out.token_ids, strict=True):
             assert got == reference(target, ids, 40, eos=False)
         assert out.stats.new_tokens == 40 * len(batch)
+
+
+@pytest.mark.parametrize("eos", [False, True])
+def test_plain_cached_generate_matches_generate(target, prompts, eos):
+    """The bench's `plain` baseline: headstart's forward, one token per forward, same tokens."""
+    from headstart.inference.plain import SamplingConfig, cached_generate
+
+    for ids in prompts:
+        sampling = SamplingConfig(max_new_tokens=30)
+        if eos:
+            out = cached_generate(target, ids, sampling)
+            assert out.token_ids == reference(target, ids, 30, eos=True)
+        else:
+            reduced = dataclasses.replace(target, eos_token_ids=())
+            out = cached_generate(reduced, ids, sampling)
+            assert out.token_ids == reference(target, ids, 30, eos=False) and out.new_tokens == 30
+        assert out.target_forwards == out.new_tokens
 
 
 @pytest.mark.parametrize("tree", TREES)
