@@ -16,7 +16,7 @@ needs_kernel = pytest.mark.skipif(small_matmul() is None, reason="no C compiler:
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 11, 16, 37, 64])
 @pytest.mark.parametrize("inner", [16, 40, 576])  # a whole number of vectors, a tail only, SmolLM2's
 @pytest.mark.parametrize("outer", [1, 6, 193])  # under one 4-row block, a block and a tail, many blocks
 def test_equals_linear(rows, inner, outer):
@@ -34,13 +34,13 @@ def test_equals_linear(rows, inner, outer):
 @needs_kernel
 def test_rows_do_not_change_each_others_bits():
     """The property the tree verify relies on: row i's result is the same computed alone, with 7
-    other rows or with 15, at 1 thread or 2."""
+    other rows or with all the others, at 1 thread or 2."""
     torch.manual_seed(0)
     x, w, b = torch.randn(MAX_ROWS, 200), torch.randn(301, 200), torch.randn(301)
     kernel = small_matmul()
     together = kernel.linear(x, w, b)
     alone = torch.cat([kernel.linear(x[i : i + 1], w, b) for i in range(MAX_ROWS)])
-    eight = torch.cat([kernel.linear(x[i : i + 8], w, b) for i in (0, 8)])
+    eight = torch.cat([kernel.linear(x[i : i + 8], w, b) for i in range(0, MAX_ROWS, 8)])
     assert torch.equal(together, alone) and torch.equal(together, eight)
     before = torch.get_num_threads()
     try:

@@ -6,9 +6,9 @@ does that badly on CPUs. With MKL, past 3 rows the gemm re-packs the whole weigh
 every call (SmolLM2's lm_head, 1 thread: 13 ms for 1-3 rows, 26 for 4, 43 for 8), and on this
 project's AMD EPYC even 1 row reaches only ~11 GB/s and a second thread adds nothing. Two fixes:
 
-* 1 to `smallmm.MAX_ROWS` (16) rows: headstart's own kernel (`smallmm.py`): each weight row is
+* 1 to `smallmm.MAX_ROWS` (64) rows: headstart's own kernel (`smallmm.py`): each weight row is
   streamed once with all rows' accumulators in registers, split over the threads. All of
-  SmolLM2's matmuls for 8 rows: 54 ms at 1 thread, 28 at 2, against MKL's 72 and 56.
+  SmolLM2's matmuls for 8 rows: 34 ms at 1 thread, 19 at 2, against MKL's 72 and 60.
 * 4 to MAX_ROWS rows when the kernel is unavailable (no C compiler), or more rows than it takes:
   weights packed once per row count by MKL (`cblas_sgemm_pack`, exposed by PyTorch as
   `torch.ops.mkl._mkl_reorder_linear_weight` / `_mkl_linear`, the ops Inductor's CPU freezing

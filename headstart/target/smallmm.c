@@ -3,7 +3,7 @@
  * Built on first use by headstart/target/smallmm.py with the system C compiler
  * (-O3 -march=native -ffp-contract=fast [-fopenmp]) and called through ctypes.
  *
- * Why: decoding multiplies 1-16 rows by every weight matrix of the model. That is memory-bound
+ * Why: decoding multiplies 1-64 rows by every weight matrix of the model. That is memory-bound
  * (each weight is read once per forward) plus a little compute, and BLAS's small-row paths
  * do it badly on some CPUs (MKL on AMD EPYC: ~11 GB/s for one row, ~30 GFLOPS for 8 rows, and
  * no gain from a second thread). This kernel streams each weight row once, keeps all rows'

@@ -1,4 +1,4 @@
-"""A small-row fp32 matmul for decoding on CPU: y = x @ w.T + b for 1 to `MAX_ROWS` rows of x.
+"""A small-row fp32 matmul for decoding on CPU: y = x @ w.T + b for 1 to `MAX_ROWS` (64) rows of x.
 
 Why (measured on this project's 2-core AMD EPYC, AVX-512, torch 2.13 CPU wheel with MKL 2024.2):
 a decode step multiplies a handful of rows by every weight of the target, so it should cost one
@@ -6,11 +6,14 @@ pass over the weights (538 MB for SmolLM2: ~20 ms at the ~25 GB/s one core strea
 small-row paths get nowhere near that here, and do not use a second thread at all. All of
 SmolLM2's matmuls (210 layer weights + the lm_head), per forward:
 
-    rows                          1      2      4      8     16
-    MKL F.linear, 1 thread       46     73     64     72     94 ms
-    this kernel,  1 thread       36     41     47     54     81 ms
-    MKL F.linear, 2 threads      50     72     62     56     67 ms
-    this kernel,  2 threads      21     23     23     28     39 ms
+    rows                          1      2      4      8     16     32     64
+    MKL F.linear, 1 thread       46     73     64     72     94            ms
+    this kernel,  1 thread       28     24     21     34     66            ms
+    MKL F.linear, 2 threads      50     72     62     60     71     97    150 ms
+    this kernel,  2 threads      18     18     18     19     34     72    137 ms
+
+(1-8 rows cost one pass over the weights at ~25-29 GB/s; past 8 the kernel is compute-bound at
+~65 GFLOPS per thread, and past ~80 rows MKL's large-matrix gemm wins.)
 
 How: `smallmm.c` (GCC/Clang vector extensions, so -march=native makes it AVX-512, AVX2 or NEON)
 is compiled on first use with the system C compiler into `$HEADSTART_CACHE/kernels/` (about a
@@ -45,7 +48,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-MAX_ROWS = 16  # past this MKL's gemm amortises its packing and is faster (compute-bound)
+MAX_ROWS = 64  # all of SmolLM2's matmuls, 2 threads: 137 ms against MKL's 150 at 64 rows, 219 vs 197 at 96
 SOURCE = "smallmm.c"
 FLAG_SETS = (  # tried in order: the first that builds is used
     ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp"),

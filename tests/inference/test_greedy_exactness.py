@@ -74,14 +74,29 @@ def make_heads(kind: str, target):
 @pytest.mark.parametrize("tree", TREES)
 def test_greedy_matches_generate(target, prompts, kind, tree):
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
-    # the verify runs through the small-row kernel (1-16 rows) or MKL-packed linears where this
-    # machine has them (target/packing.py): the batched verifies here take both paths
+    # the verify runs through the small-row kernel (1-64 rows; target/smallmm.py) where it built,
+    # else MKL-packed linears (test below)
     assert (decoder.packed is not None) == (mkl_packing_available() or small_matmul() is not None)
     for batch in (prompts[:1], prompts):
         out = decoder.generate(batch, max_new_tokens=40, eos_token_id=None)
         for ids, got in zip(batch, out.token_ids, strict=True):
             assert got == reference(target, ids, 40, eos=False)
         assert out.stats.new_tokens == 40 * len(batch)
+
+
+@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
+def test_greedy_matches_generate_on_mkl_packs(target, prompts, monkeypatch):
+    """Without the small-row kernel (no C compiler) the verify takes MKL's packed weights."""
+    monkeypatch.setenv("HEADSTART_SMALLMM", "0")
+    small_matmul.cache_clear()
+    try:
+        decoder = SpeculativeDecoder(target, make_heads("real-eagle3", target), tree="static")
+        out = decoder.generate(prompts, max_new_tokens=40, eos_token_id=None)
+        for ids, got in zip(prompts, out.token_ids, strict=True):
+            assert got == reference(target, ids, 40, eos=False)
+        assert decoder.packed is not None and decoder.packed._packs  # packs were built and used
+    finally:
+        small_matmul.cache_clear()
 
 
 @pytest.mark.parametrize("eos", [False, True])
