@@ -34,10 +34,16 @@ static inline vf load(const float *p) {
     return v;
 }
 
+/* A halving tree (lane i + lane i+8, then +4, +2, +1), which compilers vectorize, rather than 15
+ * dependent scalar adds: ~5% off the 8-32-row matmuls (16 sums per 8x2 block). Plain C on
+ * purpose: __builtin_shufflevector needs GCC >= 12. */
 static inline float lane_sum(vf v) {
-    float s = 0.f;
-    for (int i = 0; i < LANES; i++) s += v[i];
-    return s;
+    float t[LANES];
+    __builtin_memcpy(t, &v, sizeof t);
+    for (int i = 0; i < 8; i++) t[i] += t[i + 8];
+    for (int i = 0; i < 4; i++) t[i] += t[i + 4];
+    for (int i = 0; i < 2; i++) t[i] += t[i + 2];
+    return t[0] + t[1];
 }
 
 /* MB rows of x times R rows of w; MB and R are constants so the MB x R accumulators stay in
