@@ -24,6 +24,14 @@ def test_info_json_on_tiny_target(tiny_llama, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["layers"] == 2 and info["hidden_size"] == 64 and info["vocab_size"] == 288
     assert info["chat_template"] is True and info["single_token_forward_ms"] > 0
+    from headstart.target.packing import mkl_packing_available
+    from headstart.target.smallmm import small_matmul
+
+    if small_matmul() is not None:  # fp32 on CPU: the kernel, or MKL packs without a C compiler
+        assert info["cpu_kernel"].startswith("small-row kernel")
+        assert info["single_token_forward_ms_kernel"] > 0
+    else:
+        assert info["cpu_kernel"] == ("MKL packed weights" if mkl_packing_available() else "n/a")
 
 
 def test_generate_json_matches_model_generate(tiny_llama, capsys):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from typing import Any
 
 from headstart.commands.common import add_target_arguments, load_target_from_args
 
@@ -14,11 +16,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=128, help="KV context for the latency measurement")
 
 
+def cpu_kernel_status(target: Any) -> str:
+    """Which CPU matmul path headstart's decoders take for this target: the small-row kernel's
+    library, MKL packs only, off (HEADSTART_PACKED=0 / HEADSTART_SMALLMM=0) or n/a (not fp32 CPU)."""
+    from headstart.target.packing import PackedLinears, mkl_packing_available
+    from headstart.target.smallmm import small_matmul
+
+    if PackedLinears.for_model(target.model) is None:
+        return "off" if os.environ.get("HEADSTART_PACKED", "1") == "0" else "n/a"
+    kernel = small_matmul()
+    if kernel is not None:
+        return f"small-row kernel ({kernel.path})"
+    return "MKL packed weights" if mkl_packing_available() else "n/a"
+
+
 def run(args: argparse.Namespace) -> int:
     from headstart.target.latency import single_token_latency_ms
 
     target = load_target_from_args(args)
     fp = target.fingerprint
+    kernel = cpu_kernel_status(target)
     info = {
         "target": target.spec,
         "architecture": fp["architecture"],
@@ -32,9 +49,15 @@ def run(args: argparse.Namespace) -> int:
         "chat_template": target.chat.has_template,
         "eos_token_ids": list(target.eos_token_ids),
         "load_s": round(target.load_s, 3),
+        # as transformers' generate runs it, then as headstart's decoders do (CPU kernels)
         "single_token_forward_ms": round(single_token_latency_ms(target, context=args.context), 2),
-        "sha256": fp.get("sha256"),
+        "cpu_kernel": kernel,
     }
+    if kernel not in ("off", "n/a"):
+        info["single_token_forward_ms_kernel"] = round(
+            single_token_latency_ms(target, context=args.context, kernels=True), 2
+        )
+    info["sha256"] = fp.get("sha256")
     if args.json:
         print(json.dumps(info))
         return 0

@@ -12,9 +12,18 @@ from headstart.target.load import Target
 
 
 @torch.no_grad()
-def single_token_latency_ms(target: Target, context: int = 128, repeats: int = 20) -> float:
-    """Median wall time of one cached 1-token forward after a `context`-token prefill."""
+def single_token_latency_ms(
+    target: Target, context: int = 128, repeats: int = 20, kernels: bool = False
+) -> float:
+    """Median wall time of one cached 1-token forward after a `context`-token prefill.
+    kernels: through headstart's CPU decode kernels (target/packing.py), as the decoders run it;
+    else transformers' own forward, as `generate` runs it."""
+    import contextlib
+
+    from headstart.target.packing import PackedLinears, packed
+
     model = target.model
+    decode = (lambda: packed([PackedLinears.for_model(model)], 1)) if kernels else contextlib.nullcontext
     vocab = min(target.vocab_size, target.tokenizer.vocab_size)
     ids = torch.randint(0, vocab, (1, context + repeats + 2), device=target.device)
     cache = new_cache(model)
@@ -23,7 +32,8 @@ def single_token_latency_ms(target: Target, context: int = 128, repeats: int = 2
     for step in range(repeats + 2):
         pos = context + step
         start = time.perf_counter()
-        model(ids[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+        with decode():
+            model(ids[:, pos : pos + 1], past_key_values=cache, use_cache=True)
         if ids.is_cuda:
             torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
         times.append(time.perf_counter() - start)
