@@ -58,24 +58,58 @@ def _warm_up(methods: dict[str, Method], questions: list[Question], prompt: Prom
             method(prompt(question, [])[:64])
 
 
+def partial_path(outputs: Path) -> Path:
+    """Where a run appends its records until every prompt ran (then renamed to `outputs`)."""
+    return outputs.with_name(outputs.name + ".partial")
+
+
+def finished_questions(outputs: Path, methods: dict[str, Method], questions: list[Question]) -> list[Record]:
+    """Records of an interrupted run (its `.partial` file) for the questions it finished: every turn
+    answered by every one of `methods`. A question cut off halfway is measured again, whole."""
+    tmp = partial_path(outputs)
+    if not tmp.is_file():
+        return []
+    records = []
+    for line in tmp.read_text().splitlines():
+        try:
+            records.append(Record(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            break  # a line cut off by the interruption ends the usable part
+    wanted = {q.question_id: {(t, m) for t in range(1, len(q.turns) + 1) for m in methods} for q in questions}
+    got: dict[str, set[tuple[int, str]]] = {}
+    for record in records:
+        got.setdefault(record.question_id, set()).add((record.turn, record.method))
+    done = {qid for qid, keys in got.items() if qid in wanted and keys == wanted[qid]}
+    return [r for r in records if r.question_id in done]
+
+
 def run_bench(
     methods: dict[str, Method],
     questions: list[Question],
     prompt: PromptFn,
     outputs: Path,
     warmup: int = 1,
+    done: list[Record] | None = None,
 ) -> list[Record]:
     """Warm every method up, then measure every turn of each question with every method; append
     to `outputs`. Turn by turn across methods: every method answers turn 1, then every method
-    answers turn 2 after its OWN turn-1 answer (the MT-bench protocol), then the next question."""
-    _warm_up(methods, questions[:warmup], prompt)
-    records: list[Record] = []
+    answers turn 2 after its OWN turn-1 answer (the MT-bench protocol), then the next question.
+    `done`: records of questions an interrupted run finished (`finished_questions`); they are kept
+    and those questions are not measured again."""
+    records: list[Record] = list(done or [])
+    skip = {r.question_id for r in records}
+    todo = [q for q in questions if q.question_id not in skip]
+    _warm_up(methods, (todo or questions)[:warmup], prompt)
     outputs.parent.mkdir(parents=True, exist_ok=True)
-    tmp = outputs.with_name(outputs.name + ".partial")
+    tmp = partial_path(outputs)
     total = sum(len(q.turns) for q in questions) * len(methods)
     started = time.perf_counter()
     with tmp.open("w") as handle, tqdm(total=total, desc="bench", unit="run") as bar:
-        for index, question in enumerate(questions):
+        for record in records:  # rewritten first, so a second interruption keeps them too
+            handle.write(json.dumps(record.__dict__) + "\n")
+        handle.flush()
+        bar.update(len(records))
+        for index, question in enumerate(todo):
             answers: dict[str, list[list[int]]] = {name: [] for name in methods}
             for turn in range(1, len(question.turns) + 1):
                 for name, method in methods.items():
@@ -86,9 +120,9 @@ def run_bench(
                     handle.write(json.dumps(record.__dict__) + "\n")
                     handle.flush()
                     bar.update(1)
-            if index == 0 and len(questions) > 1:
+            if index == 0 and len(todo) > 1:
                 per_question = time.perf_counter() - started
-                bar.write(f"estimated time: ~{per_question * (len(questions) - 1) / 60:.1f} min more")
+                bar.write(f"estimated time: ~{per_question * (len(todo) - 1) / 60:.1f} min more")
     tmp.replace(outputs)  # complete file only once every prompt ran
     return records
 

@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", type=int, default=1, help="prompts used to warm every method up")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the questions an interrupted run of the same command finished (in --output) and "
+        "measure only the rest",
+    )
+    parser.add_argument(
         "--output", required=True, help="directory for report.json, report.md, outputs.jsonl, plots"
     )
 
@@ -158,7 +164,6 @@ def run(args: argparse.Namespace) -> int:
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement
     out = Path(args.output)
-    records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup)
     config = {
         "target": args.target,
         "questions": args.questions,
@@ -175,7 +180,59 @@ def run(args: argparse.Namespace) -> int:
         },
         "trees": trees,
     }
+    done = _resumed(args, out, config, methods, questions)
+    records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
+    (out / RUN_CONFIG).unlink(missing_ok=True)
     print((out / "report.md").read_text())
     return 0
+
+
+RUN_CONFIG = "config.partial.json"
+"""The settings of a run in progress, kept beside its partial outputs so `--resume` can check them."""
+
+
+def _resumed(
+    args: argparse.Namespace, out: Path, config: dict[str, Any], methods: dict, questions: list[Question]
+) -> list:
+    """Finished questions of an interrupted run when --resume (checked to be the same command);
+    records this run's config for a later --resume either way."""
+    import json
+    import logging
+
+    from headstart.bench.runner import finished_questions, partial_path
+    from headstart.bench.shards import SAME
+
+    outputs = out / "outputs.jsonl"
+    saved_path = out / RUN_CONFIG
+    done = []
+    if partial_path(outputs).is_file() and not args.resume:
+        logging.getLogger(__name__).warning(
+            "%s holds an interrupted run; measuring from scratch (pass --resume to keep its finished "
+            "questions)",
+            out,
+        )
+    elif args.resume:
+        if saved_path.is_file():
+            saved = json.loads(saved_path.read_text())
+            diff = [key for key in (*SAME, "shard", "trees") if saved.get(key) != config.get(key)]
+            if diff:
+                raise HeadstartError(
+                    f"--resume: the interrupted run in {out} used other settings ({', '.join(diff)})",
+                    "repeat the interrupted command exactly, or drop --resume to start over",
+                )
+        elif partial_path(outputs).is_file():
+            logging.getLogger(__name__).warning(
+                "--resume: %s has no saved settings to check against; make sure the command is the same",
+                out,
+            )
+        done = finished_questions(outputs, methods, questions)
+        print(
+            f"resuming: {len({r.question_id for r in done})} of {len(questions)} questions already measured"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = saved_path.with_name(saved_path.name + ".tmp")
+    tmp.write_text(json.dumps(config, indent=1))
+    tmp.replace(saved_path)
+    return done

@@ -294,3 +294,42 @@ def test_shards_merge_into_the_whole_run(tiny_llama, tmp_path, capsys):
         )
         == 2
     )
+
+
+def test_resume_keeps_finished_questions_and_measures_the_rest(tiny_llama, tmp_path, monkeypatch, capsys):
+    from headstart.bench import runner
+
+    rows = [{"question_id": i, "category": c, "turns": [f"say {c} {i}"]} for i, c in enumerate("abcab")]
+    questions = _write_jsonl(tmp_path / "q.jsonl", rows)
+    out = tmp_path / "bench"
+    base = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "6"]
+    base += ["--baselines", "vanilla,pld", "--output", str(out)]
+    real_of = runner.Record.of
+
+    def interrupted(question, turn, method, run):
+        if question.question_id == "3" and method == "pld":  # question 3 cut off halfway
+            raise KeyboardInterrupt
+        return real_of(question, turn, method, run)
+
+    monkeypatch.setattr(runner.Record, "of", interrupted)
+    assert main(base) == 130  # interrupted (Ctrl-C)
+    assert not (out / "outputs.jsonl").exists() and (out / "config.partial.json").is_file()
+    partial = [json.loads(line) for line in (out / "outputs.jsonl.partial").read_text().splitlines()]
+    assert {r["question_id"] for r in partial} == {"0", "1", "2", "3"}
+    with (out / "outputs.jsonl.partial").open("a") as handle:
+        handle.write('{"question_id": "4", "tu')  # a line torn by the interruption
+    monkeypatch.setattr(runner.Record, "of", real_of)
+
+    # another command's settings are refused, and nothing is lost
+    assert main([*base, "--max-new-tokens", "5", "--resume"]) == 2  # the last --max-new-tokens wins
+    assert "max_new_tokens" in capsys.readouterr().err
+    assert main([*base, "--resume"]) == 0
+    assert "resuming: 3 of 5 questions already measured" in capsys.readouterr().out
+    records = [json.loads(line) for line in (out / "outputs.jsonl").read_text().splitlines()]
+    keys = [(r["question_id"], r["method"]) for r in records]
+    assert sorted(keys) == sorted((str(i), m) for i in range(5) for m in ("vanilla", "pld"))
+    kept = {(r["question_id"], r["method"]): r["wall_s"] for r in partial if r["question_id"] != "3"}
+    assert all(r["wall_s"] == kept[k] for r, k in zip(records, keys, strict=True) if k in kept)  # not re-run
+    assert not (out / "config.partial.json").exists() and not (out / "outputs.jsonl.partial").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["methods"]["pld"]["identical_fraction"] == 1.0 and report["config"]["num_prompts"] == 5
