@@ -104,11 +104,11 @@ def run_bench(
     tmp = partial_path(outputs)
     total = sum(len(q.turns) for q in questions) * len(methods)
     started = time.perf_counter()
-    with tmp.open("w") as handle, tqdm(total=total, desc="bench", unit="run") as bar:
+    # initial=: resumed runs count as done without skewing the bar's rate and time left
+    with tmp.open("w") as handle, tqdm(total=total, initial=len(records), desc="bench", unit="run") as bar:
         for record in records:  # rewritten first, so a second interruption keeps them too
             handle.write(json.dumps(record.__dict__) + "\n")
         handle.flush()
-        bar.update(len(records))
         for index, question in enumerate(todo):
             answers: dict[str, list[list[int]]] = {name: [] for name in methods}
             for turn in range(1, len(question.turns) + 1):
