@@ -82,7 +82,8 @@ def test_packing_context_uses_the_kernel(rows, monkeypatch):
     packer = PackedLinears.for_model(model)
     calls = []
     kernel = small_matmul()
-    monkeypatch.setattr(kernel, "linear", lambda *a: calls.append(a[0].shape) or F.linear(*a))
+    real = kernel._fn
+    monkeypatch.setattr(kernel, "_fn", lambda *a: calls.append((a[6], a[8])) or real(*a))  # (rows, K)
     x = torch.randn(1, rows, 48)
     with torch.no_grad():
         ref = model(x)
@@ -90,8 +91,34 @@ def test_packing_context_uses_the_kernel(rows, monkeypatch):
             out = model(x)
             model(torch.randn(rows + 1, 48))  # another row count: plain F.linear
     assert calls == [(rows, 48), (rows, 96)]
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the stub computes F.linear itself
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert not any("forward" in m.__dict__ for m in packer.linears)
+
+
+@needs_kernel
+def test_bound_linear_is_the_same_kernel_and_refuses_what_it_cannot_take():
+    kernel = small_matmul()
+    w, b = torch.randn(40, 48), torch.randn(40)
+    x = torch.randn(2, 3, 48)  # 6 rows
+    fast = kernel.bind(w, b, 6)
+    out = fast(x)
+    assert out.shape == (2, 3, 40) and torch.equal(out, kernel.linear(x.reshape(6, 48), w, b).view(2, 3, 40))
+    assert fast(torch.randn(7, 48)) is None  # another row count
+    assert fast(torch.randn(6, 48, dtype=torch.float64)) is None
+    assert fast(torch.randn(48, 6).t()) is None  # not contiguous: the caller's general path
+    assert kernel.bind(torch.randn(48, 40).t(), None, 6) is None  # weight not contiguous
+    assert kernel.bind(w, b, MAX_ROWS + 1) is None
+
+
+@needs_kernel
+def test_strided_rows_take_the_general_kernel_path_with_the_same_bits():
+    model = _model()
+    packer = PackedLinears.for_model(model)
+    x = torch.randn(4, 96)[:, :48]  # rows with a stride: no fast path, still the kernel
+    with torch.no_grad(), packer.rows(4):
+        strided = model(x)
+        contiguous = model(x.contiguous())
+    assert torch.equal(strided, contiguous)
 
 
 def test_disabled_or_unbuildable_kernel_falls_back(monkeypatch, tmp_path, caplog):

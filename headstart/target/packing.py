@@ -161,13 +161,15 @@ def packed(packers: Iterable[PackedLinears | None], rows: int) -> Iterator[None]
 
 
 def _small_forward(module: nn.Linear, kernel: SmallMatmul, rows: int) -> Any:
+    fast = kernel.bind(module.weight, module.bias, rows)  # None: the weight does not fit
+
     def forward(x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, module.in_features)
-        if (
-            flat.shape[0] != rows
-            or torch.is_grad_enabled()
-            or not kernel.fits(flat, module.weight, module.bias)
-        ):
+        if torch.is_grad_enabled():  # the kernel has no backward
+            return F.linear(x, module.weight, module.bias)
+        if fast is not None and (out := fast(x)) is not None:
+            return out
+        flat = x.reshape(-1, module.in_features)  # e.g. strided rows: the general path, same bits
+        if flat.shape[0] != rows or not kernel.fits(flat, module.weight, module.bias):
             return F.linear(x, module.weight, module.bias)
         return kernel.linear(flat, module.weight, module.bias).view(*x.shape[:-1], module.out_features)
 
