@@ -88,15 +88,7 @@ class SmallMatmul:
         cost ~11 us a call (~2.5 ms of a 40 ms SmolLM2 verify). The callable takes contiguous fp32
         CPU inputs (..., K) of `rows` rows and returns None for anything else (the caller then takes
         the general path); None when the weight does not fit. Same kernel, same bits."""
-        fits = (
-            1 <= rows <= MAX_ROWS
-            and weight.dim() == 2
-            and weight.dtype == torch.float32
-            and weight.device.type == "cpu"
-            and weight.is_contiguous()
-            and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-        )
-        if not fits:
+        if not (1 <= rows <= MAX_ROWS and self.weight_fits(weight, bias)):
             return None
         call, threads = self._fn, torch.get_num_threads()
         outer, inner = weight.shape
@@ -126,9 +118,19 @@ class SmallMatmul:
         return (
             x.dim() == 2
             and x.shape[0] <= MAX_ROWS
-            and x.dtype == weight.dtype == torch.float32
-            and x.device.type == weight.device.type == "cpu"
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
             and x.stride(1) == 1
+            and SmallMatmul.weight_fits(weight, bias)
+        )
+
+    @staticmethod
+    def weight_fits(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """A weight (and bias) the kernel reads in place: 2D contiguous fp32 on the CPU."""
+        return (
+            weight.dim() == 2
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
             and weight.is_contiguous()
             and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
         )
