@@ -1,0 +1,311 @@
+"""Continuous batching: many prompts in flight through headstart's own forward, finished rows
+refilled at once. It is the engine of `headstart distill` (the target answering thousands of
+prompts), where throughput, not latency, is what counts.
+
+A decode step is ONE target forward over every live row (one new token each): on a CPU the
+small-row kernel reads the weights once for up to 64 rows (target/smallmm.py), on a GPU the batch
+fills the device. Rows live in *slots*; the KV cache is one (B, kv_heads, S, D) tensor per layer
+whose S columns are shared storage, not positions:
+
+* every row has its own position ids (RoPE is applied before the cache, so a column's key already
+  carries its position) and its own `valid` mask over the columns (B, S);
+* a newcomer is prefilled alone (its prompt is many rows already, so batching prefills buys little
+  and padding would waste compute), then its P entries are written into the last P columns of a
+  free slot (dead columns of the row it replaces are masked out); the cache grows on the left
+  only when P > S;
+* the cache grows by one column per step; when dead columns (finished rows' leftovers, prompts
+  shorter than their slot) pass a quarter of the width, every row's live columns are gathered
+  right-aligned into a narrower cache (cost: one copy of the cache, rare).
+
+Replies are the target's: greedy rows take the argmax, sampled rows draw from the warped
+distribution with their OWN generator (seeded per request), so a reply does not depend on which
+other prompts shared its batch (up to float rounding in attention reductions, as any batching).
+One host read per step (the new tokens, to check stops).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.sampling import probabilities
+from headstart.target import Target, forward, new_cache, tree_attention_mask
+
+
+@dataclass
+class Request:
+    """One prompt to answer. `key` is the caller's (returned with the reply)."""
+
+    key: Any
+    prompt: list[int]
+    sampling: SamplingConfig
+    seed: int | None = None
+
+
+@dataclass
+class Reply:
+    token_ids: list[int]  # the generated ids, end-of-turn id excluded
+    finished: bool  # True when the target emitted an end-of-turn id (False: hit max_new_tokens)
+
+
+@dataclass
+class EngineStats:
+    replies: int = 0
+    new_tokens: int = 0  # generated tokens, end-of-turn ids included
+    prompt_tokens: int = 0
+    decode_steps: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    compactions: int = 0
+    row_steps: int = 0  # live rows summed over decode steps (mean batch = row_steps / decode_steps)
+
+    def as_dict(self) -> dict[str, Any]:
+        wall = self.prefill_s + self.decode_s
+        return {
+            "replies": self.replies,
+            "new_tokens": self.new_tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "decode_steps": self.decode_steps,
+            "mean_batch": round(self.row_steps / self.decode_steps, 2) if self.decode_steps else 0.0,
+            "prefill_s": round(self.prefill_s, 2),
+            "decode_s": round(self.decode_s, 2),
+            "new_tokens_per_s": round(self.new_tokens / wall, 2) if wall > 0 else 0.0,
+            "compactions": self.compactions,
+        }
+
+
+@dataclass
+class _Slot:
+    request: Request
+    position: int  # position id of the next token fed (== tokens committed so far)
+    tokens: list[int] = field(default_factory=list)
+    generator: torch.Generator | None = None
+
+
+class ContinuousBatcher:
+    """Answer a stream of requests with at most `max_batch` in flight.
+
+    `run(requests, on_reply)` calls `on_reply(request, reply)` as each finishes; it may return
+    follow-up requests (a conversation's next turn), which go to the FRONT of the queue so that
+    started conversations finish first. `admit_every`: refill only when this many slots are free
+    (or nothing else is waiting), so the cost of a prefill call is shared by several newcomers.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        max_batch: int = 32,
+        admit_every: int = 4,
+        compact_slack: float = 0.25,
+        compact_min: int = 32,
+    ) -> None:
+        from headstart.target.packing import PackedLinears
+
+        if max_batch < 1:
+            from headstart.errors import HeadstartError
+
+            raise HeadstartError(f"batch size must be >= 1, got {max_batch}", "use --batch-size 32")
+        self.target = target
+        self.max_batch = max_batch
+        self.admit_every = max(1, min(admit_every, max_batch))
+        self.compact_slack = compact_slack
+        self.compact_min = compact_min  # dead columns tolerated whatever the width (copies are not free)
+        self.stops = frozenset(target.eos_token_ids)
+        self.stats = EngineStats()
+        self.packer = PackedLinears.for_model(target.model)  # CPU fp32: the small-row kernel
+
+    # ---- the loop -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def run(
+        self,
+        requests: Iterable[Request],
+        on_reply: Callable[[Request, Reply], Iterable[Request] | None],
+        progress: Callable[[EngineStats], None] | None = None,
+    ) -> EngineStats:
+        queue: deque[Request] = deque()
+        source = iter(requests)
+        slots: list[_Slot | None] = []
+        cache: Any = None
+        valid = torch.zeros(0, 0, dtype=torch.bool, device=self.target.device)  # (B, S)
+        logits: torch.Tensor | None = None  # (B, V): next-token logits of every live slot
+
+        def pull(count: int) -> None:
+            while len(queue) < count:
+                nxt = next(source, None)
+                if nxt is None:
+                    return
+                queue.append(nxt)
+
+        while True:
+            free = [i for i, s in enumerate(slots) if s is None] + list(range(len(slots), self.max_batch))
+            pull(len(free))
+            live = len(slots) - slots.count(None)
+            if queue and free and (len(free) >= self.admit_every or live == 0 or len(queue) < len(free)):
+                cache, valid, logits = self._admit(queue, free, slots, cache, valid, logits)
+            if all(s is None for s in slots):
+                if not queue:
+                    break
+                continue
+            tokens = self._choose(logits, slots)  # (B,)
+            chosen = tokens.tolist()  # cost: the one host read per step
+            for i, slot in enumerate(slots):
+                if slot is None:
+                    continue
+                token = chosen[i]
+                slot.tokens.append(token)
+                ended = token in self.stops
+                if ended or len(slot.tokens) >= slot.request.sampling.max_new_tokens:
+                    ids = slot.tokens[:-1] if ended else slot.tokens
+                    self.stats.replies += 1
+                    self.stats.new_tokens += len(slot.tokens)
+                    slots[i] = None
+                    valid[i] = False  # its entries are dead: compaction drops them
+                    follow = on_reply(slot.request, Reply(token_ids=ids, finished=ended))
+                    queue.extendleft(reversed(list(follow or [])))
+            if progress is not None:
+                progress(self.stats)
+            if all(s is None for s in slots):  # start the next wave with a fresh, small cache
+                slots, cache, logits = [], None, None
+                valid = valid[:0, :0]
+                continue
+            cache, valid, logits = self._step(tokens, slots, cache, valid)
+        return self.stats
+
+    # ---- steps --------------------------------------------------------------------------------
+    def _choose(self, logits: torch.Tensor, slots: list[_Slot | None]) -> torch.Tensor:
+        """Next token per slot: argmax for greedy rows, a draw from each sampled row's own generator."""
+        tokens = logits.argmax(-1)
+        for i, slot in enumerate(slots):
+            if slot is not None and not slot.request.sampling.greedy:
+                probs = probabilities(logits[i : i + 1], slot.request.sampling)
+                tokens[i] = torch.multinomial(probs, 1, generator=slot.generator)[0, 0]
+        return tokens
+
+    def _step(
+        self, tokens: torch.Tensor, slots: list[_Slot | None], cache: Any, valid: torch.Tensor
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Feed every slot its newest token (dead slots feed a harmless one, masked to themselves)."""
+        from headstart.target.packing import packed
+
+        start = time.perf_counter()
+        batch = len(slots)
+        alive = torch.tensor([s is not None for s in slots], device=valid.device)
+        positions = torch.tensor([[s.position if s else 0] for s in slots], device=valid.device)
+        mask = tree_attention_mask(valid & alive[:, None], torch.ones(batch, 1, 1, dtype=torch.bool,
+                                   device=valid.device), self.target.dtype)  # fmt: skip  # (B, 1, 1, S + 1)
+        with packed([self.packer], batch):
+            feats = forward(self.target.model, tokens[:, None], attention_mask=mask, position_ids=positions,
+                            past_key_values=cache)  # fmt: skip
+        valid = torch.cat([valid, alive[:, None]], dim=1)
+        for slot in slots:
+            if slot is not None:
+                slot.position += 1
+        self.stats.decode_steps += 1
+        self.stats.row_steps += int(sum(s is not None for s in slots))
+        cache, valid = self._maybe_compact(cache, valid, max(s.position for s in slots if s is not None))
+        self.stats.decode_s += time.perf_counter() - start
+        return cache, valid, feats.logits[:, -1]
+
+    def _admit(
+        self,
+        queue: deque[Request],
+        free: list[int],
+        slots: list[_Slot | None],
+        cache: Any,
+        valid: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Prefill waiting requests one by one and write each into a free slot."""
+        from headstart.target.packing import packed
+
+        start = time.perf_counter()
+        device = self.target.device
+        for slot_id in free:
+            if not queue:
+                break
+            request = queue.popleft()
+            ids = torch.tensor([request.prompt], device=device)  # (1, P)
+            own = new_cache(self.target.model)
+            with packed([self.packer], ids.shape[1]):
+                feats = forward(self.target.model, ids, past_key_values=own, logits_to_keep=1)
+            generator = None
+            if not request.sampling.greedy:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(request.seed if request.seed is not None else int(torch.seed()))
+            slot = _Slot(request, position=ids.shape[1], generator=generator)
+            if slot_id >= len(slots):
+                slots.append(slot)
+            else:
+                slots[slot_id] = slot
+            cache, valid = _place(cache, valid, own, slot_id, ids.shape[1], len(slots))
+            row = feats.logits[:, -1]  # (1, V)
+            if logits is None or logits.shape[0] < len(slots):
+                grown = row.new_zeros(len(slots), row.shape[-1])
+                if logits is not None:
+                    grown[: logits.shape[0]] = logits
+                logits = grown
+            logits[slot_id] = row[0]
+            self.stats.prompt_tokens += ids.shape[1]
+        self.stats.prefill_s += time.perf_counter() - start
+        assert logits is not None
+        return cache, valid, logits
+
+    def _maybe_compact(self, cache: Any, valid: torch.Tensor, need: int) -> tuple[Any, torch.Tensor]:
+        """`need`: the most entries a live row holds (its position: one entry per token fed)."""
+        width = valid.shape[1]
+        if width - need <= max(self.compact_min, self.compact_slack * width):
+            return cache, valid
+        self.stats.compactions += 1
+        return _compact(cache, valid, need)
+
+
+# ---- cache surgery (columns are storage; positions live in the keys) -----------------------------
+def _layers(cache: Any) -> list[Any]:
+    return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+
+
+def _place(
+    cache: Any, valid: torch.Tensor, own: Any, slot: int, length: int, batch: int
+) -> tuple[Any, torch.Tensor]:
+    """Write a newcomer's `length` cached entries (`own`, batch 1) into row `slot` of `cache`,
+    right-aligned; grow the batch to `batch` rows and the width to `length` if needed."""
+    if cache is None:
+        return own, torch.ones(1, length, dtype=torch.bool, device=valid.device)
+    rows, width = valid.shape
+    new_rows, new_width = max(rows, batch), max(width, length)
+    if (new_rows, new_width) != (rows, width):  # cost: one copy of the cache into a larger one
+        for layer in _layers(cache):
+            for name in ("keys", "values"):
+                old = getattr(layer, name)
+                grown = old.new_zeros(new_rows, old.shape[1], new_width, old.shape[3])
+                grown[:rows, :, new_width - width :] = old
+                setattr(layer, name, grown)
+        grown_valid = valid.new_zeros(new_rows, new_width)
+        grown_valid[:rows, new_width - width :] = valid
+        valid = grown_valid
+    for layer, mine in zip(_layers(cache), _layers(own), strict=True):
+        layer.keys[slot, :, new_width - length :] = mine.keys[0]
+        layer.values[slot, :, new_width - length :] = mine.values[0]
+    valid[slot] = False
+    valid[slot, new_width - length :] = True
+    return cache, valid
+
+
+def _compact(cache: Any, valid: torch.Tensor, width: int) -> tuple[Any, torch.Tensor]:
+    """Gather every row's valid columns, in order, right-aligned into `width` columns."""
+    columns = valid.shape[1]
+    index = torch.arange(columns, device=valid.device).expand_as(valid)
+    # valid columns sort last (stable, so their order is kept); take the last `width` of each row
+    order = torch.where(valid, index + columns, index).argsort(dim=1, stable=True)[:, -width:]  # (B, W)
+    new_valid = valid.gather(1, order)
+    for layer in _layers(cache):
+        gather = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+        layer.keys = layer.keys.gather(2, gather)
+        layer.values = layer.values.gather(2, gather)
+    return cache, new_valid
