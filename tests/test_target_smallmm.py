@@ -3,6 +3,8 @@ wired into the packing context, and a clean fallback when it cannot be built."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,3 +165,33 @@ def test_build_is_cached_per_source_and_cpu(tmp_path):
 def test_for_model_needs_fp32_cpu_weights():
     assert PackedLinears.for_model(_model().double()) is None
     assert packing.PackedLinears.for_model(nn.Sequential(nn.GELU())) is None
+
+
+@needs_kernel
+def test_calibration_is_measured_once_per_machine_and_overridable(monkeypatch, tmp_path):
+    kernel, record = small_matmul(), tmp_path / "k.rows.json"
+    monkeypatch.delenv("HEADSTART_SMALLMM_ROWS")
+    rows = smallmm.calibrated_rows(kernel, record)
+    assert rows in (0, *smallmm.ROW_BUCKETS)
+    assert json.loads(record.read_text()) == {str(torch.get_num_threads()): rows}
+
+    def no_measuring(_kernel):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(smallmm, "_measure_rows", no_measuring)
+    assert smallmm.calibrated_rows(kernel, record) == rows  # read back, not measured
+    monkeypatch.setenv("HEADSTART_SMALLMM_ROWS", "8")
+    assert smallmm.calibrated_rows(kernel, record) == 8
+
+
+@needs_kernel
+@pytest.mark.skipif(not packing.mkl_packing_available(), reason="no MKL packing in this torch build")
+def test_packing_context_leaves_rows_past_the_calibrated_range_to_mkl(monkeypatch):
+    monkeypatch.setattr(small_matmul(), "max_rows", 2)
+    packer = PackedLinears.for_model(_model())
+    with torch.no_grad(), packer.rows(8):
+        used = [m.forward.__qualname__ for m in packer.linears if "forward" in m.__dict__]
+    assert used and all(name.startswith("_packed_forward") for name in used)
+    with torch.no_grad(), packer.rows(2):
+        used = [m.forward.__qualname__ for m in packer.linears if "forward" in m.__dict__]
+    assert used and all(name.startswith("_small_forward") for name in used)

@@ -132,7 +132,7 @@ class PackedLinears:
         """Inside, linears with exactly `rows` input rows use the small-row kernel (1 to
         `smallmm.MAX_ROWS` rows, when it built) or packed weights (4 to MAX_ROWS rows)."""
         kernel = small_matmul() if rows <= SMALL_MAX_ROWS else None
-        if kernel is not None:
+        if kernel is not None and rows <= kernel.max_rows:
             for module in self.linears:
                 # an instance attribute shadows the class's forward until the context closes
                 module.forward = _small_forward(module, kernel, rows)

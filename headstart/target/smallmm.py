@@ -22,6 +22,15 @@ ctypes (~2 us per call, ~0.5 ms per SmolLM2 forward). No compiler, a failed buil
 `HEADSTART_SMALLMM=0`: `small_matmul()` returns None and callers keep PyTorch's matmul (one
 warning says why).
 
+Where the kernel wins depends on the CPU: the table above is an AVX-512 machine, where the
+8 x 2 accumulator block fits the 32 vector registers. On an AVX2-only CPU (16 registers of 8
+floats) the same block spills, and the kernel is slower than MKL from ~4 rows on (measured on the
+same project's AVX2 EPYC, 2 threads, a 49152 x 576 lm_head: 7 vs 10 ms for 1 row, 41 vs 22 for 8,
+163 vs 31 for 32). So on first use `calibrated_rows` times the kernel against the path packing.py
+would take otherwise, per row bucket, and keeps the kernel for the row counts where it is not
+slower (a contiguous range 1..R, cached per machine beside the library; `HEADSTART_SMALLMM_ROWS=R`
+overrides). Decoders then take the kernel up to R rows and MKL's packs past it.
+
 Exactness: each output element is the same chain of fused multiply-adds whatever the row count
 (up to `MAX_ROWS`) and the thread count, so a tree verify's matmuls equal sequential decoding's
 bit for bit (tests/test_target_smallmm.py). Against MKL (transformers' `generate`) results differ
@@ -34,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import json
 import logging
 import os
 import platform
@@ -59,10 +69,12 @@ FLAG_SETS = (  # tried in order: the first that builds is used
 
 
 class SmallMatmul:
-    """The compiled kernel; `linear` is F.linear for 2D fp32 CPU inputs of at most MAX_ROWS rows."""
+    """The compiled kernel; `linear` is F.linear for 2D fp32 CPU inputs of at most `max_rows` rows
+    (MAX_ROWS, or fewer where calibration found MKL faster on this CPU: see `calibrated_rows`)."""
 
-    def __init__(self, library: Path) -> None:
+    def __init__(self, library: Path, max_rows: int = MAX_ROWS) -> None:
         self.path = library
+        self.max_rows = max_rows
         lib = ctypes.CDLL(str(library))
         self._fn = lib.headstart_small_matmul
         self._fn.restype = None
@@ -88,7 +100,7 @@ class SmallMatmul:
         cost ~11 us a call (~2.5 ms of a 40 ms SmolLM2 verify). The callable takes contiguous fp32
         CPU inputs (..., K) of `rows` rows and returns None for anything else (the caller then takes
         the general path); None when the weight does not fit. Same kernel, same bits."""
-        if not (1 <= rows <= MAX_ROWS and self.weight_fits(weight, bias)):
+        if not (1 <= rows <= self.max_rows and self.weight_fits(weight, bias)):
             return None
         call, threads = self._fn, torch.get_num_threads()
         outer, inner = weight.shape
@@ -111,13 +123,12 @@ class SmallMatmul:
 
         return linear
 
-    @staticmethod
-    def fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    def fits(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
         """Inputs the kernel takes as they are (no copies): CPU fp32, x rows with unit stride,
         a contiguous weight (and bias)."""
         return (
             x.dim() == 2
-            and x.shape[0] <= MAX_ROWS
+            and x.shape[0] <= self.max_rows
             and x.dtype == torch.float32
             and x.device.type == "cpu"
             and x.stride(1) == 1
@@ -209,7 +220,81 @@ def small_matmul() -> SmallMatmul | None:
     if os.environ.get("HEADSTART_SMALLMM", "1") == "0" or os.environ.get("HEADSTART_PACKED", "1") == "0":
         return None
     try:
-        return SmallMatmul(build())
+        library = build()
+        kernel = SmallMatmul(library)
     except (RuntimeError, OSError) as err:
         log.warning("headstart: small-row CPU matmul kernel unavailable, using PyTorch's (%s)", err)
         return None
+    kernel.max_rows = calibrated_rows(kernel, library.with_suffix(".rows.json"))
+    return kernel
+
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def calibrated_rows(kernel: SmallMatmul, record: Path) -> int:
+    """The most rows for which the kernel is no slower than the alternative on this CPU.
+
+    Measured once per machine (~1-2 s) and stored in `record` next to the library; the env var
+    HEADSTART_SMALLMM_ROWS overrides. Two weight shapes of a decoder (an MLP projection and a
+    draft lm_head) at torch's current thread count; a bucket counts as won when the kernel's best
+    time is within 10% of the alternative's, and the range stops at the first bucket lost (a
+    contiguous 1..R keeps a verify's rows and sequential decoding's on one path)."""
+    override = os.environ.get("HEADSTART_SMALLMM_ROWS")
+    if override:
+        return max(0, min(MAX_ROWS, int(override)))
+    threads = torch.get_num_threads()
+    try:
+        saved = json.loads(record.read_text())
+        if str(threads) in saved:
+            return int(saved[str(threads)])
+    except (OSError, ValueError):
+        saved = {}
+    rows = _measure_rows(kernel)
+    saved[str(threads)] = rows
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(saved))
+        os.replace(tmp, record)  # atomic: two processes calibrating at once both leave a whole file
+    except OSError:
+        pass
+    log.info("headstart: small-row kernel used up to %d rows at %d threads", rows, threads)
+    return rows
+
+
+def _measure_rows(kernel: SmallMatmul) -> int:
+    import time
+
+    from headstart.target.packing import MIN_ROWS, mkl_packing_available, packed_rows
+
+    def best(fn: Callable[[], object], reps: int = 5) -> float:
+        fn()
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, 576, generator=generator) for n in (1536, 8192)]
+    won = 0
+    with torch.no_grad():
+        for rows in ROW_BUCKETS:
+            mine = other = 0.0
+            for weight in weights:
+                x = torch.randn(rows, weight.shape[1], generator=generator)
+                mine += best(lambda x=x, w=weight: kernel.linear(x, w))
+                if rows >= MIN_ROWS and mkl_packing_available():
+                    pad = packed_rows(rows)
+                    pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, pad)
+                    xp = torch.cat([x, x.new_zeros(pad - rows, x.shape[1])])
+                    other += best(
+                        lambda xp=xp, p=pack, w=weight, n=pad: torch.ops.mkl._mkl_linear(xp, p, w, None, n)
+                    )
+                else:
+                    other += best(lambda x=x, w=weight: torch.nn.functional.linear(x, w))
+            if mine > 1.1 * other:
+                break
+            won = rows
+    return won

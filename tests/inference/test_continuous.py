@@ -96,12 +96,17 @@ def test_follow_up_requests_run_first_and_exactly(target):
             return [Request(key=(request.key, 2), prompt=nxt, sampling=greedy)]
         return None
 
-    first = [Request(key=i, prompt=target.chat.user_prompt_ids(t), sampling=greedy) for i, t in enumerate(TEXTS[:5])]
+    first = [
+        Request(key=i, prompt=target.chat.user_prompt_ids(t), sampling=greedy)
+        for i, t in enumerate(TEXTS[:5])
+    ]
     ContinuousBatcher(target, max_batch=2, admit_every=1).run(first, done)
     assert len(replies) == 10
     for key, reply in replies.items():
         if isinstance(key, tuple):
-            prompt = first[key[0]].prompt + replies[key[0]].token_ids + target.chat.user_prompt_ids("and then?")
+            prompt = (
+                first[key[0]].prompt + replies[key[0]].token_ids + target.chat.user_prompt_ids("and then?")
+            )
             assert reply.token_ids == _generate(target, prompt, 12)[0]
     # follow-ups jump the queue: the second turn of request 0 comes before request 4's first turn
     assert order.index((0, 2)) < order.index(4)
