@@ -104,6 +104,7 @@ class ContinuousBatcher:
         admit_every: int = 4,
         compact_slack: float = 0.25,
         compact_min: int = 32,
+        prefill_tokens: int = 2048,
     ) -> None:
         from headstart.target.packing import PackedLinears
 
@@ -115,6 +116,7 @@ class ContinuousBatcher:
         self.max_batch = max_batch
         self.admit_every = max(1, min(admit_every, max_batch))
         self.compact_slack = compact_slack
+        self.prefill_tokens = prefill_tokens  # padded prompt tokens per prefill forward (memory, mask size)
         self.compact_min = compact_min  # dead columns tolerated whatever the width (copies are not free)
         self.stops = frozenset(target.eos_token_ids)
         self.stats = EngineStats()
@@ -221,38 +223,70 @@ class ContinuousBatcher:
         valid: torch.Tensor,
         logits: torch.Tensor | None,
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Prefill waiting requests one by one and write each into a free slot."""
-        from headstart.target.packing import packed
-
+        """Prefill waiting requests into free slots, `prefill_tokens` prompt tokens per forward."""
         start = time.perf_counter()
+        take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+        group: list[Request] = []
+        for request in take:
+            widest = max([len(r.prompt) for r in group] + [len(request.prompt)])
+            if group and widest * (len(group) + 1) > self.prefill_tokens:
+                cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
+                free, group = free[len(group) :], []
+            group.append(request)
+        cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
+        self.stats.prefill_s += time.perf_counter() - start
+        return cache, valid, logits
+
+    def _prefill(
+        self,
+        group: list[Request],
+        free: list[int],
+        slots: list[_Slot | None],
+        cache: Any,
+        valid: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One target forward over `group`'s prompts, left-padded (the caller orders prompts by
+        length, so padding stays small); each row's entries then go into a free slot."""
         device = self.target.device
-        for slot_id in free:
-            if not queue:
-                break
-            request = queue.popleft()
-            ids = torch.tensor([request.prompt], device=device)  # (1, P)
-            own = new_cache(self.target.model)
-            with packed([self.packer], ids.shape[1]):
-                feats = forward(self.target.model, ids, past_key_values=own, logits_to_keep=1)
+        width = max(len(r.prompt) for r in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long, device=device)
+        mine = torch.zeros(len(group), width, dtype=torch.bool, device=device)
+        for row, request in enumerate(group):
+            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
+            mine[row, width - len(request.prompt) :] = True
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        sees = (causal[None] & mine[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
+        mask = tree_attention_mask(mine[:, :0], sees, self.target.dtype)  # (G, 1, P, P)
+        positions = (mine.long().cumsum(1) - 1).clamp_min(0)
+        own = new_cache(self.target.model)
+        # Plain gemm: a prefill has many rows, and packing weights for a one-off row count would
+        # copy them all (538 MB for SmolLM2), more than the matmul costs.
+        feats = forward(self.target.model, ids, attention_mask=mask, position_ids=positions,
+                        past_key_values=own, logits_to_keep=1)  # fmt: skip
+        if cache is None:  # the first wave: an empty cache of the same layers, filled slot by slot
+            cache = new_cache(self.target.model)
+            for layer, src in zip(cache.layers, own.layers, strict=True):
+                layer.lazy_initialization(src.keys, src.values)
+        for row, (request, slot_id) in enumerate(zip(group, free, strict=False)):
             generator = None
             if not request.sampling.greedy:
                 generator = torch.Generator(device=device)
                 generator.manual_seed(request.seed if request.seed is not None else int(torch.seed()))
-            slot = _Slot(request, position=ids.shape[1], generator=generator)
+            slot = _Slot(request, position=len(request.prompt), generator=generator)
             if slot_id >= len(slots):
                 slots.append(slot)
             else:
                 slots[slot_id] = slot
-            cache, valid = _place(cache, valid, own, slot_id, ids.shape[1], len(slots))
-            row = feats.logits[:, -1]  # (1, V)
+            cache, valid = _place(cache, valid, own, row, slot_id, len(request.prompt), len(slots))
+            vocab = feats.logits.shape[-1]
             if logits is None or logits.shape[0] < len(slots):
-                grown = row.new_zeros(len(slots), row.shape[-1])
+                grown = feats.logits.new_zeros(len(slots), vocab)
                 if logits is not None:
                     grown[: logits.shape[0]] = logits
                 logits = grown
-            logits[slot_id] = row[0]
-            self.stats.prompt_tokens += ids.shape[1]
-        self.stats.prefill_s += time.perf_counter() - start
+            logits[slot_id] = feats.logits[row, -1]
+            self.stats.prompt_tokens += len(request.prompt)
         assert logits is not None
         return cache, valid, logits
 
@@ -271,27 +305,27 @@ def _layers(cache: Any) -> list[Any]:
 
 
 def _place(
-    cache: Any, valid: torch.Tensor, own: Any, slot: int, length: int, batch: int
+    cache: Any, valid: torch.Tensor, own: Any, row: int, slot: int, length: int, batch: int
 ) -> tuple[Any, torch.Tensor]:
-    """Write a newcomer's `length` cached entries (`own`, batch 1) into row `slot` of `cache`,
-    right-aligned; grow the batch to `batch` rows and the width to `length` if needed."""
-    if cache is None:
-        return own, torch.ones(1, length, dtype=torch.bool, device=valid.device)
+    """Write row `row`'s last `length` entries of `own` (a prefill's cache) into row `slot` of
+    `cache`, right-aligned; grow `cache` to `batch` rows and `length` columns if needed."""
     rows, width = valid.shape
     new_rows, new_width = max(rows, batch), max(width, length)
     if (new_rows, new_width) != (rows, width):  # cost: one copy of the cache into a larger one
-        for layer in _layers(cache):
+        for layer, src in zip(_layers(cache), _layers(own), strict=True):
             for name in ("keys", "values"):
                 old = getattr(layer, name)
-                grown = old.new_zeros(new_rows, old.shape[1], new_width, old.shape[3])
-                grown[:rows, :, new_width - width :] = old
+                ref = getattr(src, name)
+                grown = ref.new_zeros(new_rows, ref.shape[1], new_width, ref.shape[3])
+                if old is not None and old.numel():
+                    grown[:rows, :, new_width - width :] = old
                 setattr(layer, name, grown)
         grown_valid = valid.new_zeros(new_rows, new_width)
         grown_valid[:rows, new_width - width :] = valid
         valid = grown_valid
     for layer, mine in zip(_layers(cache), _layers(own), strict=True):
-        layer.keys[slot, :, new_width - length :] = mine.keys[0]
-        layer.values[slot, :, new_width - length :] = mine.values[0]
+        layer.keys[slot, :, new_width - length :] = mine.keys[row, :, -length:]
+        layer.values[slot, :, new_width - length :] = mine.values[row, :, -length:]
     valid[slot] = False
     valid[slot, new_width - length :] = True
     return cache, valid

@@ -51,14 +51,20 @@ def _run(target, requests, **kwargs):
     return replies, stats
 
 
-@pytest.mark.parametrize("max_batch, admit_every", [(1, 1), (3, 1), (4, 2), (16, 4)])
-def test_greedy_replies_equal_generate_alone(target, max_batch, admit_every):
+@pytest.mark.parametrize(
+    "max_batch, admit_every, prefill_tokens",
+    [(1, 1, 2048), (3, 1, 2048), (4, 2, 2048), (16, 4, 2048), (8, 8, 60)],
+)
+def test_greedy_replies_equal_generate_alone(target, max_batch, admit_every, prefill_tokens):
+    """Prompts of different lengths share padded prefills (split at `prefill_tokens`) and decode steps."""
     greedy = [SamplingConfig(max_new_tokens=n) for n in (5, 40, 17)]
     requests = [
         Request(key=i, prompt=target.chat.user_prompt_ids(t), sampling=greedy[i % 3])
         for i, t in enumerate(TEXTS)
     ]
-    replies, stats = _run(target, requests, max_batch=max_batch, admit_every=admit_every)
+    replies, stats = _run(
+        target, requests, max_batch=max_batch, admit_every=admit_every, prefill_tokens=prefill_tokens
+    )
     assert sorted(replies) == list(range(len(TEXTS)))
     for r in requests:
         ids, finished = _generate(target, r.prompt, r.sampling.max_new_tokens)
