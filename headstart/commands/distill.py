@@ -31,7 +31,11 @@ FLAGS: dict[str, tuple[type, str]] = {
     "top_p": (float, "nucleus sampling for replies"),
     "top_k": (int, "top-k sampling for replies (0 = off)"),
     "seed": (int, "sampling seed (default 0)"),
-    "batch_size": (int, "conversations generated together (default 8)"),
+    "engine": (
+        str,
+        "headstart (continuous batching on headstart's forward, default) or generate (transformers)",
+    ),
+    "batch_size": (int, "conversations in flight at once (default 64)"),
     "max_prompt_tokens": (int, "skip rows whose prompt is longer (default 1024)"),
     "shard_size": (int, "records per shard (default 256)"),
     "feature_layers": (str, "with --cache-features: ids like 1,14,25, 'eagle3' or 'last' (default eagle3)"),

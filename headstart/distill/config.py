@@ -96,8 +96,12 @@ class DistillConfig:
     """Top-k sampling for replies (0 = no limit)."""
     seed: int = 0
     """Seed for sampling (replies and data-free prompts); each batch reseeds from it."""
-    batch_size: int = 8
-    """Conversations generated together (left padding, KV cache)."""
+    engine: Literal["headstart", "generate"] = "headstart"
+    """Who writes the replies: `headstart` (continuous batching through headstart's own forward,
+    the fast default) or `generate` (transformers' generate over static batches, any model)."""
+    batch_size: int = 64
+    """Conversations in flight at once (headstart engine: finished rows are refilled at once;
+    generate engine: one left-padded batch). Memory: the KV cache of this many conversations."""
     max_prompt_tokens: int = 1024
     """Skip rows whose rendered prompt is longer; later turns past it end the conversation."""
     shard_size: int = 256

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from headstart.distill.config import DistillConfig
+from headstart.distill.dialogue import Dialogue
+from headstart.distill.engines import make_engine
 from headstart.distill.features import check_feature_budget, compute_features, parse_feature_layers
-from headstart.distill.masks import assistant_spans, loss_mask
 from headstart.distill.plan import Item, make_plan
-from headstart.distill.replies import Sampling, generate_batch
 from headstart.distill.sources import describe_source
 from headstart.distill.store import ShardWriter, atomic_write_bytes, done_indices, lock_output, open_output
 from headstart.errors import HeadstartError
+from headstart.inference.continuous import Reply, Request
 from headstart.target import Target
 
 
@@ -67,75 +69,6 @@ def length_batches(items: list[Item], batch_size: int, window: int = 16) -> list
         chunk = sorted(items[start : start + span], key=lambda it: it.prompt_tokens)
         batches += [chunk[at : at + batch_size] for at in range(0, len(chunk), batch_size)]
     return batches
-
-
-def distill_items(
-    target: Target, items: list[Item], cfg: DistillConfig, summary: Summary
-) -> list[dict[str, Any]]:
-    """Answer every user turn of `items` turn by turn (batched across items); return records."""
-    sampling = Sampling(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
-    history = [[{"role": "system", "content": it.system}] if it.system is not None else [] for it in items]
-    finished: list[list[bool]] = [[] for _ in items]
-    generated: list[list[list[int]]] = [[] for _ in items]
-    alive = [True] * len(items)
-    turns = max(len(it.conversation.turns) for it in items)
-    for turn in range(min(turns, cfg.max_turns or turns)):
-        rows, prompts = [], []
-        for j, item in enumerate(items):
-            if not alive[j] or turn >= len(item.conversation.turns):
-                continue
-            messages = history[j] + [{"role": "user", "content": item.conversation.turns[turn]}]
-            ids = target.chat.prompt_ids(messages)
-            if len(ids) > cfg.max_prompt_tokens:  # earlier turns stay; the conversation ends here
-                alive[j] = False
-                summary.skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
-                continue
-            rows.append(j)
-            prompts.append(ids)
-        if not rows:
-            break
-        # Seed from the first item's index and the turn: a resumed run regenerates the same batch.
-        replies = generate_batch(
-            target, prompts, sampling, seed=cfg.seed * 1_000_003 + items[rows[0]].index * 131 + turn
-        )
-        for j, reply in zip(rows, replies, strict=True):
-            text = target.tokenizer.decode(reply.token_ids, skip_special_tokens=True)
-            history[j] += [
-                {"role": "user", "content": items[j].conversation.turns[turn]},
-                {"role": "assistant", "content": text},
-            ]
-            finished[j].append(reply.finished)
-            generated[j].append(reply.token_ids)
-            summary.generated_tokens += len(reply.token_ids) + int(reply.finished)
-            summary.replies += 1
-            summary.truncated_replies += int(not reply.finished)
-    settings = sampling.as_dict() | {"seed": cfg.seed, "system": cfg.system, "max_turns": cfg.max_turns}
-    records = []
-    for j, item in enumerate(items):
-        ids, spans = assistant_spans(target.chat, history[j], target.eos_token_ids)
-        mask = loss_mask(len(ids), spans)
-        # The record holds the rendered conversation; flag replies whose decoded text re-encodes to
-        # other ids than the target generated (non-canonical BPE splits, a reply cut mid-character).
-        exact = [
-            ids[b:e] == reply_ids + ids[e - 1 : e]
-            for (b, e), reply_ids in zip(spans, generated[j], strict=True)
-        ]
-        summary.retokenized += exact.count(False)
-        records.append(
-            {
-                "index": item.index,
-                "source_id": item.source_id,
-                "messages": history[j],
-                "input_ids": ids,
-                "loss_mask": mask,
-                "turns_finished": finished[j],
-                "turns_exact": exact,
-                "reply_tokens": sum(mask),
-                "settings": settings,
-                "fingerprint": target.fingerprint,
-            }
-        )
-    return records
 
 
 def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -192,26 +125,68 @@ def _distill(
         )
         check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
     writer = ShardWriter(cfg.out)
+    engine = make_engine(cfg.engine, target, cfg.batch_size)
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
     gen_start, last_flush = time.perf_counter(), time.perf_counter()
-    try:
+    ready: list[dict[str, Any]] = []  # finished records waiting for their features / the writer
+
+    def publish() -> None:
+        nonlocal last_flush
+        feats = (
+            compute_features(target, [r["input_ids"] for r in ready], names, cfg.feature_dtype)
+            if names and ready
+            else None
+        )
+        for k, record in enumerate(ready):
+            writer.add(record, feats[k] if feats else None)
+            summary.tokens += len(record["input_ids"])
+        bar.update(len(ready))
+        ready.clear()
+        if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
+            writer.flush()
+            last_flush = time.perf_counter()
+
+    def finish(dialogue: Dialogue) -> None:
+        if dialogue.cut:
+            summary.skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
+        if not dialogue.generated:
+            return
+        record, retokenized = dialogue.record(engine.name)
+        summary.retokenized += retokenized
+        ready.append(record)
+        if len(ready) >= cfg.batch_size:
+            publish()
+
+    def requests() -> Iterator[Request]:
+        # Length-sorted within windows (length_batches): rows in flight then have similar prompt
+        # lengths, so padded prefills and the shared cache width waste little.
         for batch in length_batches(plan.todo, cfg.batch_size):
-            records = distill_items(target, batch, cfg, summary)
-            feats = (
-                compute_features(target, [r["input_ids"] for r in records], names, cfg.feature_dtype)
-                if names
-                else None
-            )
-            for k, record in enumerate(records):
-                writer.add(record, feats[k] if feats else None)
-                summary.tokens += len(record["input_ids"])
-            if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
-                writer.flush()
-                last_flush = time.perf_counter()
-            bar.update(len(records))
-            bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
+            for item in batch:
+                dialogue = Dialogue(item, cfg, target)
+                request = dialogue.next_request()
+                if request is None:
+                    finish(dialogue)
+                else:
+                    yield request
+
+    def on_reply(request: Request, reply: Reply) -> list[Request] | None:
+        dialogue = request.key
+        dialogue.answer(reply)
+        summary.generated_tokens += len(reply.token_ids) + int(reply.finished)
+        summary.replies += 1
+        summary.truncated_replies += int(not reply.finished)
+        following = dialogue.next_request()
+        if following is not None:
+            return [following]
+        finish(dialogue)
+        bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
+        return None
+
+    try:
+        engine.run(requests(), on_reply)
     finally:
-        # Buffered records are complete: publish them even when interrupted (Ctrl-C, an error).
+        # Finished records are complete: publish them even when interrupted (Ctrl-C, an error).
+        publish()
         writer.flush()
         bar.close()
     summary.generation_s = time.perf_counter() - gen_start

@@ -225,7 +225,10 @@ class ContinuousBatcher:
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill waiting requests into free slots, `prefill_tokens` prompt tokens per forward."""
         start = time.perf_counter()
-        take = [queue.popleft() for _ in range(min(len(free), len(queue)))]
+        # shortest first: a group is padded to its longest prompt
+        take = sorted(
+            (queue.popleft() for _ in range(min(len(free), len(queue)))), key=lambda r: len(r.prompt)
+        )
         group: list[Request] = []
         for request in take:
             widest = max([len(r.prompt) for r in group] + [len(request.prompt)])

@@ -86,27 +86,28 @@ def test_every_shape_end_to_end(distill_target, make_cfg, tmp_path, shape, suffi
 
 
 def test_resume_after_a_crash_gives_the_same_records(distill_target, make_cfg, tmp_path, monkeypatch):
-    import headstart.distill.pipeline as pipeline
+    from headstart.distill.dialogue import Dialogue
 
     source = _write(tmp_path / "p.jsonl", [{"prompt": f"question {i}"} for i in range(7)])
     clean = make_cfg(prompts=source, num=7, out=str(tmp_path / "clean"))
     run_distill(clean, target=distill_target, quiet=True)
-    real, calls = pipeline.generate_batch, {"n": 0}
+    real, calls = Dialogue.answer, {"n": 0}
 
-    def crashing(*args, **kwargs):
+    def crashing(self, reply):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 5:
             raise RuntimeError("simulated crash")
-        return real(*args, **kwargs)
+        return real(self, reply)
 
-    monkeypatch.setattr(pipeline, "generate_batch", crashing)
+    monkeypatch.setattr(Dialogue, "answer", crashing)
     cfg = make_cfg(prompts=source, num=7)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_distill(cfg, target=distill_target, quiet=True)
-    assert len(load_distilled(cfg.out)) == 4  # two published shards of two records
-    monkeypatch.setattr(pipeline, "generate_batch", real)
+    published = len(load_distilled(cfg.out))
+    assert published == 4  # every finished conversation, and nothing half-done
+    monkeypatch.setattr(Dialogue, "answer", real)
     summary = run_distill(cfg, target=distill_target, quiet=True)
-    assert summary["records_written"] == 3 and summary["records_total"] == 7
+    assert summary["records_written"] == 7 - published and summary["records_total"] == 7
     resumed = sorted(load_distilled(cfg.out), key=lambda r: r["index"])
     reference = sorted(load_distilled(clean.out), key=lambda r: r["index"])
     assert [r["index"] for r in resumed] == list(range(7))
@@ -263,3 +264,21 @@ def test_skip_rows_starts_later_in_the_source(distill_target, make_cfg, tmp_path
         if m["role"] == "user"
     ]
     assert users == ["Question 4", "Question 5"]
+
+
+def test_engines_write_the_same_greedy_conversations(distill_target, make_cfg, tmp_path):
+    """Continuous batching (the default) and transformers' generate answer every turn of
+    multi-turn rows alike; the record says which engine wrote it."""
+    rows = (
+        SHAPED_ROWS["sharegpt"] + SHAPED_ROWS["mtbench"] + [{"prompt": f"q {i} " * (1 + i)} for i in range(5)]
+    )
+    source = _write(tmp_path / "p.jsonl", rows)
+    records = {}
+    for engine in ("headstart", "generate"):
+        cfg = make_cfg(prompts=source, num=len(rows), out=str(tmp_path / engine), engine=engine, batch_size=3)
+        summary = run_distill(cfg, target=distill_target, quiet=True)
+        assert summary["records_total"] == len(rows) and summary["replies"] == len(rows) + 2
+        records[engine] = sorted(load_distilled(cfg.out), key=lambda r: r["index"])
+        assert {r["settings"]["engine"] for r in records[engine]} == {engine}
+    assert [r["input_ids"] for r in records["headstart"]] == [r["input_ids"] for r in records["generate"]]
+    assert [r["messages"] for r in records["headstart"]] == [r["messages"] for r in records["generate"]]

@@ -1,0 +1,89 @@
+"""Who writes the replies: the engines behind `headstart distill --engine`.
+
+Every engine answers a stream of `Request`s (a rendered prompt, its sampling settings and seed)
+and calls `on_reply(request, reply)` as each finishes; the callback may return follow-up requests
+(a conversation's next turn), which are answered before new conversations start.
+
+    headstart   continuous batching through headstart's own forward (inference/continuous.py):
+                up to --batch-size conversations in flight, finished rows refilled at once.
+                Full-attention decoder targets (the default).
+    generate    transformers' `generate` over static batches of --batch-size prompts: any model
+                transformers can generate with (the reference; slower).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from headstart.distill.replies import Sampling, generate_batch
+from headstart.inference.continuous import ContinuousBatcher, EngineStats, Reply, Request
+from headstart.target import Target
+
+ENGINES = ("headstart", "generate")
+OnReply = Callable[[Request, Reply], Iterable[Request] | None]
+
+
+class HeadstartEngine:
+    """Continuous batching on headstart's forward."""
+
+    name = "headstart"
+
+    def __init__(self, target: Target, batch_size: int) -> None:
+        self.batcher = ContinuousBatcher(target, max_batch=batch_size, admit_every=max(1, batch_size // 8))
+
+    def run(self, requests: Iterable[Request], on_reply: OnReply) -> EngineStats:
+        return self.batcher.run(requests, on_reply)
+
+
+class GenerateEngine:
+    """transformers' `generate`, batch by batch (left padding; a batch ends when its last row does)."""
+
+    name = "generate"
+
+    def __init__(self, target: Target, batch_size: int) -> None:
+        self.target = target
+        self.batch_size = batch_size
+        self.stats = EngineStats()
+
+    def run(self, requests: Iterable[Request], on_reply: OnReply) -> EngineStats:
+        import time
+
+        source = iter(requests)
+        queue: deque[Request] = deque()
+        while True:
+            while len(queue) < self.batch_size and (nxt := next(source, None)) is not None:
+                queue.append(nxt)
+            if not queue:
+                return self.stats
+            batch = [queue.popleft() for _ in range(min(self.batch_size, len(queue)))]
+            start = time.perf_counter()
+            # One call per distinct sampling setting (distill uses one for all requests).
+            first = batch[0].sampling
+            sampling = Sampling(first.max_new_tokens, first.temperature, first.top_p, first.top_k)
+            replies = generate_batch(self.target, [r.prompt for r in batch], sampling, seed=batch[0].seed)
+            self.stats.decode_s += time.perf_counter() - start
+            follow: list[Request] = []
+            for request, reply in zip(batch, replies, strict=True):
+                self.stats.replies += 1
+                self.stats.new_tokens += len(reply.token_ids) + int(reply.finished)
+                self.stats.prompt_tokens += len(request.prompt)
+                follow += list(on_reply(request, Reply(reply.token_ids, reply.finished)) or [])
+            queue.extendleft(reversed(follow))
+
+
+def make_engine(name: str, target: Target, batch_size: int) -> Any:
+    """The engine called `name` (one of ENGINES) for `target`."""
+    if name == "generate":
+        return GenerateEngine(target, batch_size)
+    from headstart.errors import HeadstartError
+    from headstart.target import new_cache
+
+    # The batcher moves cache columns between rows; a windowed layer drops old entries itself.
+    if any(getattr(layer, "is_sliding", False) for layer in getattr(new_cache(target.model), "layers", [])):
+        raise HeadstartError(
+            "the headstart distill engine does not take sliding-window targets yet",
+            "use --engine generate for this target",
+        )
+    return HeadstartEngine(target, batch_size)
