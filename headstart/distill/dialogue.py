@@ -47,7 +47,7 @@ class Dialogue:
         sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         # Seeded by row and turn: a resumed run regenerates the same sampled reply.
         seed = cfg.seed * 1_000_003 + self.item.index * 131 + self.turn
-        return Request(key=self, prompt=ids, sampling=sampling, seed=seed)
+        return Request(key=self, prompt=ids, sampling=sampling, seed=seed, messages=messages)
 
     def answer(self, reply: Reply) -> None:
         """Record the target's reply to the current turn."""

@@ -46,6 +46,8 @@ class Request:
     prompt: list[int]
     sampling: SamplingConfig
     seed: int | None = None
+    messages: list[dict[str, str]] | None = None
+    """The chat the prompt renders, for engines that take messages, not ids (an API server)."""
 
 
 @dataclass
