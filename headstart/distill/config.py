@@ -8,8 +8,8 @@ from typing import Literal
 
 from headstart.errors import HeadstartError
 
-SHAPES = ("auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text")
-Shape = Literal["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt", "text"]
+SHAPES = ("auto", "sharegpt", "messages", "ultrachat", "alpaca", "mtbench", "prompt", "text")
+Shape = Literal["auto", "sharegpt", "messages", "ultrachat", "alpaca", "mtbench", "prompt", "text"]
 
 
 @dataclass
@@ -74,7 +74,7 @@ class DistillConfig:
     split: str = "train"
     """Dataset split, for dataset directories and Hub names."""
     shape: Shape = "auto"
-    """Row shape: auto, sharegpt, messages, alpaca, mtbench, prompt or text."""
+    """Row shape: auto, sharegpt, messages, ultrachat, alpaca, mtbench, prompt or text."""
     field: str | None = None
     """Column holding the prompt or conversation (e.g. 'question' for GSM8K); None = by shape."""
     system: str | None = None
@@ -96,9 +96,11 @@ class DistillConfig:
     """Top-k sampling for replies (0 = no limit)."""
     seed: int = 0
     """Seed for sampling (replies and data-free prompts); each batch reseeds from it."""
-    engine: Literal["headstart", "generate"] = "headstart"
+    engine: Literal["headstart", "generate", "dataset"] = "headstart"
     """Who writes the replies: `headstart` (continuous batching through headstart's own forward,
-    the fast default) or `generate` (transformers' generate over static batches, any model)."""
+    the fast default), `generate` (transformers' generate over static batches, any model), or
+    `dataset` (no generation: the data's own assistant turns, rendered with the target's chat
+    template; a conversation ends at its first user turn without a reply)."""
     batch_size: int = 64
     """Conversations in flight at once (headstart engine: finished rows are refilled at once;
     generate engine: one left-padded batch). Memory: the KV cache of this many conversations."""
@@ -162,6 +164,8 @@ class DistillConfig:
         )  # fmt: skip
         out: dict[str, object] = {k: getattr(self, k) for k in keys}
         out["feature_layers"] = self.feature_layers if self.cache_features else None
+        if self.engine == "dataset":  # the data's replies, not the target's: never mixed in one dir
+            out["replies"] = "dataset"
         if self.prompts is None:
             out["datafree"] = {
                 k: getattr(self.datafree, k)

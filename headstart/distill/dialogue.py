@@ -24,6 +24,7 @@ class Dialogue:
     generated: list[list[int]] = field(default_factory=list)
     turn: int = 0
     cut: bool = False  # a later turn was past --max-prompt-tokens: the conversation ends before it
+    unanswered: bool = False  # --engine dataset: a turn without a reply in the data ended it
 
     def __post_init__(self) -> None:
         if self.item.system is not None:
@@ -43,11 +44,18 @@ class Dialogue:
         if len(ids) > self.cfg.max_prompt_tokens:  # earlier turns stay; the conversation ends here
             self.cut = True
             return None
+        replies = self.item.conversation.replies
+        reference = replies[self.turn] if self.turn < len(replies) else None
+        if self.cfg.engine == "dataset" and reference is None:  # nothing to train on past here
+            self.unanswered = True
+            return None
         cfg = self.cfg
         sampling = SamplingConfig(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         # Seeded by row and turn: a resumed run regenerates the same sampled reply.
         seed = cfg.seed * 1_000_003 + self.item.index * 131 + self.turn
-        return Request(key=self, prompt=ids, sampling=sampling, seed=seed, messages=messages)
+        return Request(
+            key=self, prompt=ids, sampling=sampling, seed=seed, messages=messages, reference=reference
+        )
 
     def answer(self, reply: Reply) -> None:
         """Record the target's reply to the current turn."""

@@ -9,6 +9,9 @@ and calls `on_reply(request, reply)` as each finishes; the callback may return f
                 Full-attention decoder targets (the default).
     generate    transformers' `generate` over static batches of --batch-size prompts: any model
                 transformers can generate with (the reference; slower).
+    dataset     no generation: each turn is answered with the data's own reply (`Request.reference`),
+                tokenized as the target's chat template renders it. Training on replies people
+                already have; the target's own replies (the other engines) usually draft better.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from headstart.distill.replies import Sampling, generate_batch
 from headstart.inference.continuous import ContinuousBatcher, EngineStats, Reply, Request
 from headstart.target import Target
 
-ENGINES = ("headstart", "generate")
+ENGINES = ("headstart", "generate", "dataset")
 OnReply = Callable[[Request, Reply], Iterable[Request] | None]
 
 
@@ -73,10 +76,35 @@ class GenerateEngine:
             queue.extendleft(reversed(follow))
 
 
+class DatasetEngine:
+    """Answers every request with its `reference` reply (the data's own), ids as the tokenizer
+    encodes the text (the record's mask comes from the rendered template, as for generated replies)."""
+
+    name = "dataset"
+
+    def __init__(self, target: Target) -> None:
+        self.tokenizer = target.tokenizer
+        self.stats = EngineStats()
+
+    def run(self, requests: Iterable[Request], on_reply: OnReply) -> EngineStats:
+        source, queue = iter(requests), deque[Request]()
+        while queue or (nxt := next(source, None)) is not None:
+            request = queue.popleft() if queue else nxt
+            if request.reference is None:
+                raise ValueError("the dataset engine needs requests with a reference reply")
+            ids = self.tokenizer.encode(request.reference, add_special_tokens=False)
+            self.stats.replies += 1
+            self.stats.new_tokens += len(ids)
+            queue.extendleft(reversed(list(on_reply(request, Reply(ids, finished=True)) or [])))
+        return self.stats
+
+
 def make_engine(name: str, target: Target, batch_size: int) -> Any:
     """The engine called `name` (one of ENGINES) for `target`."""
     if name == "generate":
         return GenerateEngine(target, batch_size)
+    if name == "dataset":
+        return DatasetEngine(target)
     from headstart.errors import HeadstartError
     from headstart.target import new_cache
 

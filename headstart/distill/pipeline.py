@@ -149,6 +149,12 @@ def _distill(
     def finish(dialogue: Dialogue) -> None:
         if dialogue.cut:
             summary.skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
+        if dialogue.unanswered:
+            summary.skipped[
+                "turns without a reply in the data (conversation cut)"
+                if dialogue.generated
+                else "no reply in the data"
+            ] += 1
         if not dialogue.generated:
             return
         record, retokenized = dialogue.record(engine.name)

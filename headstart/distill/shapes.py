@@ -1,12 +1,14 @@
 """Row shapes -> conversations to regenerate: the user turns (and any system message) of a row.
 
 Supported shapes (auto-detected per row, or forced with --shape):
-    sharegpt  conversations: [{from: human|gpt|system, value}]
-    messages  messages: [{role: user|assistant|system, content}]      (OpenAI)
-    alpaca    instruction, input, output                              (output is ignored)
-    mtbench   turns: [str, ...]
-    prompt    prompt: str        text  text: str
-Assistant turns in the data are dropped: the target writes every reply itself, turn by turn.
+    sharegpt   conversations: [{from: human|gpt|system, value}]
+    messages   messages: [{role: user|assistant|system, content}]     (OpenAI, UltraChat-200k)
+    ultrachat  data: [user, assistant, user, ...]                     (UltraChat's original files)
+    alpaca     instruction, input, output
+    mtbench    turns: [str, ...]
+    prompt     prompt: str        text  text: str
+By default the target writes every reply itself, turn by turn; the data's own assistant turns are
+kept in `Conversation.replies` for `--engine dataset` (train on the replies people already have).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 SHAREGPT_USER = {"human", "user"}
 SHAREGPT_SYSTEM = {"system"}
+SHAREGPT_ASSISTANT = {"gpt", "assistant", "model", "bot", "chatgpt"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,9 @@ class Conversation:
 
     turns: tuple[str, ...]
     system: str | None = None
+    replies: tuple[str | None, ...] = ()
+    """The data's own reply after each user turn (None where the row has none), for
+    `--engine dataset`; empty for prompt-only rows."""
 
 
 class Skip(Exception):
@@ -41,6 +47,8 @@ def detect_shape(row: dict[str, Any]) -> str:
         return "messages"
     if "instruction" in row:
         return "alpaca"
+    if "data" in row and isinstance(row["data"], list):
+        return "ultrachat"
     if "turns" in row:
         return "mtbench"
     if "prompt" in row:
@@ -61,7 +69,7 @@ def _text(value: Any) -> str:
 def _from_dicts(items: Any, role_key: str, text_key: str) -> Conversation:
     if not isinstance(items, list) or not items:
         raise Skip("empty conversation")
-    system, turns = None, []
+    system, turns, replies = None, [], []
     for item in items:
         if not isinstance(item, dict) or role_key not in item:
             raise Skip("malformed turn")
@@ -70,9 +78,13 @@ def _from_dicts(items: Any, role_key: str, text_key: str) -> Conversation:
             system = _text(item.get(text_key))
         elif role in SHAREGPT_USER:
             turns.append(_text(item.get(text_key)))
+            replies.append(None)
+        elif role in SHAREGPT_ASSISTANT and turns and replies[-1] is None:
+            value = item.get(text_key)
+            replies[-1] = value if isinstance(value, str) and value.strip() else None
     if not turns:
         raise Skip("no user turn")
-    return Conversation(tuple(turns), system)
+    return Conversation(tuple(turns), system, tuple(replies))
 
 
 def _from_value(value: Any) -> Conversation:
@@ -106,7 +118,18 @@ def to_conversation(row: dict[str, Any], shape: str = "auto", field: str | None 
         extra = row.get("input")
         if extra is not None and not isinstance(extra, str):
             raise Skip("non-string turn")
-        return Conversation((f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction,))
+        output = row.get("output")
+        reply = output if isinstance(output, str) and output.strip() else None
+        return Conversation(
+            (f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction,), None, (reply,)
+        )
+    if shape == "ultrachat":
+        data = row.get("data")
+        if not isinstance(data, list) or not data:
+            raise Skip("empty conversation")
+        users = tuple(_text(t) for t in data[0::2])
+        answers = [t if isinstance(t, str) and t.strip() else None for t in data[1::2]]
+        return Conversation(users, None, tuple(answers + [None] * (len(users) - len(answers))))
     if shape == "mtbench":
         turns = row.get("turns")
         if not isinstance(turns, list) or not turns:

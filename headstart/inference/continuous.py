@@ -48,6 +48,8 @@ class Request:
     seed: int | None = None
     messages: list[dict[str, str]] | None = None
     """The chat the prompt renders, for engines that take messages, not ids (an API server)."""
+    reference: str | None = None
+    """The data's own reply to this turn, if it has one (`--engine dataset` answers with it)."""
 
 
 @dataclass

@@ -282,3 +282,37 @@ def test_engines_write_the_same_greedy_conversations(distill_target, make_cfg, t
         assert {r["settings"]["engine"] for r in records[engine]} == {engine}
     assert [r["input_ids"] for r in records["headstart"]] == [r["input_ids"] for r in records["generate"]]
     assert [r["messages"] for r in records["headstart"]] == [r["messages"] for r in records["generate"]]
+
+
+def test_dataset_engine_trains_on_the_rows_own_replies(distill_target, make_cfg, tmp_path):
+    """--engine dataset: no generation; ShareGPT, OpenAI-messages, UltraChat and Alpaca rows keep
+    their own assistant turns, rendered by the target's template, loss mask on assistant tokens."""
+    rows = [
+        {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
+                           {"from": "human", "value": "More"}, {"from": "gpt", "value": "Sure."}]},
+        {"messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": "2+2?"},
+                      {"role": "assistant", "content": "4"}]},
+        {"data": ["Name a colour", "Blue", "Another", "Red"]},
+        {"instruction": "Add", "input": "1 2", "output": "3"},
+        {"conversations": [{"from": "human", "value": "no answer here"}]},
+        {"data": ["First", "One", "Second"]},  # the last turn has no reply: the record keeps one turn
+    ]  # fmt: skip
+    source = _write(tmp_path / "p.jsonl", rows)
+    cfg = make_cfg(prompts=source, num=len(rows), engine="dataset", max_new_tokens=6)
+    summary = run_distill(cfg, target=distill_target, quiet=True)
+    assert summary["records_total"] == 5
+    assert summary["skipped"] == {
+        "no reply in the data": 1,
+        "turns without a reply in the data (conversation cut)": 1,
+    }
+    data = {r["index"]: r for r in load_distilled(cfg.out)}
+    replies = {i: [m["content"] for m in r["messages"] if m["role"] == "assistant"] for i, r in data.items()}
+    assert replies == {0: ["Hello!", "Sure."], 1: ["4"], 2: ["Blue", "Red"], 3: ["3"], 5: ["One"]}
+    tok = distill_target.tokenizer
+    for record in data.values():
+        masked = tok.decode([t for t, m in zip(record["input_ids"], record["loss_mask"], strict=True) if m])
+        assert masked == "".join(f"{r}<|im_end|>" for r in replies[record["index"]])
+        assert record["settings"]["engine"] == "dataset"
+    # the data's replies and the target's never share an output directory
+    with pytest.raises(HeadstartError, match="settings"):
+        run_distill(make_cfg(prompts=source, num=len(rows)), target=distill_target, quiet=True)

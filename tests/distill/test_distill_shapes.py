@@ -33,11 +33,12 @@ ROWS = {
 }
 
 
-def test_every_shape_is_detected_and_keeps_only_user_turns():
-    assert to_conversation(ROWS["sharegpt"]) == Conversation(("Hi", "More"), "Be brief.")
-    assert to_conversation(ROWS["messages"]) == Conversation(("Hi", "More"))
-    assert to_conversation(ROWS["alpaca"]) == Conversation(("Sum these\n\n1 2",))
-    assert to_conversation({"instruction": "Do it", "input": ""}) == Conversation(("Do it",))
+def test_every_shape_is_detected_with_its_user_turns_and_own_replies():
+    assert to_conversation(ROWS["sharegpt"]) == Conversation(("Hi", "More"), "Be brief.", ("old", None))
+    assert to_conversation(ROWS["messages"]) == Conversation(("Hi", "More"), None, ("old", None))
+    assert to_conversation(ROWS["alpaca"]) == Conversation(("Sum these\n\n1 2",), None, ("3",))
+    assert to_conversation({"instruction": "Do it", "input": ""}) == Conversation(("Do it",), None, (None,))
+    assert to_conversation({"data": ["a", "b", "c"]}) == Conversation(("a", "c"), None, ("b", None))
     assert to_conversation(ROWS["mtbench"]) == Conversation(("Hi", "More"))
     assert to_conversation(ROWS["prompt"]) == Conversation(("Hi",))
     assert to_conversation(ROWS["text"]) == Conversation(("Hi",))
