@@ -40,6 +40,10 @@ def main() -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument(
+        "--generate-batch", type=int, default=0,
+        help="also time generate at this batch size on all --num prompts (the distill engine before continuous batching)",
+    )  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the figures to this file")
     args = parser.parse_args()
 
@@ -52,10 +56,11 @@ def main() -> int:
     target = load_target(args.target)
     runs, records = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, engine, batch, num in (
-            ("headstart", "headstart", args.batch_size, args.num),
-            ("generate_batch1", "generate", 1, args.baseline_num),
-        ):
+        plan = [("headstart", "headstart", args.batch_size, args.num)]
+        if args.generate_batch:
+            plan.append((f"generate_batch{args.generate_batch}", "generate", args.generate_batch, args.num))
+        plan.append(("generate_batch1", "generate", 1, args.baseline_num))
+        for name, engine, batch, num in plan:
             cfg = DistillConfig(
                 out=str(Path(tmp) / name), target=args.target, prompts=args.prompts, num=num, max_turns=1,
                 max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
@@ -65,12 +70,12 @@ def main() -> int:
             records[name] = {r["index"]: r["input_ids"] for r in load_distilled(cfg.out)}
     same = sum(records["headstart"].get(i) == ids for i, ids in records["generate_batch1"].items())
     fast, base = runs["headstart"], runs["generate_batch1"]
+    keys = ("records_written", "generated_tokens", "generation_s", "generated_tokens_per_s")
     result = {
         "target": args.target,
         "threads": torch.get_num_threads(),
         "max_new_tokens": args.max_new_tokens,
-        "headstart": {k: fast[k] for k in ("records_written", "generated_tokens", "generation_s", "generated_tokens_per_s")},
-        "generate_batch1": {k: base[k] for k in ("records_written", "generated_tokens", "generation_s", "generated_tokens_per_s")},
+        **{name: {k: run[k] for k in keys} for name, run in runs.items()},
         "ratio": round(fast["generated_tokens_per_s"] / base["generated_tokens_per_s"], 2),
         "identical_records": f"{same}/{len(records['generate_batch1'])}",
         "batch_size": args.batch_size,
