@@ -67,3 +67,34 @@ def test_restored_after_an_error_and_skipped_for_other_attention(target):
             assert target.model.config._attn_implementation == "eager"
     finally:
         target.model.config._attn_implementation = "sdpa"
+
+
+def test_one_masked_query_per_row_folds_the_group_and_matches(target, monkeypatch):
+    """A batched decode step (one token per row, a padding mask): the query heads of a group
+    become query rows over their KV head, read once, with transformers' numbers."""
+    model = target.model
+    torch.manual_seed(1)
+    ids = torch.randint(3, target.vocab_size, (3, 9))
+    valid = torch.ones(3, 8, dtype=torch.bool)
+    valid[0, :3] = False  # left padding in row 0
+    mask = tree_attention_mask(valid, torch.ones(3, 1, 1, dtype=torch.bool), model.dtype)
+    shapes, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        shapes.append(tuple(args[0].shape))
+        return real(*args, **kwargs)
+
+    def step(grouped: bool):
+        cache = new_cache(model)
+        forward(model, ids[:, :8], past_key_values=cache)
+        kwargs = dict(attention_mask=mask, position_ids=torch.full((3, 1), 8), past_key_values=cache)
+        if grouped:
+            return forward(model, ids[:, 8:], **kwargs).logits
+        with torch.no_grad():
+            return model(ids[:, 8:], **kwargs).logits
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ours = step(True)
+    kv, q = model.config.num_key_value_heads, model.config.num_attention_heads
+    assert (3, kv, q // kv, model.config.head_dim) in shapes
+    torch.testing.assert_close(ours, step(False), rtol=1e-5, atol=1e-5)

@@ -7,6 +7,12 @@ torch's sdpa does the grouping inside the kernel (`enable_gqa`, torch >= 2.5) wi
 arithmetic: on SmolLM2 (9 query / 3 KV heads, 200-token context, 1 thread) a 2..8-node verify
 got 6-10% cheaper, with bit-identical logits; the copies grow with the context.
 
+One query token with a mask (a batched decode step: rows of different lengths need one) is the
+same copy, and there it dominates: at 128 rows and 384 cached tokens SmolLM2's repeat_kv writes
+and sdpa then reads 3x the cache every layer. There the query heads of a group are folded into
+the query length instead, (B, Hq, 1, D) -> (B, Hkv, G, D): the G rows share the token, so they
+share its mask row, and each KV head is read once (the same softmax per head).
+
 `grouped_query_attention(model)` switches the target's attention to that function for the
 duration of a forward, CPU only, and only for models whose attention is transformers' "sdpa".
 Everything it does not handle (one query token, no mask, no grouping, position biases, softcap,
@@ -40,9 +46,16 @@ def gqa_sdpa(
     """transformers' attention-function signature; returns ((B, T, Hq, D), None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    grouped = getattr(module, "num_key_value_groups", 1) > 1
+    groups = getattr(module, "num_key_value_groups", 1)
     plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "cache"))
-    if not (grouped and plain and attention_mask is not None and query.shape[2] > 1):
+    if groups > 1 and plain and attention_mask is not None and query.shape[2] == 1:
+        batch, heads, _, dim = query.shape
+        folded = query.view(batch, heads // groups, groups, dim)  # (B, Hkv, G, D): no copy
+        out = torch.nn.functional.scaled_dot_product_attention(
+            folded, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
+        )  # (B, Hkv, G, D); the mask (B, 1, 1, S) broadcasts over the G rows
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
+    if not (groups > 1 and plain and attention_mask is not None and query.shape[2] > 1):
         return sdpa_attention_forward(
             module,
             query,
