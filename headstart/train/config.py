@@ -26,6 +26,10 @@ class DataConfig:
     default 0.05 without eval_path, 0 with it."""
     max_records: int = 0
     """Use only the first N conversations of `path` (0 = all)."""
+    group_by_length: int = 64
+    """Batch conversations of similar length: each epoch's shuffled order is cut into groups of
+    this many batches, sorted by length inside a group, and the batches shuffled again (padding to
+    the longest of a random batch wastes ~40% of a step on distilled chat data). 0 = plain shuffle."""
 
     def __post_init__(self) -> None:
         if isinstance(self.path, str):
@@ -34,6 +38,11 @@ class DataConfig:
             self.eval_path = [self.eval_path]
         if self.holdout is None:
             self.holdout = 0.0 if self.eval_path else 0.05
+        if self.group_by_length < 0:
+            raise HeadstartError(
+                f"data.group_by_length must be >= 0, got {self.group_by_length}",
+                "set data.group_by_length=64",
+            )
         if self.max_length < 8:
             raise HeadstartError(
                 f"data.max_length must be >= 8, got {self.max_length}", "set data.max_length=1024"

@@ -230,10 +230,16 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
 
 
 class EpochSampler(torch.utils.data.Sampler):
-    """A fresh permutation per epoch from (seed, epoch) alone, so a resumed run replays the same order."""
+    """A fresh order per epoch from (seed, epoch) alone, so a resumed run replays the same order.
 
-    def __init__(self, size: int, seed: int) -> None:
+    With `lengths` and `group` > 0 the order is length-grouped: the epoch's permutation is cut
+    into groups of `group * batch_size` items, each sorted by length and cut into batches, and the
+    batches are shuffled (so a batch pads to similar lengths, and batch order stays random)."""
+
+    def __init__(self, size: int, seed: int, lengths: Sequence[int] | None = None, batch_size: int = 1,
+                 group: int = 0) -> None:  # fmt: skip
         self.size, self.seed, self.epoch = size, seed, 0
+        self.lengths, self.batch_size, self.group = lengths, batch_size, group
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -243,4 +249,16 @@ class EpochSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        return iter(torch.randperm(self.size, generator=generator).tolist())
+        order = torch.randperm(self.size, generator=generator).tolist()
+        if not self.lengths or self.group <= 0 or self.batch_size <= 1:
+            return iter(order)
+        span = self.group * self.batch_size
+        batches = []
+        for start in range(0, len(order), span):
+            chunk = sorted(order[start : start + span], key=lambda i: self.lengths[i])  # stable
+            batches += [chunk[at : at + self.batch_size] for at in range(0, len(chunk), self.batch_size)]
+        # Full batches in random order; a short last batch stays last (drop_last drops it).
+        full = [b for b in batches if len(b) == self.batch_size]
+        short = [b for b in batches if len(b) < self.batch_size]
+        shuffled = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
+        return iter([i for batch in shuffled + short for i in batch])

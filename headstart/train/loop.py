@@ -53,7 +53,8 @@ def train(
     target_model = add_lora(cfg, p.target.model) if lora else p.target.model
     model = Objective(head, target_model, cfg, trainable_target=lora)
     optimizer, scheduler = make_optimizer(cfg, [q for q in model.parameters() if q.requires_grad])
-    sampler = EpochSampler(len(p.train_idx), cfg.seed)
+    lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
+    sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, cfg.batch_size, cfg.data.group_by_length)
     train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True)
     eval_loader = _loader(p, p.eval_idx, None, cfg.batch_size, drop_last=False) if p.eval_idx else None
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
