@@ -48,15 +48,17 @@ def truncate(cache: Any, length: int) -> None:
         layer.values = layer.values[:, :, :length]
 
 
-def keep_entries(cache: Any, start: int, keep: torch.Tensor) -> None:
+def keep_entries(cache: Any, start: int, keep: torch.Tensor, in_place: bool | None = None) -> None:
     """Entries start + keep[b, j] move to start + j; everything after start + A is dropped.
 
     keep: (B, A) long offsets into the entries appended after `start`. In place: only the A
     kept entries are gathered and written back (cost O(A) per layer, not a copy of the prefix);
     the cache then views its first start + A entries. A path that is already in place (a chain,
-    or a tree's first branch) moves nothing."""
+    or a tree's first branch) moves nothing. `in_place`: the caller already knows (the decoder
+    reads it back with its one transfer per step); None checks here (cost: one host sync)."""
     width = keep.shape[1]
-    in_place = bool((keep == torch.arange(width, device=keep.device)).all())  # cost: one host sync
+    if in_place is None:
+        in_place = bool((keep == torch.arange(width, device=keep.device)).all())
     for layer in _layers(cache):
         if not in_place:
             index = keep[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[-1])

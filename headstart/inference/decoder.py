@@ -22,13 +22,14 @@ from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
 from headstart.inference.drafters import make_drafter
-from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
+from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static, static_plan
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import Prompts, prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats, GenerateOutput
 from headstart.inference.sampling import probabilities, sample
 from headstart.inference.stops import StopRule
+from headstart.inference.tree import TreeBuffers
 from headstart.inference.tree_spec import TreeSpec, parse_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
@@ -79,7 +80,7 @@ class SpeculativeDecoder:
         return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
-              contexts: list[torch.Tensor] | None = None) -> DraftTree:  # fmt: skip
+              contexts: list[list[int]] | None = None) -> DraftTree:  # fmt: skip
         """The heads' tree; with a lookup branch, plus the tokens that followed the latest earlier
         match of each row's context (`contexts`: committed tokens per live row, root last)."""
         if isinstance(self.tree, DynamicTree):
@@ -88,7 +89,7 @@ class SpeculativeDecoder:
             tree = draft_static(self.tree, drafter, state.root, sampling, self.generator)
         if self.lookup is None or contexts is None:
             return tree
-        return extend_with_lookup(tree, *self.lookup.propose_rows(contexts))
+        return extend_with_lookup(tree, *self.lookup.propose_rows(contexts, state.root.device))
 
     def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
         mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
@@ -106,27 +107,42 @@ class SpeculativeDecoder:
 
     def commit(
         self, state: DecodeState, tree: DraftTree, feats: Features, acc: Acceptance, drafter: Any
-    ) -> torch.Tensor:
+    ) -> tuple[list[list[int]], list[int]]:
         """Compact the KV cache to the accepted path, feed the head, advance the state.
-        Returns the committed tokens (B, A); row b's first acc.lengths[b] are real."""
+
+        Returns each live row's committed tokens and its count (row b's first counts[b] are
+        real), read back in the step's ONE device-to-host transfer; everything before it has
+        static shapes (acc.path is padded to the tree's depth + 1), and the width it reads back
+        trims the cache and the head's inputs to the longest accepted path."""
         prefix = kv.cache_length(state.cache) - tree.size
-        kv.keep_entries(state.cache, prefix, acc.path)
-        width = acc.path.shape[1]
-        slot = torch.arange(width, device=acc.path.device)[None]  # (1, A)
+        slot = torch.arange(acc.path.shape[1], device=acc.path.device)[None]  # (1, A)
         real = slot < acc.lengths[:, None]  # (B, A)
         path_tokens = tree.tokens.gather(1, acc.path)  # (B, A): root + accepted drafts
         shifted = torch.cat([path_tokens[:, 1:], acc.bonus[:, None]], dim=1)
         committed = torch.where(slot == acc.lengths[:, None] - 1, acc.bonus[:, None], shifted)  # (B, A)
-        index = acc.path[..., None].expand(-1, -1, feats.last_hidden.shape[-1])
+        # a row's real path already in place in the cache (a chain, a first branch) moves nothing
+        in_place = ((acc.path == slot) | ~real).all(1)
+        # host sync: the one device-to-host read of the step (lengths, in-place flags, tokens)
+        host = self._read_step(torch.cat([acc.lengths[:, None], in_place[:, None].long(), committed], 1))
+        counts = [row[0] for row in host]
+        width = max(counts)
+        kv.keep_entries(state.cache, prefix, acc.path[:, :width], in_place=all(row[1] for row in host))
+        path, real, committed = acc.path[:, :width], real[:, :width], committed[:, :width]
+        index = path[..., None].expand(-1, -1, feats.last_hidden.shape[-1])
         layers = {i: x.gather(1, index) for i, x in feats.layers.items()}
-        positions = state.lengths[:, None] + slot
+        positions = state.lengths[:, None] + slot[:, :width]
         drafter.observe(
             feats.last_hidden.gather(1, index), layers, committed, positions, real, acc.lengths - 1
         )
         state.visible = torch.cat([state.visible, real], dim=1)
         state.lengths = state.lengths + acc.lengths
         state.root = acc.bonus
-        return committed
+        return [row[2 : 2 + count] for row, count in zip(host, counts, strict=True)], counts
+
+    @staticmethod
+    def _read_step(values: torch.Tensor) -> list[list[int]]:
+        """The step's one device-to-host read (tests/inference/test_host_syncs.py allows only it)."""
+        return values.tolist()
 
     # ---- the loop ----------------------------------------------------------------------------
     def _tree_depth(self) -> int | None:
@@ -198,26 +214,37 @@ class SpeculativeDecoder:
         drafter = make_drafter(self.heads, self.target.vocab_size, self._tree_depth())
         if streamer is not None:
             streamer.put(prompts.ids[0, prompts.valid[0]].cpu())
+        if isinstance(self.tree, TreeBuffers):  # the tree's device buffers, built once, off the loop
+            static_plan(self.tree, device)
         start = time.perf_counter()
         state = self.prefill(prompts, sampling, drafter)
         stats.target_forwards += 1
-        first = state.root[:, None]
-        done = self._take(state, first, torch.ones_like(state.root), rule, emitted, streamer)
+        first = [[token] for token in state.root.tolist()]  # host sync: the prefill's read
+        done = self._take(state, first, [1] * len(first), rule, emitted, streamer)
+        # the lookup branch matches on the host: the prompt's tokens, read once
+        prompt_rows = (
+            [row[m].tolist() for row, m in zip(prompts.ids.cpu(), prompts.valid.cpu(), strict=True)]
+            if self.lookup
+            else []
+        )
+        # Steady state: the only device-to-host read per step is in `commit`
+        # (tests/inference/test_host_syncs.py counts them).
         while True:
-            keep = torch.tensor([i for i, d in enumerate(done) if not d], dtype=torch.long, device=device)
-            if keep.numel() == 0:
+            live = [i for i, d in enumerate(done) if not d]
+            if not live:
                 break
-            if keep.numel() < len(done):
-                state.select_rows(keep)
+            if len(live) < len(done):  # rows finished: a host-to-device copy, only then
+                keep = torch.tensor(live, dtype=torch.long, device=device)
+                state.select_rows(keep, live)
                 drafter.select_rows(keep)
-            contexts = self._contexts(prompts, state, emitted) if self.lookup else None
+            contexts = self._contexts(prompt_rows, state, emitted) if self.lookup else None
             tree = self.draft(state, sampling, drafter, contexts)
             feats = self.verify(state, tree, drafter)
             drafter.end_step()
             stats.target_forwards += 1
             acc = self.accept(tree, feats, sampling)
-            committed = self.commit(state, tree, feats, acc, drafter)
-            done = self._take(state, committed, acc.lengths, rule, emitted, streamer, stats)
+            committed, counts = self.commit(state, tree, feats, acc, drafter)
+            done = self._take(state, committed, counts, rule, emitted, streamer, stats)
         stats.wall_s = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
@@ -225,17 +252,16 @@ class SpeculativeDecoder:
         return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
 
     @staticmethod
-    def _contexts(prompts: Prompts, state: DecodeState, emitted: list[list[int]]) -> list[torch.Tensor]:
-        """Each live row's committed tokens (prompt, then output; the root is the last)."""
-        return [
-            torch.cat([prompts.ids[row][prompts.valid[row]], prompts.ids.new_tensor(emitted[row])])
-            for row in state.rows
-        ]
+    def _contexts(
+        prompt_rows: list[list[int]], state: DecodeState, emitted: list[list[int]]
+    ) -> list[list[int]]:
+        """Each live row's committed tokens (prompt, then output; the root is the last), on the
+        host: the step's one read already brought the output back."""
+        return [prompt_rows[row] + emitted[row] for row in state.rows]
 
-    def _take(self, state: DecodeState, tokens: torch.Tensor, lengths: torch.Tensor, rule: StopRule,
+    def _take(self, state: DecodeState, rows: list[list[int]], counts: list[int], rule: StopRule,
               emitted: list[list[int]], streamer: Any, stats: DecodeStats | None = None) -> list[bool]:  # fmt: skip
-        """Append each live row's committed tokens up to its stop; one host sync per step."""
-        rows, counts = tokens.tolist(), lengths.tolist()
+        """Append each live row's committed tokens (host lists) up to its stop."""
         done = []
         for live, (row, count) in enumerate(zip(rows, counts, strict=True)):
             out = emitted[state.rows[live]]

@@ -25,6 +25,15 @@ class DraftTree:
     """(B, n, V): the warped draft distribution each node's children were DRAWN from (without
     replacement, in child order). None means the children were chosen deterministically, and
     exact sampling then treats each child as a one-point proposal."""
+    max_depth: int | None = None
+    """An upper bound on `depths`, known before the step (the tree's shape, not its data), so
+    acceptance pads to static sizes instead of reading the depth back from the device. None:
+    read it from `depths` (a host sync; hand-built trees only)."""
+
+    @property
+    def depth_bound(self) -> int:
+        """`max_depth`, or the deepest node (a host sync) when the tree did not say."""
+        return self.max_depth if self.max_depth is not None else int(self.depths.max())
 
     @property
     def size(self) -> int:
@@ -32,26 +41,46 @@ class DraftTree:
 
     @classmethod
     def from_static(
-        cls, tree: TreeBuffers, tokens: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor | None
+        cls,
+        tree: TreeBuffers,
+        tokens: torch.Tensor,
+        valid: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        buffers: dict[str, torch.Tensor] | None = None,
+        max_depth: int | None = None,
     ) -> DraftTree:
+        """`buffers`: the tree's parents/depths/visible/children already on the tokens' device
+        (drafting.static_plan), so no host-to-device copy happens per step; `max_depth` the
+        tree's depth, known on the host (else read from the CPU buffers)."""
         batch, device = tokens.shape[0], tokens.device
+        if buffers is None:
+            buffers = {
+                name: getattr(tree, name).to(device) for name in ("parents", "depths", "visible", "children")
+            }
 
-        def rows(x: torch.Tensor) -> torch.Tensor:
-            return x.to(device).expand(batch, *x.shape)
+        def rows(name: str) -> torch.Tensor:
+            x = buffers[name]
+            return x.expand(batch, *x.shape)
 
         return cls(
             tokens,
-            rows(tree.parents),
-            rows(tree.depths),
-            rows(tree.visible),
-            rows(tree.children),
+            rows("parents"),
+            rows("depths"),
+            rows("visible"),
+            rows("children"),
             valid,
             draft_probs,
+            max_depth=tree.max_depth if max_depth is None else max_depth,
         )
 
 
-def children_from_parents(parents: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """parents (B, n) and a sort key (B, n) (higher = tried first) -> children (B, n, C), -1 padded."""
+def children_from_parents(
+    parents: torch.Tensor, order: torch.Tensor, width: int | None = None
+) -> torch.Tensor:
+    """parents (B, n) and a sort key (B, n) (higher = tried first) -> children (B, n, C), -1 padded.
+
+    width: C, an upper bound on any node's child count known before the step (a dynamic tree's
+    top_k); None reads the widest node's count back from the device (a host sync)."""
     batch, n = parents.shape
     device = parents.device
     nodes = torch.arange(1, n, device=device)
@@ -62,22 +91,28 @@ def children_from_parents(parents: torch.Tensor, order: torch.Tensor) -> torch.T
     par = parents.gather(1, child)  # (B, n-1)
     same = torch.nn.functional.one_hot(par, n)  # (B, n-1, n)
     rank = (same.cumsum(1) * same).sum(-1) - 1  # (B, n-1): rank of each child among its siblings
-    width = int(rank.max()) + 1 if n > 1 else 1  # host sync: the child table's width
+    if width is None:
+        width = int(rank.max()) + 1 if n > 1 else 1  # host sync: the child table's width
     children = torch.full((batch, n, width), -1, dtype=torch.long, device=device)
     children[torch.arange(batch, device=device)[:, None], par, rank] = child
     return children
 
 
-def path_to(visible: torch.Tensor, node: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def path_to(
+    visible: torch.Tensor, node: torch.Tensor, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Root-to-node paths: visible (B, n, n), node (B,) -> (path (B, A) node ids, lengths (B,)).
 
-    Rows shorter than A = max length are padded by repeating their last node (safe to gather)."""
+    Rows shorter than A are padded by repeating their last node (safe to gather). A = `width`
+    (the tree's depth bound + 1, static: no host sync), or None: the longest path (a host sync)."""
     batch, n, _ = visible.shape
     rows = visible[torch.arange(batch, device=node.device), node]  # (B, n)
     index = torch.arange(n, device=node.device)
     key = torch.where(rows, index, index + n)
     lengths = rows.sum(-1)  # (B,)
-    width = int(lengths.max())  # host sync: the longest accepted path
+    if width is None:
+        width = int(lengths.max())  # host sync: the longest accepted path
+    width = min(width, n)
     ordered = key.sort(dim=-1).values[:, :width]
     path = torch.where(ordered < n, ordered, node[:, None])
     return path, lengths

@@ -51,21 +51,66 @@ class DynamicTree:
                 )
 
 
+@dataclass(frozen=True)
+class StaticPlan:
+    """A static tree's per-level drafting plan with its buffers on one device, built once: the
+    draft loop then reads no data-dependent widths and copies nothing host-to-device per step."""
+
+    tree: TreeBuffers
+    buffers: dict[str, torch.Tensor]  # parents, depths, visible, children on the device
+    levels: tuple[tuple[torch.Tensor, torch.Tensor, int], ...]
+    """Per depth: (frontier node ids (m,), their children's node ids (m, C), C = the widest
+    frontier node's child count; a missing child points at a scratch column n)."""
+    expanding: tuple[torch.Tensor | None, ...]  # per depth: the next frontier on the device (None: done)
+    max_depth: int
+
+
+_PLANS: dict[tuple[int, str], StaticPlan] = {}
+
+
+def static_plan(tree: TreeBuffers, device: torch.device) -> StaticPlan:
+    """The plan of `tree` on `device`, cached (trees are frozen; the plan keeps its tree alive, so
+    the id key is never reused while cached)."""
+    key = (id(tree), str(device))
+    plan = _PLANS.get(key)
+    if plan is not None and plan.tree is tree:
+        return plan
+    buffers = {name: getattr(tree, name).to(device) for name in ("parents", "depths", "visible", "children")}
+    levels, expanding = [], []
+    frontier = torch.zeros(1, dtype=torch.long)
+    for depth in range(tree.max_depth):
+        kids = tree.children[frontier]  # (m, C) on the host, once
+        width = int((kids >= 0).sum(-1).max())
+        slots = kids[:, :width]
+        into = torch.where(slots >= 0, slots, tree.size)
+        levels.append((frontier.to(device), into.to(device), width))
+        frontier = tree.expanding(depth + 1)
+        expanding.append(frontier.to(device) if frontier.numel() else None)
+        if frontier.numel() == 0:
+            break
+    plan = StaticPlan(tree, buffers, tuple(levels), tuple(expanding), tree.max_depth)
+    if len(_PLANS) > 64:  # many decoders in one process (tests): keep the cache bounded
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
 def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
                  generator: torch.Generator | None = None) -> DraftTree:  # fmt: skip
-    """Fill a static tree level by level; each level's frontier is one batched drafter call."""
+    """Fill a static tree level by level; each level's frontier is one batched drafter call.
+    Shapes come from the tree (StaticPlan), never from the drafted data: no host sync."""
     batch, n, device = root.shape[0], tree.size, root.device
-    tokens = torch.zeros(batch, n, dtype=torch.long, device=device)
+    plan = static_plan(tree, device)
+    # column n is scratch: padded child slots (-1 in the plan) write there, since a boolean index
+    # would read its count back from the device
+    tokens = torch.zeros(batch, n + 1, dtype=torch.long, device=device)
     tokens[:, 0] = root
-    valid = torch.ones(batch, n, dtype=torch.bool, device=device)
-    visible = tree.visible.to(device).expand(batch, n, n)
-    parents, children = tree.parents.to(device), tree.children.to(device)
+    valid = torch.ones(batch, n + 1, dtype=torch.bool, device=device)
+    visible = plan.buffers["visible"].expand(batch, n, n)
+    parents = plan.buffers["parents"]
     draft_probs = None
-    frontier = torch.zeros(1, dtype=torch.long, device=device)  # (m,) node ids being expanded
     logits = drafter.root_logits()[:, None]  # (B, 1, V)
-    for depth in range(tree.max_depth):
-        kids = children[frontier]  # (m, C)
-        width = int((kids >= 0).sum(-1).max())
+    for depth, (frontier, into, width) in enumerate(plan.levels):
         if sampling.greedy:
             cand = logits.topk(width, dim=-1).indices  # (B, m, C)
             ok = torch.ones_like(cand, dtype=torch.bool)
@@ -75,18 +120,14 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
                 draft_probs = q.new_zeros(batch, n, q.shape[-1])
             draft_probs[:, frontier] = q
             cand, ok = order_without_replacement(q, width, generator)
-        slots = kids[:, :width]  # (m, C)
-        has = slots >= 0
-        tokens[:, slots[has]] = cand[:, has]
-        valid[:, slots[has]] = ok[:, has]
-        frontier = tree.expanding(depth + 1).to(device)
-        if frontier.numel() == 0:
+        tokens[:, into] = cand  # (B, m, C)
+        valid[:, into] = ok
+        nxt = plan.expanding[depth]
+        if nxt is None:
             break
-        nodes = frontier.expand(batch, -1)
-        logits = drafter.expand(
-            nodes, parents[frontier].expand(batch, -1), tokens[:, frontier], depth + 1, visible
-        )
-    return DraftTree.from_static(tree, tokens, valid, draft_probs)
+        nodes = nxt.expand(batch, -1)
+        logits = drafter.expand(nodes, parents[nxt].expand(batch, -1), tokens[:, nxt], depth + 1, visible)
+    return DraftTree.from_static(tree, tokens[:, :n], valid[:, :n], draft_probs, plan.buffers, plan.max_depth)
 
 
 def draft_dynamic(
@@ -153,7 +194,9 @@ def draft_dynamic(
         parents=new_parents,
         depths=level.gather(1, chosen),
         visible=tree_visible,
-        children=children_from_parents(new_parents, sel_scores),
+        # a node's children are among its top_k expansions: top_k bounds the width statically
+        children=children_from_parents(new_parents, sel_scores, max(1, min(k, keep))),
         valid=sel_scores > float("-inf"),
         draft_probs=None,
+        max_depth=depth,
     )

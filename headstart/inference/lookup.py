@@ -16,8 +16,10 @@ tree under sampling) gets no lookup branch (`extend_with_lookup` refuses it).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from headstart.errors import HeadstartError
@@ -42,28 +44,38 @@ class Lookup:
                 "use e.g. --tree chain:1+lookup:4 (4 looked-up tokens)",
             )
 
-    def propose(self, context: torch.Tensor) -> torch.Tensor:
-        """context (L,) committed tokens, the root last -> (k,) proposals, k <= tokens (may be 0)."""
-        length = context.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            # windows of context[:-1] start at 0 .. L-1-n: every earlier n-gram, not the suffix itself
-            windows = context[:-1].unfold(0, n, 1)  # (L - n, n)
-            hits = (windows == context[-n:]).all(1).nonzero()
-            if hits.numel():
-                start = int(hits[-1]) + n  # the most recent match; host sync, once per row and step
-                return context[start : start + self.tokens]
-        return context[:0]
+    def propose(self, context: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:
+        """context (L,) committed tokens, the root last -> up to `tokens` proposals (may be none).
 
-    def propose_rows(self, contexts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One context per row -> tokens (B, tokens) and found (B, tokens) bool."""
-        device = contexts[0].device
-        tokens = torch.zeros(len(contexts), self.tokens, dtype=torch.long, device=device)
-        found = torch.zeros(len(contexts), self.tokens, dtype=torch.bool, device=device)
+        Host-side (numpy): the decoder passes the committed tokens that its one device read per
+        step already brought back, so matching costs no device sync."""
+        if isinstance(context, torch.Tensor):
+            context = context.tolist()
+        ctx = np.asarray(context, dtype=np.int64)
+        length = ctx.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            # windows of ctx[:-1] start at 0 .. L-1-n: every earlier n-gram, not the suffix itself
+            windows = np.lib.stride_tricks.sliding_window_view(ctx[:-1], n)  # (L - n, n), a view
+            hits = np.flatnonzero((windows == ctx[-n:]).all(1))
+            if hits.size:
+                start = int(hits[-1]) + n  # the most recent match
+                return ctx[start : start + self.tokens].tolist()
+        return []
+
+    def propose_rows(
+        self, contexts: Sequence[Sequence[int] | torch.Tensor], device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One context per row -> tokens (B, tokens) and found (B, tokens) bool, on `device`
+        (one host-to-device copy, non-blocking: the host buffer is fresh and never reused)."""
+        rows = len(contexts)
+        tokens = torch.zeros(rows, self.tokens, dtype=torch.long)
+        found = torch.zeros(rows, self.tokens, dtype=torch.bool)
         for row, context in enumerate(contexts):
             guess = self.propose(context)
-            tokens[row, : guess.shape[0]] = guess
-            found[row, : guess.shape[0]] = True
-        return tokens, found
+            tokens[row, : len(guess)] = torch.tensor(guess, dtype=torch.long)
+            found[row, : len(guess)] = True
+        both = torch.cat([tokens, found.long()], 1).to(device, non_blocking=True)
+        return both[:, : self.tokens], both[:, self.tokens :].bool()
 
 
 def split_lookup(spec: str | None) -> tuple[str | None, Lookup | None]:
@@ -106,4 +118,5 @@ def extend_with_lookup(tree: DraftTree, tokens: torch.Tensor, found: torch.Tenso
         children=children,
         valid=torch.cat([tree.valid, found.cumprod(1).bool()], 1),
         draft_probs=None,
+        max_depth=None if tree.max_depth is None else max(tree.max_depth, m),
     )

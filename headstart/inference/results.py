@@ -19,12 +19,14 @@ class DecodeState:
     root: torch.Tensor  # (B,) long: the last committed token, not yet in the cache
     rows: list[int]  # original batch index of each live row
 
-    def select_rows(self, keep: torch.Tensor) -> None:
+    def select_rows(self, keep: torch.Tensor, live: list[int] | None = None) -> None:
+        """keep (B',) the live rows' indices on the device; `live` the same on the host (else
+        read back from `keep`, a host sync)."""
         from headstart.inference.cache import select_rows
 
         select_rows(self.cache, keep)
         self.visible, self.lengths, self.root = self.visible[keep], self.lengths[keep], self.root[keep]
-        self.rows = [self.rows[i] for i in keep.tolist()]
+        self.rows = [self.rows[i] for i in (live if live is not None else keep.tolist())]
 
 
 @dataclass

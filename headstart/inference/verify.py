@@ -24,7 +24,8 @@ from headstart.inference.sampling import probabilities, sample, warp_logits
 
 @dataclass
 class Acceptance:
-    path: torch.Tensor  # (B, A) accepted node ids, root first; short rows repeat their last node
+    path: torch.Tensor  # (B, A) accepted node ids, root first; short rows repeat their last node.
+    # A = the tree's depth bound + 1 (static), so most rows are padded: slice by the host lengths.
     lengths: torch.Tensor  # (B,) path length = 1 + accepted drafts
     bonus: torch.Tensor  # (B,) the token the target emits after the path (the next root)
 
@@ -46,7 +47,7 @@ def accept_greedy(tree: DraftTree, logits: torch.Tensor) -> Acceptance:
     match = (tree.tokens == best.gather(1, tree.parents)) & tree.valid
     match[:, 0] = True
     node = _longest(tree, match)
-    path, lengths = path_to(tree.visible, node)
+    path, lengths = path_to(tree.visible, node, tree.depth_bound + 1)
     return Acceptance(path, lengths, best.gather(1, node[:, None])[:, 0])
 
 
@@ -67,7 +68,7 @@ def accept_typical(
     match = (p_token > threshold.gather(1, tree.parents)) & tree.valid
     match[:, 0] = True
     node = _longest(tree, match)
-    path, lengths = path_to(tree.visible, node)
+    path, lengths = path_to(tree.visible, node, tree.depth_bound + 1)
     return Acceptance(path, lengths, sample(_rows(probs, node), generator))
 
 
@@ -86,8 +87,9 @@ def accept_sampling(
     node = torch.zeros(batch, dtype=torch.long, device=device)
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     residual = p_all[:, 0]
-    max_depth = int(tree.depths.max())  # host sync, once per step
-    for _ in range(max_depth):
+    # The depth bound is the tree's shape (no host sync); levels below the deepest node are
+    # no-ops (no live row has children there), they only draw unused uniforms.
+    for _ in range(tree.depth_bound):
         kids = _rows(tree.children, node)  # (B, C)
         q = _rows(tree.draft_probs, node) if tree.draft_probs is not None else None  # (B, V)
         moved = torch.zeros_like(alive)
@@ -114,5 +116,5 @@ def accept_sampling(
             moved |= accepted
         alive &= moved
         residual = torch.where(moved[:, None], _rows(p_all, node), residual)
-    path, lengths = path_to(tree.visible, node)
+    path, lengths = path_to(tree.visible, node, tree.depth_bound + 1)
     return Acceptance(path, lengths, sample(residual, generator))

@@ -42,12 +42,13 @@ def test_greedy_always_accepts_the_matching_path():
 
 def test_greedy_never_accepts_a_wrong_tree():
     acc = accept_greedy(static_tree(TOKENS), one_hot_logits([4, 1, 1, 1, 1, 1]))
-    assert acc.lengths.tolist() == [1] and acc.path.tolist() == [[0]] and acc.bonus.tolist() == [4]
+    assert acc.lengths.tolist() == [1] and acc.bonus.tolist() == [4]
+    assert acc.path.tolist() == [[0, 0, 0]]  # padded to the tree's depth + 1: a static width, no host sync
 
 
 def test_greedy_sometimes_accepts_a_second_sibling():
     acc = accept_greedy(static_tree(TOKENS), one_hot_logits([2, 0, 0, 0, 0, 0]))  # root->b, b->? (e=5 no)
-    assert acc.path.tolist() == [[0, 2]] and acc.bonus.tolist() == [0]
+    assert acc.path.tolist() == [[0, 2, 2]] and acc.lengths.tolist() == [2] and acc.bonus.tolist() == [0]
 
 
 def test_greedy_batched_rows_accept_different_lengths():
