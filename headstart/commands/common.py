@@ -16,8 +16,13 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
         default="smollm2",
         help="Hub id, local model directory, .gguf file, or 'smollm2' (embedded default)",
     )
-    group.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "auto"])
-    group.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        help="auto: bfloat16 on CUDA, float32 on CPU",
+    )
+    group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     group.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
     group.add_argument(
         "--threads",

@@ -82,12 +82,16 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
     )
 
 
-def _torch_dtype(dtype: str) -> Any:
+def _torch_dtype(dtype: str, device: str = "cpu") -> Any:
+    """'auto': bfloat16 on CUDA (half the bytes per weight read: decoding at batch 1 is bound by
+    memory bandwidth), float32 on CPU (the small-row kernels and MKL packs are fp32)."""
     import torch
 
     if dtype not in DTYPES:
         raise HeadstartError(f"unknown dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
-    return "auto" if dtype == "auto" else getattr(torch, dtype)
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, dtype)
 
 
 def _device(device: str) -> str:
@@ -156,8 +160,9 @@ def load_target(
         source = str(converted_dir(path, spec))
     else:
         source = str(path) if path else spec
-    model = _load_model(source, _torch_dtype(dtype), revision)
-    model.to(_device(device)).eval().requires_grad_(False)
+    device = _device(device)
+    model = _load_model(source, _torch_dtype(dtype, device), revision)
+    model.to(device).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
