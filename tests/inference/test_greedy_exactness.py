@@ -15,6 +15,15 @@ from headstart.target import load_target
 from headstart.target.packing import mkl_packing_available
 from headstart.target.smallmm import small_matmul
 
+# the exactness suite runs on every device: "cuda" (bf16, the `--dtype auto` default there) only
+# where one exists, marked gpu (deselected by default: `pytest -m gpu` on a GPU machine)
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+    ),
+]
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea"]
 TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3", "chain:1+lookup:4"]
 
@@ -22,6 +31,15 @@ TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3", "chain:
 @pytest.fixture(scope="module")
 def target(tiny_llama):
     return load_target(str(tiny_llama))
+
+
+@pytest.fixture(scope="module")
+def cuda_target(tiny_llama):
+    return load_target(str(tiny_llama), device="cuda", dtype="auto")  # bfloat16
+
+
+def on_device(request, target, device: str):
+    return target if device == "cpu" else request.getfixturevalue("cuda_target")
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +51,15 @@ _REFS: dict[tuple, list[int]] = {}
 
 
 def reference(target, ids: list[int], max_new: int, eos: bool) -> list[int]:
-    key = (target.spec, tuple(ids), max_new, eos)
+    """The target's own `generate`, on its device and in its dtype (bf16 on CUDA)."""
+    key = (target.spec, str(target.device), str(target.dtype), tuple(ids), max_new, eos)
     if key not in _REFS:
         _REFS[key] = _generate(target, ids, max_new, eos)
     return _REFS[key]
 
 
 def _generate(target, ids: list[int], max_new: int, eos: bool) -> list[int]:
-    x = torch.tensor([ids])
+    x = torch.tensor([ids], device=target.device)
     out = target.model.generate(
         x,
         attention_mask=torch.ones_like(x),
@@ -53,12 +72,19 @@ def _generate(target, ids: list[int], max_new: int, eos: bool) -> list[int]:
 
 
 def make_heads(kind: str, target):
+    """Heads on the target's device and in its dtype (as load_heads_for_inference puts them)."""
     if kind == "medusa":
-        return RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
-    if kind == "eagle":
-        return RandomEagle(target.model)
-    if kind == "eagle3":
-        return RandomEagle(target.model, draft_vocab=100, layers=(0, 1))
+        heads = RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
+    elif kind == "eagle":
+        heads = RandomEagle(target.model)
+    elif kind == "eagle3":
+        heads = RandomEagle(target.model, draft_vocab=100, layers=(0, 1))
+    else:
+        return _real_heads(kind, target)
+    return heads.to(device=target.device, dtype=target.dtype)
+
+
+def _real_heads(kind: str, target):
     from headstart.heads import HeadSpec, build_head
 
     if kind == "real-medusa-vocab":  # drafts over 100 tokens only (a Medusa draft vocabulary)
@@ -72,11 +98,14 @@ def make_heads(kind: str, target):
     "kind", ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3", "real-medusa-vocab"]
 )
 @pytest.mark.parametrize("tree", TREES)
-def test_greedy_matches_generate(target, prompts, kind, tree):
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_matches_generate(request, target, prompts, kind, tree, device):
+    target = on_device(request, target, device)
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
-    # the verify runs through the small-row kernel (1-64 rows; target/smallmm.py) where it built,
-    # else MKL-packed linears (test below)
-    assert (decoder.packed is not None) == (mkl_packing_available() or small_matmul() is not None)
+    # on CPU the verify runs through the small-row kernel (1-64 rows; target/smallmm.py) where it
+    # built, else MKL-packed linears (test below); elsewhere through the plain linears
+    packs = device == "cpu" and (mkl_packing_available() or small_matmul() is not None)
+    assert (decoder.packed is not None) == packs
     for batch in (prompts[:1], prompts):
         out = decoder.generate(batch, max_new_tokens=40, eos_token_id=None)
         for ids, got in zip(batch, out.token_ids, strict=True):

@@ -43,13 +43,13 @@ def exact_joint(target: Target, sampling: SamplingConfig) -> torch.Tensor:
     """P(t1, t2, t3) (V, V, V) under the warped target, by enumeration."""
     model, v = target.model, VOCAB
     pairs = torch.cartesian_prod(torch.arange(v), torch.arange(v))  # (V*V, 2)
-    ids = torch.cat([torch.tensor(PROMPT).expand(v * v, -1), pairs], dim=1)
+    ids = torch.cat([torch.tensor(PROMPT).expand(v * v, -1), pairs], dim=1).to(target.device)
     logits = model(ids).logits  # (V*V, T+2, V)
     n = len(PROMPT)
     p1 = probabilities(logits[0, n - 1], sampling)  # (V,)
     p2 = probabilities(logits[::v, n, :], sampling)  # (V, V): row t1
     p3 = probabilities(logits[:, n + 1], sampling).reshape(v, v, v)  # (t1, t2, V)
-    return p1[:, None, None] * p2[:, :, None] * p3
+    return (p1[:, None, None] * p2[:, :, None] * p3).cpu()
 
 
 def run_check(target: Target, heads, tree: str, sampling: SamplingConfig, samples: int) -> float:
@@ -74,11 +74,32 @@ def target():
     return small_vocab_target()
 
 
+@pytest.fixture(scope="module")
+def cuda_target():
+    """The same target on CUDA (fp32: the distribution test is about the sampler, not bf16)."""
+    target = small_vocab_target()
+    target.model.to("cuda")
+    return target
+
+
+# runs on every device: "cuda" only where one exists, marked gpu (`pytest -m gpu` on a GPU machine)
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+    ),
+]
+
+
 @pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_sampling_preserves_target_distribution(target, tree, config):
+@pytest.mark.parametrize("device", DEVICES)
+def test_sampling_preserves_target_distribution(request, target, tree, config, device):
+    if device != "cpu":
+        target = request.getfixturevalue("cuda_target")
     sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
-    heads = RandomEagle(target.model, seed=1)
+    heads = RandomEagle(target.model, seed=1).to(target.device)
     assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
 
 
