@@ -134,3 +134,24 @@ def test_dir_without_config_and_non_causal_model(tmp_path):
 def test_layer_ids_are_validated(target):
     with pytest.raises(HeadstartError, match="out of range"):
         capture(target.model, torch.tensor([[3, 4]]), layers=[5])
+
+
+def test_fingerprint_follows_the_weights_not_the_path(tiny_llama, tmp_path):
+    """The same weights in another directory match (heads move between machines); changed
+    weights do not, whatever the directory is called."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from headstart.target.load import fingerprint_mismatch
+
+    original = load_target(str(tiny_llama)).fingerprint
+    copy = shutil.copytree(tiny_llama, tmp_path / "elsewhere")
+    moved = load_target(str(copy)).fingerprint
+    assert moved["name"] != original["name"] and len(moved["sha256"]) == 64
+    assert fingerprint_mismatch(original, moved) == []
+    weights = load_file(str(copy / "model.safetensors"))
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    assert fingerprint_mismatch(original, load_target(str(copy)).fingerprint) == ["sha256"]

@@ -8,12 +8,13 @@ from headstart.heads.base import HEAD_KINDS, DraftHead, EagleLike, MedusaLike
 from headstart.heads.build import build_head, draft_vocab, head_config, load_heads, load_heads_for_inference
 from headstart.heads.checkpoint import check_fits
 from headstart.heads.config import HeadConfig, HeadSpec
-from headstart.heads.eagle import Eagle3Head, EagleHead
+from headstart.heads.eagle import Eagle3FcHead, Eagle3Head, EagleHead
 from headstart.heads.medusa import MedusaHeads
 
 __all__ = [
     "HEAD_KINDS",
     "DraftHead",
+    "Eagle3FcHead",
     "Eagle3Head",
     "EagleHead",
     "EagleLike",

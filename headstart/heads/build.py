@@ -12,14 +12,14 @@ from headstart.heads.config import HeadConfig, HeadSpec
 from headstart.target.features import check_layer_ids, eagle3_layer_ids
 
 
-def head_class(kind: str) -> type:
-    from headstart.heads.eagle import Eagle3Head, EagleHead
+def head_class(kind: str, layout: str = "fc") -> type:
+    from headstart.heads.eagle import Eagle3FcHead, Eagle3Head, EagleHead
     from headstart.heads.medusa import MedusaHeads
 
-    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3Head}
+    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3FcHead}
     if kind not in classes:
         raise HeadstartError(f"unknown head kind '{kind}'", f"use one of {', '.join(classes)}")
-    return classes[kind]
+    return Eagle3Head if (kind, layout) == ("eagle3", "reference") else classes[kind]
 
 
 def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
@@ -58,7 +58,10 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
         draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,
-        input_norms=spec.input_norms and spec.kind != "medusa",
+        layout=spec.layout if spec.kind == "eagle3" else "fc",
+        # the reference layout has its norms built in
+        input_norms=spec.input_norms
+        and (spec.kind == "eagle" or (spec.kind, spec.layout) == ("eagle3", "fc")),
     )
 
 
@@ -77,7 +80,7 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
     """
     config = head_config(spec, target)
     torch.manual_seed(seed)
-    head = head_class(spec.kind)(config)
+    head = head_class(config.kind, config.layout)(config)
     if config.draft_vocab_size < config.vocab_size:
         if token_counts is None:
             raise HeadstartError(
@@ -93,7 +96,8 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
 
 def load_heads(path: str | Path, target: Any = None) -> Any:
     """Load any headstart head by the kind in its config.json; with `target`, check and bind."""
-    return head_class(HeadConfig.read(path).kind).from_pretrained(path, target)
+    config = HeadConfig.read(path)
+    return head_class(config.kind, config.layout).from_pretrained(path, target)
 
 
 def load_heads_for_inference(path: str | Path, target: Any) -> Any:

@@ -92,6 +92,8 @@ class HeadCheckpoint:
     """save_pretrained / from_pretrained / push_to_hub for nn.Module heads with a `config`."""
 
     config: HeadConfig
+    layout = "fc"
+    """HeadConfig.layout of the checkpoints this class reads."""
 
     def save_pretrained(self, path: str | Path) -> Path:
         from safetensors.torch import save_file
@@ -111,10 +113,11 @@ class HeadCheckpoint:
         from safetensors.torch import load_file
 
         config = HeadConfig.read(path)
-        if config.kind != cls.kind:  # type: ignore[attr-defined]
+        if (config.kind, config.layout) != (cls.kind, cls.layout):  # type: ignore[attr-defined]
             raise HeadstartError(
-                f"{path} holds a {config.kind} head, not {cls.kind}", "use headstart.heads.load_heads"
-            )  # type: ignore[attr-defined]
+                f"{path} holds a {config.kind} head ({config.layout} layout), not {cls.kind} ({cls.layout})",  # type: ignore[attr-defined]
+                "use headstart.heads.load_heads",
+            )
         if target is not None:
             check_fits(config, target)
         head = cls(config)  # type: ignore[call-arg]

@@ -33,8 +33,12 @@ class HeadSpec:
     """EAGLE-3 and Medusa: size N of the draft vocabulary (the N most frequent target tokens in the
     training data); 0 = the full target vocabulary. EAGLE-3 trains its own N-row lm_head; Medusa
     trains over the full vocabulary and drafts over the N tokens only (a cheaper draft step)."""
+    layout: Literal["reference", "fc"] = "reference"
+    """EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
+    llama.cpp load; `headstart export` writes it) or "fc" (headstart's first layout, not
+    exportable). See headstart.heads.eagle."""
     input_norms: bool = True
-    """EAGLE heads: RMS-normalise the token embedding and the feature separately before they are
+    """EAGLE heads in the fc layout: RMS-normalise the token embedding and the feature separately before they are
     fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;
     without the norms the head all but ignores the token it is given."""
 
@@ -47,6 +51,8 @@ class HeadSpec:
             )
         if self.draft_vocab_size < 0:
             raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
+        if self.layout not in ("reference", "fc"):
+            raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
         if self.feature_layers is not None and self.kind == "eagle3" and len(self.feature_layers) != 3:
             raise HeadstartError(
                 f"head.feature_layers must name 3 layers for eagle3, got {self.feature_layers}",
@@ -73,6 +79,12 @@ class HeadConfig:
     input_norms: bool = False
     """EAGLE heads: norms on the embedding and the feature before fc (False: checkpoints made
     before they existed, which have none)."""
+    layout: str = "fc"
+    """EAGLE-3: "reference" or "fc" (HeadSpec.layout); "fc" for every checkpoint written before
+    the field existed."""
+    own_embeddings: bool = False
+    """EAGLE-3 (imported): the checkpoint ships its own token embeddings (`embed_tokens.weight`)
+    instead of sharing the target's."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT
@@ -84,6 +96,11 @@ class HeadConfig:
             raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
         if not self.draft_vocab_size:
             self.draft_vocab_size = self.vocab_size
+        if self.layout not in ("reference", "fc") or (self.layout == "reference" and self.kind != "eagle3"):
+            raise HeadstartError(
+                f"head layout '{self.layout}' is not valid for a {self.kind} head",
+                "only eagle3 heads have the reference layout; others use fc",
+            )
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -1,9 +1,13 @@
 """EAGLE-1/2 and EAGLE-3 heads: one decoder layer of the target's architecture that guesses the
 target's next feature from (next token, current feature); see headstart.heads.base for alignment.
 
-EAGLE-3 here feeds the decoder layer through fc(cat(embed, h)) (2H -> H) and a standard layer,
-not the vLLM/SGLang `LlamaForCausalLMEagle3` layout (q/k/v over 2H): our checkpoints are not
-loadable by vLLM as EAGLE-3 drafts. The standard layer keeps the head free of modeling code.
+EAGLE-3 comes in two layouts (HeadConfig.layout):
+- "reference" (new heads): the EAGLE-3 release's layout, which vLLM, SGLang, speculators,
+  SpecForge and llama.cpp read: fc (3H -> H) fuses three target layers into g; the layer's q/k/v
+  read cat(input_layernorm(embed), hidden_norm(g)) (2H); the residual is g. `headstart export`
+  writes it in their formats (headstart/heads/formats.py).
+- "fc" (headstart's first layout, kept so older checkpoints load): fc(cat(norm(embed), norm(g)))
+  (2H -> H) feeds a standard decoder layer. No serving engine reads it.
 """
 
 from __future__ import annotations
@@ -85,9 +89,10 @@ class EagleHead(HeadCheckpoint, nn.Module):
         return self.midlayer.new_cache()
 
 
-class Eagle3Head(DraftVocab, EagleHead):
-    """EAGLE-3: fuses three target layers (3H -> H), then its own norm and lm_head over a draft
-    vocabulary of Vd tokens, with d2t (target_id = i + d2t[i]) and t2d (bool, V) maps."""
+class Eagle3FcHead(DraftVocab, EagleHead):
+    """EAGLE-3 in headstart's first ("fc") layout: fuses three target layers (3H -> H), then the
+    EAGLE-1 path, then its own norm and lm_head over a draft vocabulary of Vd tokens, with d2t
+    (target_id = i + d2t[i]) and t2d (bool, V) maps."""
 
     kind = "eagle3"
 
@@ -119,3 +124,54 @@ class Eagle3Head(DraftVocab, EagleHead):
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(g))  # (B, T, Vd)
+
+
+class Eagle3Head(Eagle3FcHead):
+    """EAGLE-3 in the reference layout (module docstring). Module names mirror the reference's
+    (`fc`, `norm`, `lm_head`, `d2t`, `t2d`; `midlayer.layer.*` is its `midlayer.*`/`layers.0.*`),
+    so formats.py only renames. `embed_tokens` exists only for imported heads that ship their own
+    token embeddings; otherwise the target's are bound, frozen and not saved."""
+
+    layout = "reference"
+
+    def __init__(self, config: HeadConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        hidden, draft = config.hidden_size, config.draft_vocab_size
+        self.feature_layers = tuple(config.feature_layers)
+        self.fc = nn.Linear(len(config.feature_layers) * hidden, hidden, bias=False)
+        self.midlayer = DraftLayer(config.target_config, eagle3_input=True)
+        self.norm = self.midlayer.new_norm()
+        self.lm_head = nn.Linear(hidden, draft, bias=False)
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if config.own_embeddings else None
+        self.embed_norm = self.hidden_norm = None
+        self._bound = {}
+        self.init_draft_vocab(draft, config.vocab_size)
+
+    def fuse(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor]) -> torch.Tensor:
+        missing = [i for i in self.feature_layers if i not in layers]
+        if missing:
+            raise HeadstartError(
+                f"eagle3 head needs target layers {missing}", f"capture layers {list(self.feature_layers)}"
+            )
+        return self.fc(torch.cat([layers[i] for i in self.feature_layers], dim=-1))  # (B, T, H)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+    ) -> torch.Tensor:
+        """hidden (B, T, H) (fused, or the previous step's g), next tokens (B, T) -> g (B, T, H)."""
+        embed = self.embed_tokens if self.embed_tokens is not None else self.bound("embed")
+        embeds = embed(input_ids).to(hidden.dtype)  # (B, T, H), frozen
+        return self.midlayer(
+            hidden,
+            embeds=embeds,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+        )

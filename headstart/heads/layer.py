@@ -54,15 +54,48 @@ def layer_classes(config: Any) -> tuple[type[nn.Module], type[nn.Module], type[n
     return type(decoder_layers(base)[0]), type(rotary), type(norm)
 
 
-class DraftLayer(nn.Module):
-    """The head's single decoder layer plus its rotary embedding, callable with a KV cache."""
+# What the reference EAGLE-3 layer calls on the target's decoder layer (Llama-style pre-norm).
+EAGLE3_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
+EAGLE3_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
-    def __init__(self, target_config: dict[str, Any]) -> None:
+
+class DraftLayer(nn.Module):
+    """The head's single decoder layer plus its rotary embedding, callable with a KV cache.
+
+    With `eagle3_input` the layer is EAGLE-3's reference first layer (the EAGLE release, vLLM,
+    SGLang, speculators): q/k/v read 2H = cat(input_layernorm(embed), hidden_norm(g)) and the
+    attention's residual is g itself. Built by swapping the target layer's q/k/v projections for
+    2H-input ones and adding `hidden_norm`, so its state dict is the reference's `layers.0.*`.
+    """
+
+    def __init__(self, target_config: dict[str, Any], eagle3_input: bool = False) -> None:
         super().__init__()
         self.config = one_layer_config(target_config)
         layer_cls, rotary_cls, self.norm_cls = layer_classes(self.config)
         self.layer = layer_cls(self.config, layer_idx=0)
         self.rotary_emb = rotary_cls(config=self.config)
+        self.eagle3_input = eagle3_input
+        if eagle3_input:
+            self._widen_attention_inputs()
+
+    def _widen_attention_inputs(self) -> None:
+        layer = self.layer
+        attn = getattr(layer, "self_attn", None)
+        missing = [n for n in EAGLE3_PARTS if not hasattr(layer, n)]
+        missing += [
+            f"self_attn.{n}" for n in EAGLE3_PROJECTIONS if not isinstance(getattr(attn, n, None), nn.Linear)
+        ]
+        if missing:
+            raise HeadstartError(
+                f"{type(layer).__name__} lacks {', '.join(missing)}: the reference EAGLE-3 layer needs a "
+                "Llama-style pre-norm decoder layer",
+                "use head.layout=fc for this target",
+            )
+        for name in EAGLE3_PROJECTIONS:
+            old = getattr(attn, name)
+            wide = nn.Linear(2 * old.in_features, old.out_features, bias=old.bias is not None)
+            setattr(attn, name, wide.to(old.weight.dtype))
+        layer.hidden_norm = self.new_norm()
 
     def new_norm(self) -> nn.Module:
         """A final norm of the architecture's class (EAGLE-3's own norm before its lm_head)."""
@@ -81,9 +114,11 @@ class DraftLayer(nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """hidden (B, T, H) -> (B, T, H). Without a mask, attention is causal over the cache and
-        the new tokens; right padding is harmless because no real token attends forward."""
+        """hidden (B, T, H) -> (B, T, H); an `eagle3_input` layer also takes the token embeddings
+        `embeds` (B, T, H). Without a mask, attention is causal over the cache and the new tokens;
+        right padding is harmless because no real token attends forward."""
         batch, steps, _ = hidden.shape
         if attention_mask is None:
             cached = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -91,12 +126,26 @@ class DraftLayer(nn.Module):
             causal = torch.ones(steps, steps, dtype=torch.bool, device=hidden.device).tril()
             attention_mask = tree_attention_mask(prefix, causal, hidden.dtype)  # (B, 1, T, cached + T)
         cos_sin = self.rotary_emb(hidden, position_ids)
-        out = self.layer(
-            hidden,
+        call = dict(
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
             use_cache=past_key_values is not None,
             position_embeddings=cos_sin,
         )
+        if self.eagle3_input:
+            if embeds is None:
+                raise HeadstartError("the EAGLE-3 layer needs the token embeddings", "pass embeds=")
+            return self._eagle3_forward(hidden, embeds, call)
+        out = self.layer(hidden, **call)
         return out[0] if isinstance(out, tuple) else out
+
+    def _eagle3_forward(
+        self, hidden: torch.Tensor, embeds: torch.Tensor, call: dict[str, Any]
+    ) -> torch.Tensor:
+        """The reference order (norm_before_residual=False): the residual is g before hidden_norm."""
+        layer = self.layer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+        attn = layer.self_attn(hidden_states=x, **call)
+        h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
+        return h + layer.mlp(layer.post_attention_layernorm(h))

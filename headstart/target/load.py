@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -175,6 +176,8 @@ def load_target(
         load_s=0.0,
         eos_token_ids=eos_token_ids(model, tokenizer),
     )
+    if source_hash is None:  # the weights' identity, wherever they lie (a directory or the Hub cache)
+        source_hash = weights_sha256(path if path else _hub_snapshot(spec, revision))
     target.fingerprint = fingerprint(target, kind, source_hash, revision)
     target.load_s = time.perf_counter() - start
     return target
@@ -212,6 +215,34 @@ def fingerprint(target: Target, kind: str, source_hash: str | None, revision: st
     }
 
 
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+
+
+def weights_sha256(directory: Path | None) -> str | None:
+    """sha256 over the weight files' names and contents, so the same weights match from any
+    directory (a copy, another machine, the Hub cache). Cost: one read of the weights per new
+    file (memoised by path, size and mtime, as for GGUF files)."""
+    if directory is None:
+        return None
+    files = sorted({f for pattern in WEIGHT_FILES for f in directory.glob(pattern) if f.is_file()})
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(f"{file.name}:{file_sha256(file)}\n".encode())
+    return digest.hexdigest()
+
+
+def _hub_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    """The local snapshot directory a Hub load used (None when it cannot be found)."""
+    from transformers.utils import cached_file
+
+    try:
+        return Path(cached_file(repo_id, "config.json", revision=revision)).parent
+    except OSError:
+        return None
+
+
 def _hub_commit(repo_id: str, revision: str | None) -> str | None:
     """The snapshot commit a Hub load resolved to (huggingface_hub cache: .../snapshots/<commit>/)."""
     from transformers.utils import cached_file
@@ -224,7 +255,8 @@ def _hub_commit(repo_id: str, revision: str | None) -> str | None:
 
 
 def fingerprint_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:
-    """Fields that differ between two fingerprints (shape fields and the weight identity)."""
+    """Fields that differ between two fingerprints (shape fields and the weight identity). The
+    name (a path or Hub id) only counts when the expected side records no weight hash."""
     keys = ("architecture", "num_layers", "hidden_size", "vocab_size", "sha256", "name")
     return [
         k for k in keys if expected.get(k) != actual.get(k) and not (k == "name" and expected.get("sha256"))

@@ -83,13 +83,16 @@ def test_medusa_draft_vocab_projects_onto_its_rows_only(target, shared, tmp_path
         plain.set_draft_vocab(torch.arange(4))
 
 
-def test_eagle_head_cache_matches_full_forward(target):
-    head = build_head(HeadSpec(kind="eagle"), target)
+@pytest.mark.parametrize(
+    "spec", [HeadSpec(kind="eagle"), HeadSpec(kind="eagle3"), HeadSpec(kind="eagle3", layout="fc")]
+)
+def test_eagle_head_cache_matches_full_forward(target, spec):
+    head = build_head(spec, target)
     assert isinstance(head, EagleLike)
     torch.manual_seed(1)
     hidden, ids = torch.randn(2, 6, 64), torch.randint(0, target.vocab_size, (2, 6))
     pos = torch.arange(6).expand(2, 6)
-    full = head(head.fuse(hidden, {}), ids, position_ids=pos)
+    full = head(hidden, ids, position_ids=pos)
     assert full.shape == (2, 6, 64)
     assert head.logits(full).shape == (2, 6, target.vocab_size)
     cache = head.new_cache()
@@ -153,7 +156,7 @@ def test_eagle_input_norms_balance_token_and_feature(target, kind, tmp_path):
     features are 500x larger (as SmolLM2's deep layers are against its embeddings), and the token
     still matters; a checkpoint saved without the field loads as a head without norms."""
     torch.manual_seed(0)
-    head = build_head(HeadSpec(kind=kind), target)
+    head = build_head(HeadSpec(kind=kind, layout="fc"), target)  # the reference layout: below
     assert head.config.input_norms and head.embed_norm is not None
     h = torch.randn(1, 4, target.hidden_size)
     ids = torch.randint(0, target.vocab_size, (1, 4))
@@ -170,3 +173,25 @@ def test_eagle_input_norms_balance_token_and_feature(target, kind, tmp_path):
     assert plain.embed_norm is None and not any(
         "norm" in n and "embed" in n for n, _ in plain.named_parameters()
     )
+
+
+def test_eagle3_reference_layout_matches_the_release(target):
+    """New EAGLE-3 heads have the reference layout: q/k/v over 2H, hidden_norm, fc 3H -> H without
+    bias, and the attention's residual is g itself (not a projection of it)."""
+    head = build_head(HeadSpec(kind="eagle3"), target)
+    assert head.config.layout == "reference" and not head.config.input_norms
+    hidden, layer = target.hidden_size, head.midlayer.layer
+    shapes = {k: tuple(v.shape) for k, v in head.state_dict().items()}
+    heads_dim = layer.self_attn.q_proj.out_features
+    assert shapes["midlayer.layer.self_attn.q_proj.weight"] == (heads_dim, 2 * hidden)
+    assert shapes["midlayer.layer.hidden_norm.weight"] == (hidden,)
+    assert shapes["fc.weight"] == (hidden, 3 * hidden) and "fc.bias" not in shapes
+    assert {"norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(shapes)
+    assert not any(k.startswith(("fuse_fc", "embed_norm", "hidden_norm")) for k in shapes)
+    # with zeroed attention output and MLP the layer is the identity on g: g is the residual
+    torch.manual_seed(2)
+    g, ids = torch.randn(1, 3, hidden), torch.randint(0, target.vocab_size, (1, 3))
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    torch.testing.assert_close(head(g, ids, position_ids=torch.arange(3)[None]), g)
