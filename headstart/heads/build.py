@@ -95,7 +95,18 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
 
 
 def load_heads(path: str | Path, target: Any = None) -> Any:
-    """Load any headstart head by the kind in its config.json; with `target`, check and bind."""
+    """Load a head directory: headstart's own (any kind; with `target`, checked and bound) or a
+    published one in the speculators, EAGLE-3 or Medusa format (needs `target`: it is checked
+    against the target's shapes and bound to it). See headstart.heads.formats."""
+    from headstart.heads.formats import detect_format, read_foreign
+
+    fmt = detect_format(path)
+    if fmt != "headstart":
+        if target is None:
+            raise HeadstartError(
+                f"{path} holds a {fmt} head", "load it with its target: load_heads(path, target)"
+            )
+        return read_foreign(path, fmt, target)
     config = HeadConfig.read(path)
     return head_class(config.kind, config.layout).from_pretrained(path, target)
 

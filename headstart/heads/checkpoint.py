@@ -110,7 +110,7 @@ class HeadCheckpoint:
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any = None) -> Any:
         """Load a head; with `target` (a headstart Target) also check its fingerprint and bind."""
-        from safetensors.torch import load_file
+        from headstart.heads.formats import load_checked, read_weights
 
         config = HeadConfig.read(path)
         if (config.kind, config.layout) != (cls.kind, cls.layout):  # type: ignore[attr-defined]
@@ -121,15 +121,7 @@ class HeadCheckpoint:
         if target is not None:
             check_fits(config, target)
         head = cls(config)  # type: ignore[call-arg]
-        weights = Path(path) / "model.safetensors"
-        if not weights.is_file():
-            raise HeadstartError(f"{weights} is missing", "re-save the head with save_pretrained")
-        missing, unexpected = head.load_state_dict(load_file(str(weights)), strict=False)
-        if missing or unexpected:
-            raise HeadstartError(
-                f"{weights} does not match a {config.kind} head: missing {missing[:3]}, unexpected {unexpected[:3]}",
-                "re-save the head",
-            )
+        load_checked(head, read_weights(Path(path), ("model.safetensors",)), Path(path))
         if target is not None:
             head.to(target.device)
             head.bind(target.model)

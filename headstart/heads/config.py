@@ -107,13 +107,10 @@ class HeadConfig:
 
     @classmethod
     def read(cls, path: str | Path) -> HeadConfig:
+        from headstart.heads.formats import read_json
+
         file = Path(path) / "config.json"
-        if not file.is_file():
-            raise HeadstartError(
-                f"no head checkpoint at {path} (config.json missing)",
-                "pass a directory written by save_pretrained",
-            )
-        data = json.loads(file.read_text())
+        data = read_json(file)
         known = {f.name for f in dataclasses.fields(cls)}
         if "kind" not in data or not known.issuperset(data):
             raise HeadstartError(
