@@ -28,6 +28,10 @@ COMMANDS = {
     ),
     "tune": ("headstart.commands.tune", "pick the fastest draft tree for trained heads on this hardware"),
     "push": ("headstart.commands.push", "publish trained heads to the Hugging Face Hub"),
+    "export": (
+        "headstart.commands.export",
+        "write heads in a serving engine's format (speculators/vLLM, EAGLE-3/SGLang/llama.cpp, Medusa)",
+    ),
     "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
     "train": (
         "headstart.commands.train",

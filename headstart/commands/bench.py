@@ -136,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench.shards import select_shard
     from headstart.bench.tune import tree_for_run
     from headstart.heads.defaults import shipped_heads
+    from headstart.heads.resolve import resolve_heads
     from headstart.inference.plain import SamplingConfig
 
     sampling = SamplingConfig(
@@ -155,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
     trees = {}
     for spec in heads_specs:
-        label, path = _label(spec)
+        label, name = _label(spec)
+        path = str(resolve_heads(name))  # a Hub id is downloaded once, as generate does
         # the tree `headstart tune` stored with the heads, unless --tree
         tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads())
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,6 @@ from headstart.commands.common import (
     sampling_from_args,
 )
 from headstart.errors import HeadstartError
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,28 +79,14 @@ def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Pa
     the heads shipped for the embedded target, if any; (None, None) for plain decoding."""
     from headstart.heads import load_heads_for_inference
     from headstart.heads.defaults import default_heads
+    from headstart.heads.resolve import resolve_heads
 
     if args.no_heads:
         return None, None
     if not args.heads:
         shipped = default_heads(args.target)
         return (None, None) if shipped is None else (load_heads_for_inference(shipped, target), shipped)
-    path = Path(args.heads).expanduser()
-    if not path.is_dir():
-        if not HUB_ID.match(args.heads):
-            raise HeadstartError(
-                f"--heads {args.heads}: no such directory",
-                "pass a directory written by `headstart train` or a Hub id",
-            )
-        from huggingface_hub import snapshot_download
-
-        try:
-            path = Path(snapshot_download(args.heads))
-        except Exception as err:  # the hub client raises many types; the message says which
-            raise HeadstartError(
-                f"cannot download heads '{args.heads}': {str(err).splitlines()[0]}",
-                "check the id, your network or HF_TOKEN",
-            ) from None
+    path = resolve_heads(args.heads)
     return load_heads_for_inference(path, target), path
 
 

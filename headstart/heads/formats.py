@@ -51,6 +51,7 @@ def export_heads(
     from safetensors.torch import save_file
 
     from headstart.heads.checkpoint import atomic_dir
+    from headstart.io import normal_permissions
 
     if fmt not in FORMATS:
         raise HeadstartError(f"unknown export format '{fmt}'", f"use one of {', '.join(FORMATS)}")
@@ -67,6 +68,8 @@ def export_heads(
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for file in tmp.iterdir():
+            normal_permissions(file)  # readable by the serving process, as files written without headstart
 
     return atomic_dir(output, write)
 

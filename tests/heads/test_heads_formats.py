@@ -180,3 +180,50 @@ def test_damaged_weights_and_configs_fail_with_one_line(llama_target, tmp_path):
     (out / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(HeadstartError, match="not a head checkpoint"):
         load_heads(out, llama_target)
+
+
+def test_export_cli_writes_a_loadable_directory(tiny_llama, llama_target, tmp_path, capsys):
+    from headstart.cli import main
+
+    head = _trained_like(HeadSpec(kind="eagle3", draft_vocab_size=60), llama_target)
+    saved = head.save_pretrained(tmp_path / "final")
+    out = tmp_path / "served" / "eagle"
+    args = ["export", str(saved), "--format", "eagle", "--output", str(out), "--target", str(tiny_llama)]
+    assert main(args) == 0
+    assert "exported eagle3 heads" in capsys.readouterr().out
+    assert (out / "model.safetensors").stat().st_mode & 0o044  # readable by a serving process
+    loaded = load_heads(out, llama_target)
+    assert _decode(llama_target, loaded) == _decode(llama_target, load_heads(saved, llama_target))
+    assert (
+        main(
+            [
+                "export",
+                str(saved),
+                "--format",
+                "medusa",
+                "--output",
+                str(tmp_path / "m"),
+                "--target",
+                str(tiny_llama),
+            ]
+        )
+        == 2
+    )
+    assert "Medusa heads" in capsys.readouterr().err and not (tmp_path / "m").exists()
+
+
+def test_heads_argument_resolution(tmp_path, monkeypatch):
+    """Directories are used as they are; a Hub id is downloaded (bench and generate alike); a
+    file or a path-like name that does not exist is a local error, not a network one."""
+    import huggingface_hub
+
+    from headstart.heads.resolve import resolve_heads
+
+    assert resolve_heads(tmp_path) == tmp_path
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(HeadstartError, match="is a file"):
+        resolve_heads(tmp_path / "config.json")
+    with pytest.raises(HeadstartError, match="no such directory"):
+        resolve_heads(str(tmp_path / "nope"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(tmp_path))
+    assert resolve_heads("org/heads") == tmp_path

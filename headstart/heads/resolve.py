@@ -1,0 +1,36 @@
+"""Where a `--heads` argument points: a local directory, or a Hub id downloaded to the cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headstart.errors import HeadstartError
+from headstart.target.load import HUB_ID
+
+
+def resolve_heads(spec: str | Path) -> Path:
+    """The local directory of heads named by `spec`. A path that exists must be a directory; a
+    name that looks like a path (its parent directory exists here, or it starts with . / ~) is
+    reported as missing locally rather than looked up on the Hub."""
+    text = str(spec)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise HeadstartError(f"--heads {text} is a file", f"pass the directory that holds it: {path.parent}")
+    parent = path.parent
+    local = text.startswith((".", "/", "~")) or (str(parent) not in ("", ".") and parent.is_dir())
+    if local or not HUB_ID.match(text):
+        raise HeadstartError(
+            f"--heads {text}: no such directory",
+            "pass a directory written by `headstart train`/`export`, or a Hub id",
+        )
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text))
+    except Exception as err:  # the hub client raises many types; its message says which
+        raise HeadstartError(
+            f"cannot download heads '{text}': {str(err).splitlines()[0]}",
+            "check the id, your network or HF_TOKEN",
+        ) from None
