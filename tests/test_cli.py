@@ -77,6 +77,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
             ["generate", "--target", "smollm2", "--prompt", "x", "--max-new-tokens", "0"],
             "--max-new-tokens must be >= 1",
         ),
+        # checked before the target loads (no conversion bar, no 30 s wait on a fresh machine)
+        (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "nan"], "finite number"),
+        (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "inf"], "finite number"),
+        (["generate", "--target", "smollm2", "--prompt", "x", "--stop", ""], "--stop ''"),
+        (["chat", "--target", "smollm2", "--temperature", "-1"], "finite number"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, message):

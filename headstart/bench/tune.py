@@ -94,16 +94,23 @@ def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | 
 
 
 def tree_for_run(
-    explicit: str | None, heads_path: str | Path | None, device: str, threads: int
+    explicit: str | None, heads_path: str | Path | None, device: str, threads: int, greedy: bool = True
 ) -> str | None:
     """The tree a run decodes with: `--tree` if given, else the stored tuned one (None: none stored),
-    with a note on stderr when that one was tuned for another device or thread count."""
+    with a note on stderr when that one was tuned for another device or thread count. Sampling
+    drops a tuned tree's lookup branch (exact acceptance cannot mix a static tree's drawn drafts
+    with looked-up tokens); an explicit `--tree` is taken as given and refused by the decoder."""
     if explicit or heads_path is None:
         return explicit
     warning = tuned_elsewhere(heads_path, device, threads)
     if warning:
         print(f"note: {warning}", file=sys.stderr)
-    return tuned_tree(heads_path)
+    tree = tuned_tree(heads_path)
+    if not greedy:
+        from headstart.inference.lookup import split_lookup
+
+        tree = split_lookup(tree)[0]
+    return tree
 
 
 def tune(

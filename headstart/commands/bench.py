@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         label, name = _label(spec)
         path = str(resolve_heads(name))  # a Hub id is downloaded once, as generate does
         # the tree `headstart tune` stored with the heads, unless --tree
-        tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads())
+        tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads(), sampling.greedy)
         methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
         trees[f"headstart:{label}"] = tree or "static"
     prompt = turn_prompt(target, args.max_new_tokens)

@@ -10,7 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from headstart.commands.common import add_sampling_arguments, add_target_arguments, load_target_from_args
+from headstart.commands.common import (
+    add_sampling_arguments,
+    add_target_arguments,
+    check_generation_args,
+    load_target_from_args,
+)
 from headstart.commands.generate import Decoding, add_decoding_arguments, stats_line
 from headstart.errors import HeadstartError
 
@@ -25,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
+    check_generation_args(args)
     target = load_target_from_args(args)
     if not target.chat.has_template:
         raise HeadstartError(

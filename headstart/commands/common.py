@@ -41,6 +41,15 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=None)
 
 
+def check_generation_args(args: argparse.Namespace) -> None:
+    """Refuse bad sampling/stop arguments before any model loads (a first GGUF load takes ~30 s)."""
+    from headstart.errors import HeadstartError
+
+    sampling_from_args(args)
+    if any(stop == "" for stop in getattr(args, "stop", None) or []):
+        raise HeadstartError("--stop '' would stop after the first token", "pass a non-empty stop string")
+
+
 def sampling_from_args(args: argparse.Namespace) -> Any:
     from headstart.inference.plain import SamplingConfig
 

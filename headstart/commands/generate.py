@@ -16,6 +16,7 @@ from typing import Any
 from headstart.commands.common import (
     add_sampling_arguments,
     add_target_arguments,
+    check_generation_args,
     load_target_from_args,
     sampling_from_args,
 )
@@ -105,7 +106,10 @@ class Decoding:
             from headstart.bench.tune import tree_for_run
             from headstart.inference.decoder import SpeculativeDecoder
 
-            self.tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads()) or "static"
+            greedy = self.sampling.greedy
+            self.tree = (
+                tree_for_run(args.tree, path, str(target.device), torch.get_num_threads(), greedy) or "static"
+            )
             self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical)
 
     @property
@@ -151,6 +155,7 @@ def stats_line(stats: dict[str, Any], mode: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
+    check_generation_args(args)
     target = load_target_from_args(args)
     decoding = Decoding(args, target)
     batch = [prompt_ids(target, p, args.raw) for p in args.prompt]

@@ -33,8 +33,11 @@ class SamplingConfig:
             raise HeadstartError(
                 f"--max-new-tokens must be >= 1, got {self.max_new_tokens}", "use --max-new-tokens 128"
             )
-        if self.temperature < 0:
-            raise HeadstartError(f"--temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if not 0 <= self.temperature < float("inf"):  # also refuses nan (every comparison is False)
+            raise HeadstartError(
+                f"--temperature must be a finite number >= 0, got {self.temperature}",
+                "use 0 for greedy, e.g. 0.7 to sample",
+            )
         if not 0 < self.top_p <= 1:
             raise HeadstartError(f"--top-p must be in (0, 1], got {self.top_p}", "use --top-p 1.0 to disable")
         if self.top_k < 0:

@@ -112,3 +112,16 @@ def test_a_tree_tuned_elsewhere_is_named(tmp_path, capsys):
     assert tree_for_run(None, tmp_path, "cpu", 2) == "chain:2" and "--threads 2" in capsys.readouterr().err
     assert tree_for_run(None, tmp_path, "cpu", 1) == "chain:2" and not capsys.readouterr().err
     assert tree_for_run(None, None, "cpu", 1) is None
+
+
+def test_sampling_drops_a_tuned_lookup_branch(tmp_path):
+    """The shipped heads' tuned tree has a lookup branch, which exact sampling cannot use with a
+    static tree: sampling runs the tuned tree without it; greedy and an explicit --tree keep theirs."""
+    from headstart.bench.tune import tree_for_run
+    from headstart.heads.defaults import shipped_heads
+
+    heads = shipped_heads("smollm2")["smollm2-eagle3"]
+    tuned = tree_for_run(None, heads, "cpu", 2)
+    assert tuned is not None and "+lookup:" in tuned
+    assert tree_for_run(None, heads, "cpu", 2, greedy=False) == tuned.partition("+lookup:")[0]
+    assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False) == "chain:1+lookup:4"
