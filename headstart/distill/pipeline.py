@@ -16,7 +16,16 @@ from headstart.distill.engines import make_engine
 from headstart.distill.features import check_feature_budget, compute_features, parse_feature_layers
 from headstart.distill.plan import Item, make_plan
 from headstart.distill.sources import describe_source
-from headstart.distill.store import ShardWriter, atomic_write_bytes, done_indices, lock_output, open_output
+from headstart.distill.store import (
+    META,
+    ShardWriter,
+    atomic_write_bytes,
+    done_indices,
+    forget_output,
+    lock_output,
+    open_output,
+    shard_paths,
+)
 from headstart.errors import HeadstartError
 from headstart.inference.continuous import Reply, Request
 from headstart.target import Target
@@ -90,10 +99,15 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
         )
     names = parse_feature_layers(cfg.feature_layers, target.num_layers) if cfg.cache_features else None
     settings = cfg.identity() | {"prompts": describe_source(cfg.prompts) if cfg.prompts else None}
+    new_output = not (Path(cfg.out) / META).is_file()
     open_output(cfg.out, {"fingerprint": target.fingerprint, "settings": settings, "feature_layers": names})
     lock = lock_output(cfg.out)  # released when the process exits (or below)
     try:
         return _distill(target, cfg, names, quiet, start)
+    except BaseException:
+        if new_output and not shard_paths(cfg.out):  # nothing written: leave no output behind,
+            forget_output(cfg.out)  # so the same command (its advice followed) can run again
+        raise
     finally:
         lock.close()
 

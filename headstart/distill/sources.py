@@ -47,8 +47,11 @@ def read_rows(source: str, split: str = "train") -> Iterator[tuple[int, dict[str
 
 
 def _open_text(path: Path) -> Any:
+    """utf-8-sig: a byte-order mark (as Windows editors write) is not part of the first row."""
     return (
-        gzip.open(path, "rt", encoding="utf-8") if path.name.endswith(".gz") else path.open(encoding="utf-8")
+        gzip.open(path, "rt", encoding="utf-8-sig")
+        if path.name.endswith(".gz")
+        else path.open(encoding="utf-8-sig")
     )
 
 
@@ -67,10 +70,18 @@ def _read_file(path: Path) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
+    """Rows of a JSON-lines file, decoded line by line: a byte-order mark is ignored and a line
+    that is not UTF-8 is one skipped (and counted) row, not a rejected file."""
     try:
-        with _open_text(path) as handle:
+        with gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb") as handle:
             index = 0
-            for line in handle:
+            for raw in handle:
+                try:
+                    line = raw.decode("utf-8").removeprefix("\ufeff")
+                except UnicodeDecodeError:
+                    yield index, BadRow("line is not UTF-8")
+                    index += 1
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -79,9 +90,9 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any] | BadRow]]:
                     row = BadRow("malformed JSON line")
                 yield index, row if isinstance(row, dict | BadRow) else BadRow("row is not an object")
                 index += 1
-    except (OSError, UnicodeDecodeError, EOFError) as err:
+    except (OSError, EOFError) as err:
         raise HeadstartError(
-            f"cannot read prompt file {path}: {err}", "check the file is UTF-8 JSON lines"
+            f"cannot read prompt file {path}: {err}", "check the file is JSON lines"
         ) from None
 
 

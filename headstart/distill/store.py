@@ -147,6 +147,14 @@ def load_features(out: str | Path, record: dict[str, Any]) -> dict[str, Any]:
         return {k[len(prefix) :]: handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)}
 
 
+def forget_output(out: str | Path) -> None:
+    """Undo `open_output` for a run that wrote no record: its meta file and empty directories."""
+    (Path(out) / META).unlink(missing_ok=True)
+    for directory in (data_dir(out), features_dir(out)):
+        if directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
+
+
 def open_output(out: str | Path, meta: dict[str, Any]) -> None:
     """Create `out` with `meta`, or check that an existing `out` was made with the same target and settings.
 

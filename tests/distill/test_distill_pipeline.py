@@ -190,6 +190,32 @@ def test_bad_rows_are_skipped_and_counted(distill_target, make_cfg, tmp_path):
             target=distill_target,
             quiet=True,
         )
+    # the failed run left no output: following its advice into the same --out just works
+    assert not (tmp_path / "o2" / "distill_meta.json").exists()
+    (tmp_path / "none.jsonl").write_text('{"prompt": "now a real one"}\n')
+    again = run_distill(
+        make_cfg(prompts=str(tmp_path / "none.jsonl"), out=str(tmp_path / "o2"), num=1),
+        target=distill_target,
+        quiet=True,
+    )
+    assert again["records_total"] == 1
+
+
+def test_byte_order_mark_and_a_non_utf8_line(distill_target, make_cfg, tmp_path):
+    """A BOM (Windows editors) is not part of the first row; one line that is not UTF-8 is one
+    skipped row, not a rejected file."""
+    source = tmp_path / "p.jsonl"
+    source.write_bytes(
+        "\ufeff".encode() + b'{"prompt": "first"}\n' + b'{"prompt": "caf\xe9"}\n' + b'{"prompt": "third"}\n'
+    )
+    summary = run_distill(make_cfg(prompts=str(source), num=5), target=distill_target, quiet=True)
+    assert summary["records_total"] == 2 and summary["skipped"] == {"line is not UTF-8": 1}
+    as_json = tmp_path / "p.json"
+    as_json.write_bytes("\ufeff".encode() + json.dumps([{"prompt": "one"}]).encode())
+    summary = run_distill(
+        make_cfg(prompts=str(as_json), num=1, out=str(tmp_path / "j")), target=distill_target, quiet=True
+    )
+    assert summary["records_total"] == 1
 
 
 def test_cached_features_match_a_direct_forward(distill_target, make_cfg, tmp_path):
