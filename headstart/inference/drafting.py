@@ -43,11 +43,14 @@ class DynamicTree:
         return min(self.total_tokens, self.pool(max_depth) - 1)
 
     def __post_init__(self) -> None:
-        for name in ("depth", "top_k", "total_tokens"):
-            if getattr(self, name) < 1:
+        from headstart.inference.tree import MAX_TOP_K, MAX_TREE_DEPTH, MAX_TREE_NODES
+
+        bounds = {"depth": MAX_TREE_DEPTH, "top_k": MAX_TOP_K, "total_tokens": MAX_TREE_NODES}
+        for name, most in bounds.items():
+            if not 1 <= getattr(self, name) <= most:
                 raise HeadstartError(
-                    f"dynamic tree {name} must be >= 1, got {getattr(self, name)}",
-                    "e.g. --tree dynamic:depth=4,top_k=4,total_tokens=12",
+                    f"dynamic tree {name} must be in 1..{most}, got {getattr(self, name)}",
+                    "e.g. --tree dynamic:depth=6,top_k=10,total_tokens=60",
                 )
 
 

@@ -38,10 +38,12 @@ class Lookup:
     min_ngram: int = 1
 
     def __post_init__(self) -> None:
-        if self.tokens < 1 or not 1 <= self.min_ngram <= self.max_ngram:
+        from headstart.inference.tree import MAX_LOOKUP_TOKENS
+
+        if not 1 <= self.tokens <= MAX_LOOKUP_TOKENS or not 1 <= self.min_ngram <= self.max_ngram:
             raise HeadstartError(
                 f"bad lookup branch (tokens={self.tokens}, n-grams {self.min_ngram}..{self.max_ngram})",
-                "use e.g. --tree chain:1+lookup:4 (4 looked-up tokens)",
+                f"use e.g. --tree chain:1+lookup:4 (1 to {MAX_LOOKUP_TOKENS} looked-up tokens)",
             )
 
     def propose(self, context: Sequence[int] | np.ndarray | torch.Tensor) -> list[int]:

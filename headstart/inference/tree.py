@@ -53,8 +53,26 @@ class TreeBuffers:
         return int(self.ranks.max()) + 1
 
 
+# Bounds on what one step drafts and verifies. Published trees use 60 nodes at depth 6-8; past
+# these a step costs more than it can save on any device, and the verify's (nodes x context)
+# mask and the lookup's proposals grow with them (an unbounded lookup:100000 filled 23 GB).
+MAX_TREE_NODES = 256
+MAX_TREE_DEPTH = 32
+MAX_TOP_K = 64
+MAX_LOOKUP_TOKENS = 64
+
+
+def check_tree_size(nodes: int, depth: int) -> None:
+    if nodes > MAX_TREE_NODES or depth > MAX_TREE_DEPTH:
+        raise HeadstartError(
+            f"the tree has {nodes} nodes at depth {depth}: at most {MAX_TREE_NODES} nodes and depth {MAX_TREE_DEPTH}",
+            "use a smaller tree, e.g. --tree dynamic:depth=6,top_k=10,total_tokens=60",
+        )
+
+
 def build_tree(paths: Sequence[Sequence[int]]) -> TreeBuffers:
     """Validate index paths and build the tree buffers."""
+    check_tree_size(len(paths), max((len(p) for p in paths), default=0))
     clean: list[Path] = []
     for raw in paths:
         path = tuple(int(i) for i in raw)

@@ -18,7 +18,7 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.inference.drafting import DynamicTree
-from headstart.inference.tree import TreeBuffers, build_tree, chain, default_tree
+from headstart.inference.tree import TreeBuffers, build_tree, chain, check_tree_size, default_tree
 
 TreeSpec = TreeBuffers | DynamicTree
 
@@ -60,6 +60,7 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
         depth = spec.partition(":")[2]
         if not depth.isdigit() or int(depth) < 1:
             raise HeadstartError(f"bad chain tree '{spec}'", "use chain:N with N >= 1, e.g. chain:4")
+        check_tree_size(int(depth), int(depth))  # before a list of N paths is built
         tree = build_tree(chain(int(depth)))
     elif spec.lstrip().startswith("["):
         try:

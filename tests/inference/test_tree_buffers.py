@@ -84,3 +84,27 @@ def test_path_to_pads_short_rows_with_their_last_node():
     visible = tree.visible.expand(2, -1, -1)
     path, lengths = path_to(visible, torch.tensor([3, 2]))
     assert path.tolist() == [[0, 1, 3], [0, 2, 2]] and lengths.tolist() == [3, 2]
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("chain:1000", "at most 256 nodes and depth 32"),
+        ("chain:100000000", "at most 256 nodes"),  # refused before building 10^8 paths
+        ("dynamic:depth=100,top_k=10,total_tokens=5000", "depth must be in 1..32"),
+        ("dynamic:depth=6,top_k=10,total_tokens=5000", "total_tokens must be in 1..256"),
+        ("dynamic:depth=6,top_k=1000,total_tokens=60", "top_k must be in 1..64"),
+        (json.dumps([[0] * (d + 1) for d in range(40)]), "depth 40"),
+    ],
+)
+def test_huge_trees_are_refused(spec, message):
+    with pytest.raises(HeadstartError, match=message):
+        parse_tree(spec)
+
+
+def test_huge_lookup_branches_are_refused():
+    from headstart.inference.lookup import split_lookup
+
+    assert split_lookup("chain:1+lookup:64")[1].tokens == 64
+    with pytest.raises(HeadstartError, match="1 to 64 looked-up tokens"):
+        split_lookup("chain:1+lookup:100000")
