@@ -127,6 +127,12 @@ def run(args: argparse.Namespace) -> int:
         return merge_run(args)
     if not args.questions:
         raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
+    finished = Path(args.output) / "report.json"
+    if finished.is_file() and not args.resume:  # checked before the target loads
+        raise HeadstartError(
+            f"{args.output} already holds a finished bench report",
+            "choose a new --output, or delete that one to measure again",
+        )
     import torch
 
     from headstart.bench import methods as bench_methods

@@ -333,3 +333,12 @@ def test_resume_keeps_finished_questions_and_measures_the_rest(tiny_llama, tmp_p
     assert not (out / "config.partial.json").exists() and not (out / "outputs.jsonl.partial").exists()
     report = json.loads((out / "report.json").read_text())
     assert report["methods"]["pld"]["identical_fraction"] == 1.0 and report["config"]["num_prompts"] == 5
+
+
+def test_a_finished_report_is_not_overwritten(tmp_path, capsys):
+    from headstart.cli import main
+
+    (tmp_path / "report.json").write_text("{}")
+    assert main(["bench", "--questions", "mt_bench", "--output", str(tmp_path)]) == 2
+    assert "already holds a finished bench report" in capsys.readouterr().err
+    assert (tmp_path / "report.json").read_text() == "{}"
