@@ -63,12 +63,37 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     return chains + forks + looked + dynamic
 
 
+def user_tuned_file(heads_path: str | Path) -> Path:
+    """Where a tune of heads that must not be written to (the shipped ones, inside the installed
+    package, or a read-only directory) is kept: the user's cache, keyed by the heads' path."""
+    import hashlib
+
+    from headstart.target.gguf import cache_root
+
+    key = hashlib.sha256(str(Path(heads_path).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "tuned" / key / TUNED_FILE
+
+
+def tuned_file(heads_path: str | Path) -> Path:
+    """The tuned-tree file of these heads: next to them, unless they are shipped or read-only."""
+    import os
+
+    from headstart.heads.defaults import DEFAULT_HEADS_DIR
+
+    folder = Path(heads_path).resolve()
+    shipped = folder.is_relative_to(DEFAULT_HEADS_DIR)
+    if shipped or not os.access(folder, os.W_OK):
+        return user_tuned_file(heads_path)
+    return folder / TUNED_FILE
+
+
 def _stored(heads_path: str | Path) -> dict[str, Any] | None:
-    """The report `headstart tune` stored next to the heads, if any."""
-    path = Path(heads_path) / TUNED_FILE
-    if not path.is_file():  # also the case for Hub ids: tune after downloading
-        return None
-    return json.loads(path.read_text())
+    """The report `headstart tune` stored for the heads (the user's own tune of shipped heads
+    first, then the file next to them), if any."""
+    for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE):
+        if path.is_file():  # neither for Hub ids: tune after downloading
+            return json.loads(path.read_text())
+    return None
 
 
 def tuned_tree(heads_path: str | Path) -> str | None:
@@ -238,4 +263,7 @@ def _survivors(live: list[str], totals: dict[str, dict[str, Any]], prune: float)
 
 
 def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:
-    return atomic_write_text(Path(heads_path) / TUNED_FILE, json.dumps(report, indent=2))
+    """Store the tune where `tuned_file` says: never inside the installed package."""
+    path = tuned_file(heads_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, json.dumps(report, indent=2))

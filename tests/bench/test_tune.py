@@ -125,3 +125,23 @@ def test_sampling_drops_a_tuned_lookup_branch(tmp_path):
     assert tuned is not None and "+lookup:" in tuned
     assert tree_for_run(None, heads, "cpu", 2, greedy=False) == tuned.partition("+lookup:")[0]
     assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False) == "chain:1+lookup:4"
+
+
+def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, monkeypatch):
+    import os
+
+    from headstart.bench.tune import save_tuned, tuned_tree
+    from headstart.heads.defaults import shipped_heads
+
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    heads = shipped_heads("smollm2")["smollm2-eagle3"]
+    before = (heads / TUNED_FILE).read_text()
+    stored = save_tuned({"tree": "chain:2", "device": "cpu", "threads": 2}, heads)
+    assert stored.is_relative_to(tmp_path / "cache") and (heads / TUNED_FILE).read_text() == before
+    assert tuned_tree(heads) == "chain:2"  # the user's tune wins over the shipped one
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    assert save_tuned({"tree": "chain:3"}, mine) == mine / TUNED_FILE
+    if os.geteuid() != 0:  # root writes anywhere
+        mine.chmod(0o500)
+        assert save_tuned({"tree": "chain:4"}, mine).is_relative_to(tmp_path / "cache")
