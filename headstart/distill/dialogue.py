@@ -91,6 +91,7 @@ class Dialogue:
         }
         record = {
             "index": self.item.index,
+            "key": self.item.conversation.key,
             "source_id": self.item.source_id,
             "messages": self.history,
             "input_ids": ids,

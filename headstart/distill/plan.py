@@ -117,7 +117,7 @@ def datafree_prompts(
     return prompts, stats
 
 
-def make_plan(target: Target, cfg: DistillConfig, done: set[int], quiet: bool = False) -> Plan:
+def make_plan(target: Target, cfg: DistillConfig, done: dict[int, str | None], quiet: bool = False) -> Plan:
     """The items to generate, in order, until the output holds `cfg.num` records."""
     skipped: Counter = Counter()
     datafree = None
@@ -133,6 +133,12 @@ def make_plan(target: Target, cfg: DistillConfig, done: set[int], quiet: bool = 
         if len(plan.todo) >= wanted:
             break
         if index in done:
+            if done[index] not in (None, conv.key):
+                raise HeadstartError(
+                    f"{cfg.out} was distilled from a different {cfg.prompts}: row {index} is not the row it answered "
+                    "(lines were edited, deleted or reordered)",
+                    "restore the prompt file, or use a new --out (appending rows at the end is fine)",
+                )
             continue
         system = conv.system if conv.system is not None else cfg.system
         length = len(first_turn_ids(target, conv, system))

@@ -31,6 +31,16 @@ class Conversation:
     """The data's own reply after each user turn (None where the row has none), for
     `--engine dataset`; empty for prompt-only rows."""
 
+    @property
+    def key(self) -> str:
+        """A content hash of the row (turns, system, replies): what resume checks, so an edited
+        source is noticed instead of silently shifting which rows count as done."""
+        import hashlib
+        import json
+
+        text = json.dumps([self.turns, self.system, self.replies], ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
 
 class Skip(Exception):
     """A row that cannot become a conversation; `reason` is counted in the summary."""

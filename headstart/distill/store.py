@@ -68,13 +68,15 @@ def shard_paths(out: str | Path) -> list[Path]:
     return sorted(data_dir(out).glob("shard-*.jsonl"))
 
 
-def done_indices(out: str | Path) -> set[int]:
-    """Prompt indices already written (a resumed run skips them)."""
-    done: set[int] = set()
+def done_indices(out: str | Path) -> dict[int, str | None]:
+    """{prompt index: content key} of the records already written (a resumed run skips them and
+    checks the source still holds the same rows there; None for records written before keys)."""
+    done: dict[int, str | None] = {}
     for path in shard_paths(out):
         with path.open(encoding="utf-8") as handle:
             for line in handle:
-                done.add(int(json.loads(line)["index"]))
+                record = json.loads(line)
+                done[int(record["index"])] = record.get("key")
     return done
 
 

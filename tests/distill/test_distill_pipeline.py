@@ -116,6 +116,21 @@ def test_resume_after_a_crash_gives_the_same_records(distill_target, make_cfg, t
     assert run_distill(cfg, target=distill_target, quiet=True)["records_written"] == 0
 
 
+def test_resume_notices_an_edited_prompt_file(distill_target, make_cfg, tmp_path):
+    """Resume is checked by content: appending rows resumes; deleting a row (which shifts every
+    later one) is refused instead of duplicating one prompt and dropping another."""
+    rows = [{"prompt": f"question {i}"} for i in range(4)]
+    source = _write(tmp_path / "p.jsonl", rows[:3])
+    run_distill(make_cfg(prompts=source, num=3), target=distill_target, quiet=True)
+    _write(tmp_path / "p.jsonl", rows)  # appended
+    summary = run_distill(make_cfg(prompts=source, num=4), target=distill_target, quiet=True)
+    assert summary["records_written"] == 1 and summary["records_total"] == 4
+    _write(tmp_path / "p.jsonl", rows[1:] + [{"prompt": "question 4"}])  # first row deleted
+    with pytest.raises(HeadstartError, match="row 0 is not the row it answered"):
+        run_distill(make_cfg(prompts=source, num=5), target=distill_target, quiet=True)
+    assert len(load_distilled(make_cfg().out)) == 4
+
+
 def test_a_failed_rename_leaves_no_visible_shard(distill_target, make_cfg, tmp_path, monkeypatch):
     import headstart.distill.store as store
 
