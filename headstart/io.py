@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def umask() -> int:
@@ -35,3 +36,51 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_writable(path: str | Path, what: str = "output") -> Path:
+    """Refuse, before any work, an output directory that cannot be created or written (a run
+    that only fails at its first save loses everything before it)."""
+    from headstart.errors import HeadstartError
+
+    path = Path(path).expanduser()
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise HeadstartError(f"{what} {path}: {existing} is a file", f"choose another {what} directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise HeadstartError(
+            f"cannot write the {what} {path} ({existing} is not writable)", f"choose a writable {what}"
+        )
+    return path
+
+
+def lock_dir(path: str | Path, holder: str) -> Any:
+    """An exclusive lock on `path` (its `.lock` file) held until the returned handle is closed or
+    the process exits; a second `holder` on the same directory is refused."""
+    import fcntl
+
+    from headstart.errors import HeadstartError
+
+    Path(path).mkdir(parents=True, exist_ok=True)
+    handle = (Path(path) / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise HeadstartError(
+            f"another `{holder}` is writing to {path}",
+            "wait for it to finish, or use another output directory",
+        ) from None
+    return handle
+
+
+def fsync_tree(path: str | Path) -> None:
+    """Flush every file under `path` and the directories themselves to disk (a checkpoint that
+    survives a power cut, not just a crash). Cost: one fsync per file."""
+    root = Path(path)
+    for item in [*root.rglob("*"), root]:
+        fd = os.open(item, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from headstart.errors import HeadstartError
@@ -39,12 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from headstart.heads.defaults import shipped_heads
     from headstart.heads.formats import export_heads
     from headstart.heads.resolve import resolve_heads
+    from headstart.io import check_writable
     from headstart.target import load_target
 
-    output = Path(args.output).expanduser()
-    parent = next((p for p in [output.parent, *output.parent.parents] if p.exists()), Path("."))
-    if not os.access(parent, os.W_OK):  # before loading anything
-        raise HeadstartError(f"cannot write under {parent}", "choose an --output in a writable directory")
+    output = check_writable(Path(args.output).parent, "--output") / Path(args.output).name  # before loading
     if args.heads:
         path = resolve_heads(args.heads)
     else:

@@ -28,6 +28,7 @@ from headstart.distill.store import (
 )
 from headstart.errors import HeadstartError
 from headstart.inference.continuous import Reply, Request
+from headstart.io import check_writable
 from headstart.target import Target
 
 
@@ -87,6 +88,7 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
         import torch
 
         torch.set_num_threads(cfg.threads)
+    check_writable(cfg.out, "--out")  # before the target loads
     if target is None:
         from headstart.target import load_target
 

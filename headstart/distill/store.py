@@ -201,16 +201,9 @@ def open_output(out: str | Path, meta: dict[str, Any]) -> None:
 def lock_output(out: str | Path) -> Any:
     """Hold an exclusive lock on `out` for this process's lifetime (two writers would mix shard numbers),
     then remove temp files a killed run left behind (hidden names: never read as records)."""
-    import fcntl
+    from headstart.io import lock_dir
 
-    handle = (Path(out) / ".lock").open("a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise HeadstartError(
-            f"another `headstart distill` is writing to {out}", "wait for it to finish, or use another --out"
-        ) from None
+    handle = lock_dir(out, "headstart distill")
     for folder in (data_dir(out), features_dir(out), Path(out)):
         for stale in folder.glob(".tmp-*") if folder.is_dir() else []:
             stale.unlink(missing_ok=True)

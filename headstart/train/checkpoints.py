@@ -7,10 +7,12 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
+from headstart.io import fsync_tree
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STATE = "trainer_state.json"
@@ -40,26 +42,49 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE).write_text(json.dumps({"step": step, **extra}, indent=2))
+        fsync_tree(tmp)  # durable before it is published: a power cut leaves the previous one
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        _fsync_dir(root)  # the rename itself
         for old in checkpoints(root)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def load_checkpoint(accelerator: Any, root: str | Path) -> dict[str, Any]:
-    """Restore the newest checkpoint; returns its trainer state ({} when there is none)."""
+    """Restore the newest checkpoint that loads; returns its trainer state ({} when there is
+    none). A damaged newest one (truncated weights, broken JSON) is reported and the previous
+    one is used; only when none loads is it an error."""
+    from safetensors import SafetensorError
+
     found = checkpoints(root)
     if not found:
         return {}
-    latest = found[-1]
-    try:
-        accelerator.load_state(str(latest))
-    except (RuntimeError, ValueError, KeyError) as err:
-        raise HeadstartError(
-            f"cannot resume from {latest}: {str(err).splitlines()[0]}",
-            "resume with the same recipe and number of processes, or start a new output_dir",
-        ) from None
-    return json.loads((latest / STATE).read_text())
+    failures = []
+    for candidate in reversed(found):
+        try:
+            state = json.loads((candidate / STATE).read_text())
+            accelerator.load_state(str(candidate))
+        except (RuntimeError, ValueError, KeyError, OSError, EOFError, SafetensorError) as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            failures.append(f"{candidate.name}: {reason}")
+            print(
+                f"warning: cannot resume from {candidate} ({reason}); trying an older checkpoint",
+                file=sys.stderr,
+            )
+            continue
+        return state
+    raise HeadstartError(
+        f"no checkpoint in {root} loads ({'; '.join(failures)})",
+        "resume with the same recipe and number of processes, or start a new output_dir",
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from pathlib import Path
@@ -39,6 +40,24 @@ def train(
     """Train a head as `cfg` says; returns the run summary also written to output_dir/results.json."""
     from tqdm.auto import tqdm
 
+    from headstart.io import check_writable, lock_dir
+
+    check_writable(cfg.output_dir, "output_dir")  # before any data or model loads
+    # one run per output_dir (the main process of a launch holds it; the others share its files)
+    out = Path(cfg.output_dir)
+    created = not out.exists()
+    lock = lock_dir(out, "headstart train") if os.environ.get("RANK", "0") == "0" else None
+    try:
+        return _train(cfg, data, resume, target, tqdm)
+    finally:
+        if lock is not None:
+            lock.close()
+            if created and [p.name for p in out.iterdir()] == [".lock"]:  # failed before writing
+                (out / ".lock").unlink()
+                out.rmdir()
+
+
+def _train(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any) -> dict[str, Any]:
     if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
         from headstart.errors import HeadstartError
 
@@ -89,55 +108,73 @@ def train(
     window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
     parts_window: list[torch.Tensor] = []
     model.train()
-    while step < cfg.max_steps:
-        batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
-        # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
-        batches.set_epoch(epoch)
-        skip = 0
-        for batch in batches:
-            joint = lora and step >= cfg.lora.warmup_steps
-            with accelerator.accumulate(model):
-                result = model(batch, joint=joint)
-                accelerator.backward(result["loss"])
-                if accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            window.append(result["loss"].detach())
-            parts_window.append(result["parts"].detach())
-            tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
-            if not accelerator.sync_gradients:
-                continue
-            scheduler.step()
-            step += 1
-            if accelerator.device.type == "cpu" and cfg.heap_trim_every and step % cfg.heap_trim_every == 0:
-                trim_heap()  # else RSS climbs for hours: see train/heap.py
-            bar.update(1)
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                logged = metrics.log_train(
-                    accelerator,
-                    step,
-                    window,
-                    parts_window,
-                    metrics.part_names(cfg),
-                    scheduler.get_last_lr()[0],
-                )
-                history.append(logged)
-                bar.set_postfix(loss=f"{logged['loss']:.4f}")
-                window, parts_window = [], []
-            if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
-                history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
-                model.train()
-            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
-                extra = {
-                    "tokens": accelerator.reduce(tokens.clone(), "sum").item() / accelerator.num_processes,
-                    "history": history,
-                }
-                checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
-            if step >= cfg.max_steps:
-                break
-        epoch += 1
+    try:
+        while step < cfg.max_steps:
+            batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+            # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
+            # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
+            batches.set_epoch(epoch)
+            skip = 0
+            for batch in batches:
+                joint = lora and step >= cfg.lora.warmup_steps
+                with accelerator.accumulate(model):
+                    result = model(batch, joint=joint)
+                    accelerator.backward(result["loss"])
+                    if accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                window.append(result["loss"].detach())
+                parts_window.append(result["parts"].detach())
+                tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
+                if not accelerator.sync_gradients:
+                    continue
+                scheduler.step()
+                step += 1
+                if (
+                    accelerator.device.type == "cpu"
+                    and cfg.heap_trim_every
+                    and step % cfg.heap_trim_every == 0
+                ):
+                    trim_heap()  # else RSS climbs for hours: see train/heap.py
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                    logged = metrics.log_train(
+                        accelerator,
+                        step,
+                        window,
+                        parts_window,
+                        metrics.part_names(cfg),
+                        scheduler.get_last_lr()[0],
+                    )
+                    history.append(logged)
+                    bar.set_postfix(loss=f"{logged['loss']:.4f}")
+                    window, parts_window = [], []
+                if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                    history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
+                    model.train()
+                if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+                    extra = {
+                        "tokens": accelerator.reduce(tokens.clone(), "sum").item()
+                        / accelerator.num_processes,
+                        "history": history,
+                    }
+                    checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
+                if step >= cfg.max_steps:
+                    break
+            epoch += 1
+    except KeyboardInterrupt:  # Ctrl-C: keep the steps done, say how to go on
+        bar.close()
+        saved = checkpoints.checkpoints(ckpt_root)
+        if step and not (saved and saved[-1].name == f"step-{step:08d}"):
+            extra = {"tokens": tokens.item(), "history": history}  # single process: no collective
+            saved = [checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)]
+        from headstart.errors import HeadstartError
+
+        where = f"; checkpoint {saved[-1]}" if saved else " (no step finished: nothing to keep)"
+        raise HeadstartError(
+            f"training interrupted at step {step}{where}", "rerun the same command with --resume to continue"
+        ) from None
     bar.close()
     if eval_loader is not None and not any(
         h.get("step") == step and h.get("kind") == "eval" for h in history

@@ -112,3 +112,60 @@ def test_existing_checkpoints_need_resume(target, tmp_path):
     (tmp_path / "checkpoints" / "step-00000004" / "trainer_state.json").write_text("{}")
     with pytest.raises(HeadstartError, match="pass --resume"):
         train(_cfg(target, f"output_dir={tmp_path}"), data=_data(target.fingerprint), target=target)
+
+
+def test_output_dir_checked_and_locked_before_any_work(target, tmp_path):
+    from headstart.io import lock_dir
+    from headstart.train.loop import train
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(HeadstartError, match="is a file"):
+        train(
+            _cfg(target, f"output_dir={tmp_path / 'file' / 'run'}"),
+            data=_data(target.fingerprint),
+            target=target,
+        )
+    held = lock_dir(tmp_path / "run", "headstart train")
+    try:
+        with pytest.raises(HeadstartError, match="another `headstart train` is writing"):
+            train(
+                _cfg(target, f"output_dir={tmp_path / 'run'}"), data=_data(target.fingerprint), target=target
+            )
+    finally:
+        held.close()
+
+
+def _short(target, out, *extra):
+    return _cfg(target, f"output_dir={out}", "max_steps=6", "save_every=2", "keep_last=2", "eval_every=100",
+                "head.kind=medusa", "head.num_heads=1", "data.holdout=0", "trackers=[]", *extra)  # fmt: skip
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(target, tmp_path, capsys):
+    from headstart.train.loop import train
+
+    train(_short(target, tmp_path), data=_data(target.fingerprint), target=target)
+    newest = tmp_path / "checkpoints" / "step-00000004"
+    for weights in newest.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:100])
+    summary = train(_short(target, tmp_path), data=_data(target.fingerprint), target=target, resume=True)
+    assert summary["resumed_from"] == 2
+    assert "cannot resume from" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_and_says_to_resume(target, tmp_path, monkeypatch):
+    from headstart.train.loop import train
+    from headstart.train.objective import Objective
+
+    real, calls = Objective.forward, {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Objective, "forward", interrupted)
+    with pytest.raises(HeadstartError, match="interrupted at step 3; checkpoint") as err:
+        train(_short(target, tmp_path, "save_every=0"), data=_data(target.fingerprint), target=target)
+    assert "--resume" in err.value.fix
+    assert (tmp_path / "checkpoints" / "step-00000003").is_dir()
