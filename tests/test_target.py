@@ -155,3 +155,11 @@ def test_fingerprint_follows_the_weights_not_the_path(tiny_llama, tmp_path):
     weights[name] = weights[name] + 1
     save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
     assert fingerprint_mismatch(original, load_target(str(copy)).fingerprint) == ["sha256"]
+
+
+def test_a_model_directory_without_weights_is_one_line(tiny_llama, tmp_path):
+    import shutil
+
+    shutil.copy(tiny_llama / "config.json", tmp_path / "config.json")
+    with pytest.raises(HeadstartError, match="no weights"):
+        resolve_spec(str(tmp_path))

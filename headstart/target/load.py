@@ -70,6 +70,11 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
                 f"{spec} is a directory without config.json, not a transformers model",
                 "point --target at a directory saved with save_pretrained, a .gguf file, a Hub id or smollm2",
             )
+        if not any(any(path.glob(pattern)) for pattern in WEIGHT_FILES):
+            raise HeadstartError(
+                f"{spec} has a config.json but no weights (*.safetensors, *.bin)",
+                "copy the model's weight files into it, or point --target at the full model directory",
+            )
         return "local", path
     if path.exists():
         raise HeadstartError(
