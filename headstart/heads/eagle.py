@@ -120,7 +120,12 @@ class Eagle3FcHead(DraftVocab, EagleHead):
             raise HeadstartError(
                 f"eagle3 head needs target layers {missing}", f"capture layers {list(self.feature_layers)}"
             )
-        return self.fuse_fc(torch.cat([layers[i] for i in self.feature_layers], dim=-1))  # (B, T, H)
+        return self.fuser(torch.cat([layers[i] for i in self.feature_layers], dim=-1))  # (B, T, H)
+
+    @property
+    def fuser(self) -> nn.Module:
+        """The 3H -> H projection (named fuse_fc in this layout, fc in the reference one)."""
+        return self.fuse_fc
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(g))  # (B, T, Vd)
@@ -148,13 +153,9 @@ class Eagle3Head(Eagle3FcHead):
         self._bound = {}
         self.init_draft_vocab(draft, config.vocab_size)
 
-    def fuse(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor]) -> torch.Tensor:
-        missing = [i for i in self.feature_layers if i not in layers]
-        if missing:
-            raise HeadstartError(
-                f"eagle3 head needs target layers {missing}", f"capture layers {list(self.feature_layers)}"
-            )
-        return self.fc(torch.cat([layers[i] for i in self.feature_layers], dim=-1))  # (B, T, H)
+    @property
+    def fuser(self) -> nn.Module:
+        return self.fc
 
     def forward(
         self,
