@@ -155,6 +155,10 @@ def test_fingerprint_follows_the_weights_not_the_path(tiny_llama, tmp_path):
     weights[name] = weights[name] + 1
     save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
     assert fingerprint_mismatch(original, load_target(str(copy)).fingerprint) == ["sha256"]
+    # heads and data recorded before weights were hashed still match by path (and only by path)
+    old = dict(original, sha256=None)
+    assert fingerprint_mismatch(old, original) == []
+    assert fingerprint_mismatch(old, moved) == ["name"]
 
 
 def test_a_model_directory_without_weights_is_one_line(tiny_llama, tmp_path):

@@ -263,8 +263,13 @@ def fingerprint_mismatch(expected: dict[str, Any], actual: dict[str, Any]) -> li
     """Fields that differ between two fingerprints (shape fields and the weight identity). The
     name (a path or Hub id) only counts when the expected side records no weight hash."""
     keys = ("architecture", "num_layers", "hidden_size", "vocab_size", "sha256", "name")
+    hashed = bool(expected.get("sha256"))  # records made before local weights were hashed have none
     return [
-        k for k in keys if expected.get(k) != actual.get(k) and not (k == "name" and expected.get("sha256"))
+        k
+        for k in keys
+        if expected.get(k) != actual.get(k)
+        and not (k == "name" and hashed)
+        and not (k == "sha256" and not hashed)
     ]
 
 
