@@ -106,12 +106,14 @@ def make_engine(name: str, target: Target, batch_size: int) -> Any:
     if name == "dataset":
         return DatasetEngine(target)
     from headstart.errors import HeadstartError
-    from headstart.target import new_cache
+    from headstart.target.layer_kinds import layer_kinds
 
-    # The batcher moves cache columns between rows; a windowed layer drops old entries itself.
-    if any(getattr(layer, "is_sliding", False) for layer in getattr(new_cache(target.model), "layers", [])):
+    # The batcher moves cache columns between rows: full and sliding-window layers only (the
+    # window is applied by the mask over a cache that keeps every entry; target/layer_kinds.py).
+    bad = layer_kinds(target.model).unsupported
+    if bad:
         raise HeadstartError(
-            "the headstart distill engine does not take sliding-window targets yet",
+            f"the headstart distill engine cannot batch a target with {', '.join(bad)} layers",
             "use --engine generate for this target",
         )
     return HeadstartEngine(target, batch_size)

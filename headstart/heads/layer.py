@@ -7,6 +7,7 @@ Llama, Qwen2, Mistral, Gemma, ... all work without a line of per-architecture co
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -17,8 +18,8 @@ from headstart.target.features import decoder_layers, tree_attention_mask
 
 
 def one_layer_config(target_config: dict[str, Any]) -> Any:
-    """The target's transformers config reduced to one decoder layer, with sdpa attention
-    (sdpa passes our 4D float masks through unchanged)."""
+    """The target's transformers config reduced to one full-attention decoder layer, with sdpa
+    attention (sdpa passes our 4D float masks through unchanged)."""
     from transformers import AutoConfig
 
     data = dict(target_config)
@@ -28,12 +29,24 @@ def one_layer_config(target_config: dict[str, Any]) -> Any:
     for key in ("architectures", "transformers_version", "_name_or_path", "auto_map"):
         data.pop(key, None)
     data["num_hidden_layers"] = 1
-    if isinstance(data.get("layer_types"), list):
-        # Per-layer attention kinds (sliding/full) must match the layer count.
-        data["layer_types"] = data["layer_types"][:1]
+    # The draft layer attends over its own short context with FULL attention, whatever the
+    # target's layers do (sliding, mixed): its context is the draft's, and the 4D masks it gets
+    # already say what each node sees. transformers' caches and attention read `layer_types`.
+    data["layer_types"] = ["full_attention"]
     config = AutoConfig.for_model(model_type, **data)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "sdpa" if _supports_sdpa(config) else "eager"
     return config
+
+
+def _supports_sdpa(config: Any) -> bool:
+    """Whether the architecture runs on sdpa (gemma2 and gpt_oss do not: soft-capping, sinks);
+    eager attention takes the same 4D float masks, only slower."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        return bool(getattr(MODEL_MAPPING[type(config)], "_supports_sdpa", False))
+    except KeyError:
+        return True
 
 
 def layer_classes(config: Any) -> tuple[type[nn.Module], type[nn.Module], type[nn.Module]]:
@@ -74,6 +87,9 @@ class DraftLayer(nn.Module):
         layer_cls, rotary_cls, self.norm_cls = layer_classes(self.config)
         self.layer = layer_cls(self.config, layer_idx=0)
         self.rotary_emb = rotary_cls(config=self.config)
+        # per-kind rotary settings (Gemma 3: local/global): the draft layer is a full-attention one
+        takes_kind = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
+        self._rotary_kind = {"layer_type": "full_attention"} if takes_kind else {}
         self.eagle3_input = eagle3_input
         if eagle3_input:
             self._widen_attention_inputs()
@@ -125,7 +141,7 @@ class DraftLayer(nn.Module):
             prefix = torch.ones(batch, cached, dtype=torch.bool, device=hidden.device)
             causal = torch.ones(steps, steps, dtype=torch.bool, device=hidden.device).tril()
             attention_mask = tree_attention_mask(prefix, causal, hidden.dtype)  # (B, 1, T, cached + T)
-        cos_sin = self.rotary_emb(hidden, position_ids)
+        cos_sin = self.rotary_emb(hidden, position_ids, **self._rotary_kind)
         call = dict(
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -148,4 +164,5 @@ class DraftLayer(nn.Module):
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
         attn = layer.self_attn(hidden_states=x, **call)
         h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        mlp = layer.mlp(layer.post_attention_layernorm(h))
+        return h + (mlp[0] if isinstance(mlp, tuple) else mlp)  # MoE blocks may add router scores

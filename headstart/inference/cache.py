@@ -33,10 +33,13 @@ def cache_length(cache: Any) -> int:
 
 
 def check_tree_compatible(cache: Any) -> None:
-    """Sliding-window layers drop old entries on update, which breaks entry gathering."""
-    if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [])):
+    """Layers that drop or fold old entries on update (a transformers sliding or chunked layer,
+    recurrent state) break entry gathering; headstart's caches keep every entry."""
+    odd = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])
+                  if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys")})  # fmt: skip
+    if odd:
         raise HeadstartError(
-            "this target uses sliding-window attention layers, which the tree verifier does not support",
+            f"the target's KV cache has {', '.join(odd)} layers, which drop entries the tree verifier moves",
             "use --no-heads for plain decoding with this target",
         )
 

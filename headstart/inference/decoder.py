@@ -33,6 +33,7 @@ from headstart.inference.tree import TreeBuffers
 from headstart.inference.tree_spec import TreeSpec, parse_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
+from headstart.target.layer_kinds import check_tree_verifiable
 from headstart.target.packing import PackedLinears, packed
 
 
@@ -68,6 +69,7 @@ class SpeculativeDecoder:
         sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
         mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
         positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        check_tree_verifiable(model)  # one line for recurrent/linear/chunked layers
         cache = new_cache(model)
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,

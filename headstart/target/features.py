@@ -65,8 +65,9 @@ def check_layer_ids(model: nn.Module, layer_ids: Sequence[int]) -> None:
 
 
 def new_cache(model: nn.Module) -> Any:
-    """An empty KV cache for the target: a transformers DynamicCache whose layers append in place
-    (headstart.target.growing_cache; no whole-cache copy per forward)."""
+    """An empty KV cache for the target: a transformers DynamicCache whose attention layers, full
+    and sliding-window alike, keep every entry and append in place (headstart.target.growing_cache;
+    no whole-cache copy per forward; windows are applied by the mask, see target/layer_kinds.py)."""
     from headstart.target.growing_cache import growing_cache
 
     return growing_cache(model.config)
@@ -138,7 +139,10 @@ def capture(
     logits_to_keep: int = 0,
 ) -> Features:
     """Like `forward`, optionally with autograd enabled (`grad=True`)."""
+    from headstart.target.layer_kinds import layer_masks
+
     check_layer_ids(model, layers)
+    attention_mask = layer_masks(model, attention_mask)  # per-kind masks for windowed layers
     blocks = decoder_layers(model)
     taken: dict[int, torch.Tensor] = {}
     handles = []

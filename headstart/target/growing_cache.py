@@ -72,8 +72,10 @@ def growing_layer_class() -> type | None:
 
 
 def growing_cache(config: Any) -> Any:
-    """DynamicCache(config) with its full-attention layers appending in place (sliding-window
-    and other special layers are left as transformers made them)."""
+    """DynamicCache(config) with its full-attention AND sliding-window layers appending in place
+    and keeping every entry: a windowed layer that dropped its oldest entries itself would break
+    the tree surgery (entries moved by index); the window is the mask's job instead (see
+    headstart.target.layer_kinds). Other special layers are left as transformers made them."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
@@ -82,5 +84,12 @@ def growing_cache(config: Any) -> Any:
     if layer_class is None or not isinstance(layers, list):
         return cache
     base = layer_class.__mro__[1]
-    cache.layers = [layer_class() if type(layer) is base else layer for layer in layers]
+    cache.layers = [layer_class() if _attention_layer(layer, base) else layer for layer in layers]
     return cache
+
+
+def _attention_layer(layer: Any, base: type) -> bool:
+    """transformers' DynamicLayer or its sliding-window subclass (nothing else that subclasses it)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    return type(layer) in (base, DynamicSlidingWindowLayer)

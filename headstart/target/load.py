@@ -131,8 +131,11 @@ def _load_model(source: str, dtype: Any, revision: str | None) -> Any:
             "choose a decoder model that AutoModelForCausalLM loads (Llama, Qwen2, Mistral, Gemma, ...)",
         )
     # sdpa/eager pass a custom 4D float mask through unchanged; FlashAttention-2 would not.
+    # Families without sdpa (Gemma 2's soft-capping, gpt-oss's sinks) run eager: same masks.
+    causal = AutoModelForCausalLM._model_mapping[type(config)]
+    attention = "sdpa" if getattr(causal, "_supports_sdpa", True) else "eager"
     return AutoModelForCausalLM.from_pretrained(
-        source, revision=revision, dtype=dtype, attn_implementation="sdpa"
+        source, revision=revision, dtype=dtype, attn_implementation=attention
     )
 
 
