@@ -16,6 +16,44 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 288  # 256 bytes + specials, padded
 
 
+# One tiny config per decoder family (tests/inference/test_families.py, tests/train/...): built
+# from the family's own config class by `make_target_dir(root, family, seed=11, **FAMILIES[family])`.
+WINDOW = 8  # every window: far below prompt + output
+W = WINDOW
+MIXED_4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+FAMILIES = {
+    "llama": {},
+    "mistral": dict(sliding_window=W),
+    "qwen2": dict(use_sliding_window=True, sliding_window=W, max_window_layers=1),
+    "qwen3": dict(use_sliding_window=True, sliding_window=W, max_window_layers=1, head_dim=16),
+    "qwen3_moe": dict(
+        use_sliding_window=True,
+        sliding_window=W,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        head_dim=16,
+    ),  # fmt: skip
+    "mixtral": dict(sliding_window=W, **MOE),
+    "gemma2": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, query_pre_attn_scalar=16),
+    "gemma3_text": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, layer_types=MIXED_4),
+    "cohere2": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4),
+    "phi3": dict(sliding_window=W),
+    "gpt_oss": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, layer_types=MIXED_4, **MOE),
+    "olmo2": {},
+    "olmo3": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4),
+    "smollm3": dict(no_rope_layers=[1, 0], use_sliding_window=False),
+    "ministral": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4, head_dim=16),
+}
+SLIDING_FAMILIES = {"mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3_text", "cohere2",
+                    "phi3", "gpt_oss", "olmo3", "ministral"}  # fmt: skip
+# layers that are not Llama-style pre-norm (Cohere's parallel block, OLMo's post-norms, Phi-3's
+# fused qkv) cannot take the reference EAGLE-3 layer: their EAGLE-3 head takes the fc layout
+# (fc(2H->H) + the target's own layer), as the error says
+FC_LAYOUT = {"cohere2", "olmo2", "olmo3", "phi3"}
+
+
 def make_tokenizer():  # -> PreTrainedTokenizerFast
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

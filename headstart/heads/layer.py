@@ -67,6 +67,22 @@ def layer_classes(config: Any) -> tuple[type[nn.Module], type[nn.Module], type[n
     return type(decoder_layers(base)[0]), type(rotary), type(norm)
 
 
+def _init_custom_parameters(layer: nn.Module, config: Any) -> None:
+    """Initialise what only the architecture's `_init_weights` initialises: parameters held
+    directly by transformers' own modules (fused MoE experts, attention sinks) are created with
+    torch.empty and left as garbage outside `from_pretrained`/`from_config`. torch's own modules
+    (Linear, Embedding) keep their constructors' init."""
+    from transformers import AutoModel
+
+    with torch.device("meta"):
+        base = AutoModel.from_config(config)  # only for its _init_weights (no memory)
+    for module in layer.modules():
+        if type(module).__module__.startswith("torch.") or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        with torch.no_grad():
+            base._init_weights(module)
+
+
 # What the reference EAGLE-3 layer calls on the target's decoder layer (Llama-style pre-norm).
 EAGLE3_PARTS = ("input_layernorm", "post_attention_layernorm", "mlp", "self_attn")
 EAGLE3_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
@@ -86,6 +102,7 @@ class DraftLayer(nn.Module):
         self.config = one_layer_config(target_config)
         layer_cls, rotary_cls, self.norm_cls = layer_classes(self.config)
         self.layer = layer_cls(self.config, layer_idx=0)
+        _init_custom_parameters(self.layer, self.config)
         self.rotary_emb = rotary_cls(config=self.config)
         # per-kind rotary settings (Gemma 3: local/global): the draft layer is a full-attention one
         takes_kind = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters

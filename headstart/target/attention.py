@@ -47,7 +47,7 @@ def gqa_sdpa(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "cache"))
+    plain = all(kwargs.get(k) is None for k in ("position_bias", "softcap", "cache", "s_aux", "sinks"))
     if groups > 1 and plain and attention_mask is not None and query.shape[2] == 1:
         batch, heads, _, dim = query.shape
         folded = query.view(batch, heads // groups, groups, dim)  # (B, Hkv, G, D): no copy

@@ -129,3 +129,22 @@ def test_sampled_replies_depend_on_their_seed_only(target):
     assert crowd[0].token_ids == alone[0].token_ids
     other, _ = _run(target, [Request(key=0, prompt=prompts[0], sampling=hot, seed=8)], max_batch=1)
     assert len({tuple(other[0].token_ids), tuple(alone[0].token_ids)}) == 2
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text"])
+def test_sliding_window_targets_batch_exactly(tiny_root, family):
+    """The distill engine's batcher on windowed targets (all layers sliding; mixed): the window
+    (8) slides inside every reply, columns move through refills and compactions, replies equal
+    `generate` alone."""
+    from test_families import FAMILIES
+    from tiny import make_target_dir
+
+    windowed = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+    sampling = SamplingConfig(max_new_tokens=30)
+    requests = [
+        Request(key=i, prompt=windowed.chat.user_prompt_ids(t), sampling=sampling)
+        for i, t in enumerate(TEXTS)
+    ]
+    replies, _ = _run(windowed, requests, max_batch=3, admit_every=2, prefill_tokens=60)
+    for r in requests:
+        assert replies[r.key].token_ids == _generate(windowed, r.prompt, 30)[0], (family, r.key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from scripted import ScriptedDrafter
-from tiny import make_target_dir
+from tiny import FAMILIES, FC_LAYOUT, SLIDING_FAMILIES, WINDOW, make_target_dir
 
 from headstart.errors import HeadstartError
 from headstart.heads import HeadSpec, build_head
@@ -19,39 +19,6 @@ from headstart.inference.decoder import SpeculativeDecoder
 from headstart.target import load_target
 from headstart.target.layer_kinds import SLIDING, layer_kinds
 
-W = 8  # every window: far below prompt + output
-MIXED_4 = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-MOE = dict(num_local_experts=4, num_experts_per_tok=2)
-FAMILIES = {
-    "llama": {},
-    "mistral": dict(sliding_window=W),
-    "qwen2": dict(use_sliding_window=True, sliding_window=W, max_window_layers=1),
-    "qwen3": dict(use_sliding_window=True, sliding_window=W, max_window_layers=1, head_dim=16),
-    "qwen3_moe": dict(
-        use_sliding_window=True,
-        sliding_window=W,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        head_dim=16,
-    ),  # fmt: skip
-    "mixtral": dict(sliding_window=W, **MOE),
-    "gemma2": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, query_pre_attn_scalar=16),
-    "gemma3_text": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, layer_types=MIXED_4),
-    "cohere2": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4),
-    "phi3": dict(sliding_window=W),
-    "gpt_oss": dict(sliding_window=W, head_dim=16, num_hidden_layers=4, layer_types=MIXED_4, **MOE),
-    "olmo2": {},
-    "olmo3": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4),
-    "smollm3": dict(no_rope_layers=[1, 0], use_sliding_window=False),
-    "ministral": dict(sliding_window=W, num_hidden_layers=4, layer_types=MIXED_4, head_dim=16),
-}
-SLIDING_FAMILIES = {"mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "gemma2", "gemma3_text", "cohere2",
-                    "phi3", "gpt_oss", "olmo3", "ministral"}  # fmt: skip
-# layers that are not Llama-style pre-norm (Cohere's parallel block, OLMo's post-norms, Phi-3's
-# fused qkv) cannot take the reference EAGLE-3 layer: their EAGLE-3 head takes the fc layout
-# (fc(2H->H) + the target's own layer), as the error says
-FC_LAYOUT = {"cohere2", "olmo2", "olmo3", "phi3"}
 PROMPTS = ["hello there, how are you doing today?", "a", "Write a poem about the sea and the sky"]
 
 
@@ -73,7 +40,7 @@ def test_family_greedy_is_exact(tiny_root, family):
     kinds = layer_kinds(target.model)
     assert (SLIDING in kinds.kinds) == (family in SLIDING_FAMILIES), kinds
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
-    assert all(len(ids) + 40 > 3 * W for ids in prompts)
+    assert all(len(ids) + 40 > 3 * WINDOW for ids in prompts)
     refs = [generate_ref(target, ids, 40) for ids in prompts]
     layout = "fc" if family in FC_LAYOUT else "reference"
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))

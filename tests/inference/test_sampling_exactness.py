@@ -25,14 +25,14 @@ ALPHA = 1e-3
 PROMPT = [1, 5, 7, 3, 9]
 
 
-def small_vocab_target(seed: int = 0) -> Target:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def small_vocab_target(seed: int = 0, family: str = "llama", **extra) -> Target:
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False, attn_implementation="sdpa")  # fmt: skip
-    model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    config = AutoConfig.for_model(family, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                  tie_word_embeddings=False, attn_implementation="sdpa", **extra)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)  # moderately peaked conditionals, like a trained model
     tok = make_tokenizer()
@@ -101,6 +101,20 @@ def test_sampling_preserves_target_distribution(request, target, tree, config, d
     sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
     heads = RandomEagle(target.model, seed=1).to(target.device)
     assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
+
+
+def test_sampling_over_a_sliding_window_preserves_target_distribution():
+    """A mixed target (layer 0 full, layer 1 a 3-token window) whose window slides inside the 8
+    tokens sampled over: tree verification with the windowed masks keeps the distribution."""
+    target = small_vocab_target(
+        family="qwen2", use_sliding_window=True, sliding_window=3, max_window_layers=1
+    )
+    assert target.model.config.layer_types == ["full_attention", "sliding_attention"]
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, temperature=1.0)
+    heads = RandomEagle(target.model, seed=1)
+    assert (
+        run_check(target, heads, "dynamic:depth=3,top_k=3,total_tokens=8", sampling, samples=12_000) > ALPHA
+    )
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
