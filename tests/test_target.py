@@ -167,3 +167,24 @@ def test_a_model_directory_without_weights_is_one_line(tiny_llama, tmp_path):
     shutil.copy(tiny_llama / "config.json", tmp_path / "config.json")
     with pytest.raises(HeadstartError, match="no weights"):
         resolve_spec(str(tmp_path))
+
+
+def test_a_chat_template_can_be_given_for_a_target_without_one(tiny_llama, tmp_path):
+    """Base models and many GGUF files carry no chat template: --chat-template / chat_template
+    takes the Jinja text or a file; anything else is one line before the model loads."""
+    text = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+    inline = load_target(str(tiny_llama), chat_template=text)
+    assert inline.chat.render([{"role": "user", "content": "hi"}]) == "[user] hi\n[assistant] "
+    path = tmp_path / "chat_template.jinja"
+    path.write_text(text)
+    assert load_target(str(tiny_llama), chat_template=str(path)).chat.render(
+        [{"role": "user", "content": "x"}]
+    ) == ("[user] x\n[assistant] ")
+    for bad, message in ((str(tmp_path / "nope.jinja"), "neither a Jinja template nor a file"),
+                         (str(tmp_path), "neither a Jinja template nor a file")):  # fmt: skip
+        with pytest.raises(HeadstartError, match=message):
+            load_target(str(tiny_llama), chat_template=bad)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("no template here")
+    with pytest.raises(HeadstartError, match="holds no Jinja template"):
+        load_target(str(tiny_llama), chat_template=str(plain))

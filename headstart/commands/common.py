@@ -25,6 +25,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (CUDA when present)")
     group.add_argument("--revision", default=None, help="Hub revision (branch, tag or commit)")
     group.add_argument(
+        "--chat-template",
+        default=None,
+        help="a chat template file (or the Jinja text) for targets whose tokenizer has none",
+    )
+    group.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -93,4 +98,5 @@ def load_target_from_args(args: argparse.Namespace) -> Any:
 
         torch.set_num_threads(threads)
     with quiet_transformers():
-        return load_target(args.target, dtype=args.dtype, device=args.device, revision=args.revision)
+        return load_target(args.target, dtype=args.dtype, device=args.device, revision=args.revision,
+                           chat_template=getattr(args, "chat_template", None))  # fmt: skip

@@ -68,6 +68,9 @@ class DistillConfig:
     be several times faster: oversubscribed threads spin-wait for each other."""
     revision: str | None = None
     """Hub revision of the target (branch, tag or commit)."""
+    chat_template: str | None = None
+    """A chat template file (or the Jinja text) for a target whose tokenizer has none (base models,
+    many GGUF files); None = the tokenizer's own."""
     prompts: str | None = None
     """Prompt source: a .json/.jsonl/.parquet file (optionally .gz), a local dataset directory or a Hub
     dataset name; None = data-free (the target writes its own prompts)."""
@@ -164,6 +167,8 @@ class DistillConfig:
         )  # fmt: skip
         out: dict[str, object] = {k: getattr(self, k) for k in keys}
         out["feature_layers"] = self.feature_layers if self.cache_features else None
+        if self.chat_template is not None:  # only when set: outputs written before it still resume
+            out["chat_template"] = self.chat_template
         if self.engine == "dataset":  # the data's replies, not the target's: never mixed in one dir
             out["replies"] = "dataset"
         if self.prompts is None:

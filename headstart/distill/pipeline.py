@@ -92,7 +92,8 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
     if target is None:
         from headstart.target import load_target
 
-        target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision)
+        target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision,
+                             chat_template=cfg.chat_template)  # fmt: skip
     context = getattr(target.config, "max_position_embeddings", None)
     if context and cfg.max_prompt_tokens + cfg.max_new_tokens > context:
         raise HeadstartError(

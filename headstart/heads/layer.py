@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from headstart.errors import HeadstartError
-from headstart.target.features import decoder_layers, tree_attention_mask
+from headstart.target.features import cache_keyword, decoder_layers, tree_attention_mask
 
 
 def one_layer_config(target_config: dict[str, Any]) -> Any:
@@ -77,7 +77,9 @@ def _init_custom_parameters(layer: nn.Module, config: Any) -> None:
     with torch.device("meta"):
         base = AutoModel.from_config(config)  # only for its _init_weights (no memory)
     for module in layer.modules():
-        if type(module).__module__.startswith("torch.") or not any(True for _ in module.parameters(recurse=False)):
+        if type(module).__module__.startswith("torch.") or not any(
+            True for _ in module.parameters(recurse=False)
+        ):
             continue
         with torch.no_grad():
             base._init_weights(module)
@@ -162,7 +164,7 @@ class DraftLayer(nn.Module):
         call = dict(
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            **{cache_keyword(type(self.layer).forward): past_key_values},
             use_cache=past_key_values is not None,
             position_embeddings=cos_sin,
         )

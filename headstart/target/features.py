@@ -15,6 +15,8 @@ never materialises all L + 1 hidden states the way `output_hidden_states=True` d
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +64,19 @@ def check_layer_ids(model: nn.Module, layer_ids: Sequence[int]) -> None:
             f"layer ids {bad} out of range for a target with {count} layers",
             f"use ids 0..{count - 1} (id i = output of decoder layer i)",
         )
+
+
+@functools.cache
+def cache_keyword(function: Any) -> str:
+    """The name transformers' `function` takes the KV cache under: `cache` from transformers 5.2x
+    (`past_key_values` is deprecated there, removed in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(function).parameters else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The KV cache of a transformers model output (`cache`, or `past_key_values` before 5.2x)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def new_cache(model: nn.Module) -> Any:
@@ -171,7 +186,7 @@ def capture(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 position_ids=position_ids,
-                past_key_values=past_key_values,
+                **{cache_keyword(type(model).forward): past_key_values},
                 use_cache=past_key_values is not None,
                 # passed only when asked: every causal LM in transformers accepts it, but 0 needs no support
                 **({"logits_to_keep": logits_to_keep} if logits_to_keep else {}),
@@ -191,5 +206,5 @@ def capture(
             )
         last_hidden = full
     return Features(
-        logits=out.logits, last_hidden=last_hidden, layers=taken, past_key_values=out.past_key_values
+        logits=out.logits, last_hidden=last_hidden, layers=taken, past_key_values=output_cache(out)
     )

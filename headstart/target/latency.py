@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from headstart.target.features import new_cache
+from headstart.target.features import cache_keyword, new_cache
 from headstart.target.load import Target
 
 
@@ -27,13 +27,13 @@ def single_token_latency_ms(
     vocab = min(target.vocab_size, target.tokenizer.vocab_size)
     ids = torch.randint(0, vocab, (1, context + repeats + 2), device=target.device)
     cache = new_cache(model)
-    model(ids[:, :context], past_key_values=cache, use_cache=True)
+    model(ids[:, :context], **{cache_keyword(type(model).forward): cache}, use_cache=True)
     times = []
     for step in range(repeats + 2):
         pos = context + step
         start = time.perf_counter()
         with decode():
-            model(ids[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+            model(ids[:, pos : pos + 1], **{cache_keyword(type(model).forward): cache}, use_cache=True)
         if ids.is_cuda:
             torch.cuda.synchronize()  # cost: host-device sync, needed for a real timing
         times.append(time.perf_counter() - start)

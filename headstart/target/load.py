@@ -155,9 +155,16 @@ def _is_causal_lm(config: Any) -> bool:
 
 
 def load_target(
-    spec: str, dtype: str = "float32", device: str = "cpu", revision: str | None = None
+    spec: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    revision: str | None = None,
+    chat_template: str | None = None,
 ) -> Target:
-    """Load and freeze the target named by `spec`; see `resolve_spec` for the accepted forms."""
+    """Load and freeze the target named by `spec`; see `resolve_spec` for the accepted forms.
+    `chat_template`: a Jinja chat template, or a file holding one, replacing the tokenizer's
+    (base models and many GGUF files have none)."""
+    template = read_chat_template(chat_template)  # before the load: a bad path fails in a second
     from transformers import AutoTokenizer
 
     start = time.perf_counter()
@@ -175,6 +182,8 @@ def load_target(
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if template is not None:
+        tokenizer.chat_template = template
     target = Target(
         model=model,
         tokenizer=tokenizer,
@@ -189,6 +198,24 @@ def load_target(
     target.fingerprint = fingerprint(target, kind, source_hash, revision)
     target.load_s = time.perf_counter() - start
     return target
+
+
+def read_chat_template(value: str | None) -> str | None:
+    """A chat template given inline ('{%...') or as a path to a file holding one."""
+    if value is None:
+        return None
+    if "{{" in value or "{%" in value:
+        return value
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise HeadstartError(
+            f"chat template '{value}' is neither a Jinja template nor a file",
+            "pass a file holding the template (e.g. chat_template.jinja) or the template text itself",
+        )
+    text = path.read_text(encoding="utf-8")
+    if "{{" not in text and "{%" not in text:
+        raise HeadstartError(f"{path} holds no Jinja template", "pass the model's chat template file")
+    return text
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
