@@ -62,6 +62,17 @@ def check_feature_budget(
     return size_gb
 
 
+def check_representable(stored: torch.Tensor, source: torch.Tensor, name: str, dtype: str) -> None:
+    """Refuse features the storage dtype turned into inf (Gemma's residual stream exceeds
+    float16's 65504): training on them gives a NaN loss from the first step."""
+    if not torch.isfinite(stored).all() and torch.isfinite(source).all():
+        peak = float(source.abs().max())
+        raise HeadstartError(
+            f"feature {name} reaches |x| = {peak:.4g}, beyond {dtype}'s range: it would be stored as inf",
+            "use --feature-dtype bfloat16 (same size, float32's range) in a new --out",
+        )
+
+
 @torch.no_grad()
 def compute_features(
     target: Target, sequences: Sequence[Sequence[int]], names: Sequence[str], dtype: str, chunk: int = 4
@@ -93,5 +104,6 @@ def compute_features(
                 item[name] = state[row, : len(seq)].to(
                     "cpu", DTYPES[dtype]
                 )  # (T, H); cost: device->host copy
+                check_representable(item[name], state[row, : len(seq)], name, dtype)
             out.append(item)
     return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import time
@@ -17,6 +18,21 @@ from headstart.train.data import Conversations, EpochSampler, TrainData, collate
 from headstart.train.heap import trim_heap
 from headstart.train.objective import Objective
 from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
+
+
+def check_finite(loss: float, step: int, ckpt_root: Any) -> None:
+    """Stop at the first logged non-finite loss (read at the log's own sync: no extra one)
+    instead of training on NaN for hours; the last good checkpoint stays."""
+    if math.isfinite(loss):
+        return
+    from headstart.errors import HeadstartError
+
+    saved = checkpoints.checkpoints(ckpt_root)
+    raise HeadstartError(
+        f"the training loss is {loss} at step {step}"
+        + (f" (last good checkpoint {saved[-1]})" if saved else ""),
+        "check the data's cached features for inf (distill with --feature-dtype bfloat16) or lower optim.lr",
+    )
 
 
 def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
@@ -149,6 +165,7 @@ def _train(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, 
                     )
                     history.append(logged)
                     bar.set_postfix(loss=f"{logged['loss']:.4f}")
+                    check_finite(logged["loss"], step, ckpt_root)
                     window, parts_window = [], []
                 if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
                     history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))

@@ -357,3 +357,15 @@ def test_dataset_engine_trains_on_the_rows_own_replies(distill_target, make_cfg,
     # the data's replies and the target's never share an output directory
     with pytest.raises(HeadstartError, match="settings"):
         run_distill(make_cfg(prompts=source, num=len(rows)), target=distill_target, quiet=True)
+
+
+def test_features_beyond_float16_are_refused_not_stored_as_inf():
+    """Gemma's residual stream passes 65504: float16 would store inf and training would give NaN."""
+    import torch
+
+    from headstart.distill.features import check_representable
+
+    big = torch.tensor([[1.0, 7.0e4]])
+    with pytest.raises(HeadstartError, match=r"layer8 reaches \|x\| = 7e\+04.*--feature-dtype bfloat16"):
+        check_representable(big.half(), big, "layer8", "float16")
+    check_representable(big.bfloat16(), big, "layer8", "bfloat16")  # bfloat16 has float32's range

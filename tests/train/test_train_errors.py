@@ -169,3 +169,13 @@ def test_ctrl_c_saves_and_says_to_resume(target, tmp_path, monkeypatch):
         train(_short(target, tmp_path, "save_every=0"), data=_data(target.fingerprint), target=target)
     assert "--resume" in err.value.fix
     assert (tmp_path / "checkpoints" / "step-00000003").is_dir()
+
+
+def test_a_non_finite_loss_stops_training_in_one_line(tmp_path):
+    """NaN from inf features (float16 overflow) stops at the first log, naming the likely cause."""
+    from headstart.errors import HeadstartError
+    from headstart.train.loop import check_finite
+
+    check_finite(2.5, 10, tmp_path)
+    with pytest.raises(HeadstartError, match="loss is nan at step 25.*feature-dtype bfloat16"):
+        check_finite(float("nan"), 25, tmp_path)
