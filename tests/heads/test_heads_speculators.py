@@ -2,7 +2,8 @@
 directory and drafts exactly what headstart drafts. speculators pins another transformers, so it
 lives in its own virtualenv, named by HEADSTART_SPECULATORS_PYTHON (skipped without it):
 
-    python3 -m venv /tmp/spec && /tmp/spec/bin/pip install torch==2.13.0 speculators
+    python3 -m venv /tmp/spec && /tmp/spec/bin/pip install torch==2.13.0 speculators sentencepiece
+    /tmp/spec/bin/pip uninstall -y torchvision torchaudio   # pulled at versions that do not match torch
     HEADSTART_SPECULATORS_PYTHON=/tmp/spec/bin/python .venv/bin/python -m pytest -m slow tests/heads/test_heads_speculators.py
 """
 
