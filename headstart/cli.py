@@ -47,20 +47,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"headstart {__version__}")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    _add_verbosity(parser, default=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text, description=help_text)
         command.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show full tracebacks"
         )
+        _add_verbosity(command, default=argparse.SUPPRESS)
         importlib.import_module(module).add_arguments(command)
         command.set_defaults(_module=module)
     return parser
 
 
+def _add_verbosity(parser: argparse.ArgumentParser, default: object) -> None:
+    """-q/-v before or after the command name (the command's copy wins when both are given)."""
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=default,
+        help="warnings and errors only, no progress bars",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", default=default, help="debug lines and transformers' logs"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
+    from headstart.logs import configure, verbosity
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure(verbosity(args.quiet, args.verbose))
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

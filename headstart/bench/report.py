@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from headstart.bench.runner import Record, summarise
 from headstart.io import atomic_write_text
+
+log = logging.getLogger(__name__)
 
 
 def build_report(config: dict[str, Any], records: list[Record], greedy: bool) -> dict[str, Any]:
@@ -117,4 +121,7 @@ def write_report(report: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.json", json.dumps(report, indent=2))
     atomic_write_text(out / "report.md", markdown(report))
+    if importlib.util.find_spec("matplotlib") is None:  # an extra: the report stands without plots
+        log.warning("bench: no plots (matplotlib is missing): pip install 'headstart[plots]'")
+        return
     plot(report, out)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from headstart.io import atomic_write_text
+
+log = logging.getLogger(__name__)
+
 
 TUNED_FILE = "tuned_tree.json"
 
@@ -129,7 +132,7 @@ def tree_for_run(
         return explicit
     warning = tuned_elsewhere(heads_path, device, threads)
     if warning:
-        print(f"note: {warning}", file=sys.stderr)
+        log.warning(f"note: {warning}")
     tree = tuned_tree(heads_path)
     if not greedy:
         from headstart.inference.lookup import split_lookup

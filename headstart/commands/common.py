@@ -69,8 +69,12 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
 
 @contextlib.contextmanager
 def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' info logs and per-tensor progress bars while loading a target."""
+    """Silence transformers' info logs and per-tensor progress bars while loading a target
+    (left on with -v/--verbose)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("HEADSTART_VERBOSE") == "1":
+        yield
+        return
     from transformers.utils import logging
 
     previous = logging.get_verbosity()

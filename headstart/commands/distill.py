@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from typing import Any
 
 # CLI flag dest -> DistillConfig field; flags left at None do not override the recipe.
@@ -44,6 +44,9 @@ FLAGS: dict[str, tuple[type, str]] = {
 }
 
 
+log = logging.getLogger(__name__)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipe", default=None, help="YAML recipe (flags and overrides win over it)")
     for dest, (kind, help_text) in FLAGS.items():
@@ -55,7 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also store hidden states per record",
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     parser.add_argument("overrides", nargs="*", help="dotted config overrides, e.g. datafree.temperature=0.9")
 
@@ -98,5 +100,5 @@ def run(args: argparse.Namespace) -> int:
     if summary["source_exhausted"]:
         lines["note"] = "the prompt source ran out before --num usable rows"
     for key, value in lines.items():
-        print(f"{key:>17}: {value}", file=sys.stderr)
+        log.info(f"{key:>17}: {value}")
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,8 @@ from headstart.commands.common import (
     sampling_from_args,
 )
 from headstart.errors import HeadstartError
+
+log = logging.getLogger(__name__)
 
 
 def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
@@ -169,5 +171,5 @@ def run(args: argparse.Namespace) -> int:
         elif not stream:
             print(text)
     if not args.json:
-        print("\n" + stats_line(results[0][1], decoding.mode), file=sys.stderr)
+        log.info("\n" + stats_line(results[0][1], decoding.mode))
     return 0

@@ -7,13 +7,16 @@ input). Each record's tensors are (T, H) in fp16/bf16, T = len(input_ids).
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 
 import torch
 
 from headstart.errors import HeadstartError
 from headstart.target import Target, eagle3_layer_ids, forward
+
+log = logging.getLogger(__name__)
+
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -50,9 +53,8 @@ def check_feature_budget(
 ) -> float:
     """Print the estimated feature-cache size (GB) for `tokens` positions; refuse over `cap_gb`."""
     size_gb = tokens * hidden_size * len(names) * torch.finfo(DTYPES[dtype]).bits / 8 / 1e9
-    print(
-        f"feature cache: layers {list(names)}, estimated {size_gb:.3f} GB for {tokens} positions (cap {cap_gb} GB)",
-        file=sys.stderr,
+    log.info(
+        f"feature cache: layers {list(names)}, estimated {size_gb:.3f} GB for {tokens} positions (cap {cap_gb} GB)"
     )
     if size_gb > cap_gb:
         raise HeadstartError(

@@ -4,15 +4,18 @@ every process) plus our step counter, written to a temp directory and renamed in
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.io import fsync_tree
+
+log = logging.getLogger(__name__)
+
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 STATE = "trainer_state.json"
@@ -78,10 +81,7 @@ def load_checkpoint(accelerator: Any, root: str | Path) -> dict[str, Any]:
         except (RuntimeError, ValueError, KeyError, OSError, EOFError, SafetensorError) as err:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             failures.append(f"{candidate.name}: {reason}")
-            print(
-                f"warning: cannot resume from {candidate} ({reason}); trying an older checkpoint",
-                file=sys.stderr,
-            )
+            log.warning(f"warning: cannot resume from {candidate} ({reason}); trying an older checkpoint")
             continue
         return state
     raise HeadstartError(

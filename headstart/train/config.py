@@ -150,7 +150,10 @@ class TrainConfig:
     keep_last: int = 2
     """Keep this many checkpoints."""
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """accelerate trackers: tensorboard, wandb (offline unless WANDB_MODE says otherwise), or none."""
+    """accelerate trackers: tensorboard, wandb (offline unless you set WANDB_MODE/WANDB_API_KEY or
+    ran `wandb login`), or none."""
+    tracker_project: str = "headstart"
+    """The trackers' project name (wandb project, tensorboard run directory under logs/)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """accelerate mixed precision."""
     cpu: bool = False

@@ -104,7 +104,7 @@ def _train(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, 
     tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
     history: list[dict[str, Any]] = list(state.get("history", []))
     if accelerator.is_main_process:
-        accelerator.init_trackers("headstart", config=metrics.flat_config(to_dict(cfg)))
+        accelerator.init_trackers(cfg.tracker_project, config=metrics.flat_config(to_dict(cfg)))
     per_epoch = len(train_loader)
     if per_epoch == 0:
         from headstart.errors import HeadstartError

@@ -8,7 +8,6 @@ before any forward pass.
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,18 @@ class Plan:
     head_summary: dict[str, Any]
 
 
+def wandb_configured() -> bool:
+    """The user has set wandb up: a mode or key in the environment, or a `wandb login`."""
+    if os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    settings = Path(os.environ.get("WANDB_CONFIG_DIR", Path.home() / ".config" / "wandb")) / "settings"
+    try:
+        return "api.wandb.ai" in netrc.read_text() or settings.is_file()
+    except OSError:
+        return settings.is_file()
+
+
 def trackers(cfg: TrainConfig) -> list[str]:
     chosen = [t for t in cfg.trackers if t != "none"]
     if "wandb" in chosen:
@@ -43,7 +54,8 @@ def trackers(cfg: TrainConfig) -> list[str]:
                 "trackers include wandb but wandb is not installed",
                 "pip install wandb, or set trackers=[tensorboard]",
             )
-        os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user asks for it
+        if not wandb_configured():  # a user who logged in (or chose a mode) keeps their setting
+            os.environ["WANDB_MODE"] = "offline"
     if (
         "tensorboard" in chosen
         and importlib.util.find_spec("tensorboard") is None
@@ -169,6 +181,10 @@ def list_or(value: Any) -> Any:
 
 def add_lora(cfg: TrainConfig, target_model: Any) -> Any:
     """Medusa-2: the target with trainable LoRA adapters (base weights stay frozen)."""
+    if importlib.util.find_spec("peft") is None:
+        raise HeadstartError(
+            "lora.enabled (Medusa-2) needs peft, which is not installed", "pip install 'headstart[lora]'"
+        )
     from peft import LoraConfig, get_peft_model
 
     names = {n.rsplit(".", 1)[-1] for n, _ in target_model.named_modules()}
@@ -186,18 +202,22 @@ def add_lora(cfg: TrainConfig, target_model: Any) -> Any:
     return get_peft_model(target_model, lora)
 
 
+# optim.schedule -> transformers' scheduler names (linear warmup first in each)
+SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
+
+
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> tuple[Any, Any]:
+    """AdamW and transformers' `get_scheduler` (warmup, then constant, cosine or linear decay to
+    0 at max_steps); its state is saved with every checkpoint and restored on resume."""
+    from transformers import get_scheduler
+
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
     )
-    warm, total, kind = cfg.optim.warmup_steps, cfg.max_steps, cfg.optim.schedule
-
-    def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warm) / max(1, total - warm))
-        return 0.5 * (1 + math.cos(math.pi * progress)) if kind == "cosine" else 1.0 - progress
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    scheduler = get_scheduler(
+        SCHEDULES[cfg.optim.schedule],
+        optimizer,
+        num_warmup_steps=cfg.optim.warmup_steps,
+        num_training_steps=max(1, cfg.max_steps),
+    )
+    return optimizer, scheduler

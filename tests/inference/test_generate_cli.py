@@ -110,3 +110,25 @@ def test_chat_multi_turn_from_stdin(tiny_llama, heads_dir, capsys, monkeypatch):
     target = load_target(str(tiny_llama))
     first = target.tokenizer.decode(_reference(tiny_llama, "hello", 6), skip_special_tokens=True)
     assert captured.out.count(first) >= 2  # the same first turn before and after /reset
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_quiet_and_verbose_switches_work_on_every_command(tiny_llama, heads_dir, capsys, where, monkeypatch):
+    """-q: the text only (no stats line, progress bars off); -v: transformers' loading logs on.
+    Given before or after the command name."""
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    monkeypatch.delenv("HEADSTART_VERBOSE", raising=False)
+    args = ["--target", str(tiny_llama), "--heads", str(heads_dir), "--prompt", "hi", "--max-new-tokens", "8"]
+    quiet = ["-q", "generate", *args] if where == "before" else ["generate", "-q", *args]
+    assert main(quiet) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "tau" not in captured.err
+    import os
+
+    assert os.environ.get("TQDM_DISABLE") == "1"
+    monkeypatch.delenv("TQDM_DISABLE")
+    assert main(["generate", *args]) == 0  # the default again: the stats line is back
+    assert "tau" in capsys.readouterr().err
+    assert main(["generate", "--verbose", *args]) == 0
+    assert os.environ.get("HEADSTART_VERBOSE") == "1"
+    monkeypatch.delenv("HEADSTART_VERBOSE")

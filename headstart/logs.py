@@ -1,0 +1,44 @@
+"""headstart's messages go through the `logging` module ("headstart.*" loggers, to stderr), so one
+switch sets how much every command says: `-q/--quiet` warnings and errors only and no progress bars
+(tqdm reads TQDM_DISABLE), the default adds progress and information lines, `-v/--verbose` adds
+debug lines and transformers' own info logs. Results (generated text, --json objects) go to stdout
+and are never silenced."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+QUIET, NORMAL, VERBOSE = -1, 0, 1
+
+
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (pytest's capture, a redirected stream)."""
+
+    @property  # type: ignore[override]
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
+def configure(verbosity: int) -> None:
+    level = {QUIET: logging.WARNING, NORMAL: logging.INFO, VERBOSE: logging.DEBUG}[verbosity]
+    logger = logging.getLogger("headstart")
+    logger.setLevel(level)
+    if not any(getattr(h, "_headstart", False) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler._headstart = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    if verbosity == QUIET:
+        os.environ["TQDM_DISABLE"] = "1"
+    if verbosity == VERBOSE:
+        os.environ["HEADSTART_VERBOSE"] = "1"  # quiet_transformers() then leaves transformers' logs on
+
+
+def verbosity(quiet: bool, verbose: bool) -> int:
+    return QUIET if quiet else VERBOSE if verbose else NORMAL
