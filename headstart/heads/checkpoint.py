@@ -1,4 +1,5 @@
-"""Hugging Face layout for heads: config.json + model.safetensors + README.md (model card).
+"""Hugging Face layout for heads: config.json + model.safetensors + README.md (model card),
+through huggingface_hub's ModelHubMixin and ModelCard.
 
 Directories are written next to their destination and renamed into place, so a crash never
 leaves a half-written checkpoint. Bound target modules (embeddings, shared lm_head) are not
@@ -12,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from huggingface_hub import ModelHubMixin
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
@@ -51,19 +54,37 @@ def check_fits(config: HeadConfig, target: Any) -> None:
         )
 
 
-def model_card(config: HeadConfig) -> str:
-    """A README.md: what the head is, for which target, on what data, how well it drafts."""
+def _hub_dataset(source: str) -> bool:
+    """A Hub dataset id ("org/name"), not a local path or a description."""
+    return source.count("/") == 1 and " " not in source and not Path(source).expanduser().exists()
+
+
+def model_card(config: HeadConfig) -> Any:
+    """The model card (huggingface_hub's ModelCard): metadata a Hub page indexes (base_model,
+    datasets, metrics with their held-out values) and what the head is, for which target, on what
+    data, how well it drafts."""
+    from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
     target = config.target.get("name", "unknown")
     train = dict(config.training)
-    metrics = train.pop("metrics", {}) or {}
+    metrics = {k: v for k, v in (train.pop("metrics", {}) or {}).items() if isinstance(v, int | float)}
+    sources = list(train.pop("datasets", []) or [])
+    title = f"{config.kind} draft head for {target}"
+    data = ModelCardData(
+        library_name="headstart",
+        base_model=target if config.target.get("kind") == "hub" else None,
+        datasets=[d for d in sources if _hub_dataset(d)] or None,
+        tags=["speculative-decoding", config.kind, "headstart"],
+        metrics=sorted(metrics) or None,
+        model_name=title,
+        eval_results=[
+            EvalResult(task_type="speculative-decoding", dataset_type="held-out-distilled-conversations",
+                       dataset_name="held-out distilled conversations", metric_type=k, metric_value=v)
+            for k, v in sorted(metrics.items())
+        ] or None,
+    )  # fmt: skip
     lines = [
-        "---",
-        "library_name: headstart",
-        f"base_model: {target}" if config.target.get("kind") == "hub" else f"# target: {target}",
-        f"tags: [speculative-decoding, {config.kind}, headstart]",
-        "---",
-        "",
-        f"# {config.kind} draft head for `{target}`",
+        f"# {title}",
         "",
         "Draft head for lossless speculative decoding with [headstart](https://pypi.org/project/headstart/):",
         "outputs are exactly the target's; the head only proposes tokens for the target to verify.",
@@ -72,6 +93,7 @@ def model_card(config: HeadConfig) -> str:
         f"- head: {config.kind}, heads {config.num_heads}, layers {config.num_layers}, "
         f"feature layers {list(config.feature_layers) or 'last hidden'}, draft vocab {config.draft_vocab_size}",
         f"- training data: {train.pop('data', 'not recorded')}",
+        f"- prompt sources: {', '.join(sources) or 'not recorded'}",
         f"- training steps: {train.pop('steps', 'not recorded')}",
     ]
     lines += [f"- {key}: {value}" for key, value in sorted(train.items())]
@@ -85,27 +107,38 @@ def model_card(config: HeadConfig) -> str:
     else:
         lines.append("not measured")
     lines += ["", "Load with `headstart.heads.load_heads(path, target)`."]
-    return "\n".join(lines) + "\n"
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 
-class HeadCheckpoint:
-    """save_pretrained / from_pretrained / push_to_hub for nn.Module heads with a `config`."""
+class HeadCheckpoint(
+    ModelHubMixin,
+    library_name="headstart",
+    tags=["speculative-decoding", "headstart"],
+    repo_url="https://pypi.org/project/headstart/",
+):
+    """save_pretrained / from_pretrained / push_to_hub for nn.Module heads with a `config`:
+    huggingface_hub's ModelHubMixin (its push_to_hub saves into a temporary folder and uploads it
+    in one commit), with headstart's files (config.json, model.safetensors, README.md) written
+    atomically and loading checked against the target."""
 
     config: HeadConfig
     layout = "fc"
     """HeadConfig.layout of the checkpoints this class reads."""
 
-    def save_pretrained(self, path: str | Path) -> Path:
+    def save_pretrained(self, path: str | Path, **kwargs: Any) -> Path:  # type: ignore[override]
+        """Write the head to `path` (replaced atomically); kwargs as ModelHubMixin's."""
+        return atomic_dir(path, lambda tmp: ModelHubMixin.save_pretrained(self, tmp, **kwargs))
+
+    def _save_pretrained(self, save_directory: Path) -> None:
         from safetensors.torch import save_file
 
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}  # type: ignore[attr-defined]
+        (save_directory / "config.json").write_text(self.config.to_json())
+        save_file(state, str(save_directory / "model.safetensors"), metadata={"format": "pt"})
+        self.generate_model_card().save(save_directory / "README.md")
 
-        def write(tmp: Path) -> None:
-            (tmp / "config.json").write_text(self.config.to_json())
-            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            (tmp / "README.md").write_text(model_card(self.config))
-
-        return atomic_dir(path, write)
+    def generate_model_card(self, *args: Any, **kwargs: Any) -> Any:
+        return model_card(self.config)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any = None) -> Any:
@@ -126,23 +159,3 @@ class HeadCheckpoint:
             head.to(target.device)
             head.bind(target.model)
         return head
-
-    def push_to_hub(
-        self,
-        repo_id: str,
-        *,
-        token: str | None = None,
-        private: bool | None = None,
-        commit_message: str = "Upload headstart draft head",
-    ) -> str:
-        """Upload config.json, weights and model card to a Hub model repo; returns the commit URL."""
-        from huggingface_hub import HfApi
-
-        api = HfApi(token=token)
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = self.save_pretrained(Path(tmp) / "head")
-            api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
-            info = api.upload_folder(
-                repo_id=repo_id, folder_path=str(folder), commit_message=commit_message, repo_type="model"
-            )
-        return str(getattr(info, "commit_url", info))

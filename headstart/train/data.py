@@ -32,6 +32,8 @@ class TrainData:
     feature_names: list[str] = field(default_factory=list)
     eval_from: int | None = None
     """Conversations from this index on are held-out only (data.eval_path); None: none are."""
+    sources: list[str] = field(default_factory=list)
+    """Where the conversations' prompts came from (files, Hub datasets; for the model card)."""
 
     @property
     def train_count(self) -> int:
@@ -84,6 +86,7 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
         features=features,
         feature_names=[n for n in first.feature_names if all(n in have for have in names)],
         eval_from=sum(len(part) for part in parts) if eval_parts else None,
+        sources=list(dict.fromkeys(source for part in parts for source in part.sources)),
     )
 
 
@@ -105,6 +108,7 @@ def _load_one(path: str, mode: str) -> TrainData:
         loss_mask=list(rows["loss_mask"]) if len(rows) else [],
         fingerprint=meta.get("fingerprint"),
         description=f"{path} ({len(rows)} conversations)",
+        sources=[(meta.get("settings") or {}).get("prompts") or "data-free (the target's own prompts)"],
         features=features,
         feature_names=list(meta.get("feature_layers") or []),
     )

@@ -230,6 +230,7 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
     head = model.head
     head.config.training = {
         "data": p.data.description,
+        "datasets": p.data.sources,
         "steps": summary["steps"],
         "global_batch": cfg.batch_size * cfg.grad_accum * summary["processes"],
         "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",

@@ -78,9 +78,29 @@ def test_push_to_hub_uploads_the_saved_folder(llama_target):
         seen["repo"] = kwargs["repo_id"]
         return mock.Mock(commit_url="https://hf.co/me/head/commit/1")
 
-    with mock.patch("huggingface_hub.HfApi") as api_cls:
+    with mock.patch("huggingface_hub.hub_mixin.HfApi") as api_cls:
         api_cls.return_value.upload_folder.side_effect = upload_folder
+        api_cls.return_value.create_repo.return_value.repo_id = "me/head"  # the Hub's canonical id
         url = head.push_to_hub("me/head", token="x")
     api_cls.return_value.create_repo.assert_called_once()
     assert seen == {"files": ["README.md", "config.json", "model.safetensors"], "repo": "me/head"}
-    assert url.endswith("/commit/1")
+    assert str(getattr(url, "commit_url", url)).endswith("/commit/1")
+
+
+def test_model_card_metadata_comes_from_training(llama_target, tmp_path):
+    """huggingface_hub's ModelCard: base_model for Hub targets, Hub datasets among the prompt
+    sources (local files stay in the text only), metrics with their held-out values."""
+    from huggingface_hub import ModelCard
+
+    head = build_head(HeadSpec(kind="medusa"), llama_target)
+    head.config.target = dict(head.config.target, kind="hub", name="org/target-model")
+    head.config.training = {"data": "runs/d (10 conversations)", "steps": 5,
+                            "datasets": ["Aeala/ShareGPT_Vicuna_unfiltered", str(tmp_path)],
+                            "metrics": {"eval/top1/step0": 0.25, "eval/predictions": 40}}  # fmt: skip
+    card = ModelCard.load(head.save_pretrained(tmp_path / "h") / "README.md")
+    meta = card.data.to_dict()
+    assert meta["base_model"] == "org/target-model" and meta["library_name"] == "headstart"
+    assert meta["datasets"] == ["Aeala/ShareGPT_Vicuna_unfiltered"]
+    results = {r.metric_type: r.metric_value for r in card.data.eval_results}
+    assert results == {"eval/predictions": 40, "eval/top1/step0": 0.25}
+    assert str(tmp_path) in card.text and "training steps: 5" in card.text
