@@ -1,5 +1,11 @@
 """Resumable training checkpoints: accelerate's full state (model, optimizer, scheduler, RNG of
-every process) plus our step counter, written to a temp directory and renamed into place."""
+every process) plus our step counter, written to a temp directory and renamed into place.
+
+Naming and rotation stay here rather than in accelerate's ProjectConfiguration(total_limit,
+automatic_checkpoint_naming): that writes straight into the checkpoint's final directory, so a
+crash mid-save leaves a newest checkpoint that looks complete and rotation may already have
+deleted the older good one; here a checkpoint exists only once complete and fsynced, and resume
+falls back to the previous one when the newest does not load."""
 
 from __future__ import annotations
 
