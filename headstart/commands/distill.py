@@ -33,8 +33,12 @@ FLAGS: dict[str, tuple[type, str]] = {
     "seed": (int, "sampling seed (default 0)"),
     "engine": (
         str,
-        "headstart (continuous batching on headstart's forward, default) or generate (transformers)",
+        "headstart (continuous batching on headstart's forward, default), generate (transformers), "
+        "dataset (the data's own replies) or openai (an OpenAI-compatible server: --base-url, --model)",
     ),
+    "base_url": (str, "--engine openai: the server's API root, e.g. http://localhost:8000/v1"),
+    "model": (str, "--engine openai: the model name the server serves the target under"),
+    "concurrency": (int, "--engine openai: requests in flight (default 8)"),
     "batch_size": (int, "conversations in flight at once (default 64)"),
     "max_prompt_tokens": (int, "skip rows whose prompt is longer (default 1024)"),
     "shard_size": (int, "records per shard (default 256)"),

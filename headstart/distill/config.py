@@ -99,11 +99,22 @@ class DistillConfig:
     """Top-k sampling for replies (0 = no limit)."""
     seed: int = 0
     """Seed for sampling (replies and data-free prompts); each batch reseeds from it."""
-    engine: Literal["headstart", "generate", "dataset"] = "headstart"
+    engine: Literal["headstart", "generate", "dataset", "openai"] = "headstart"
     """Who writes the replies: `headstart` (continuous batching through headstart's own forward,
-    the fast default), `generate` (transformers' generate over static batches, any model), or
+    the fast default), `generate` (transformers' generate over static batches, any model),
     `dataset` (no generation: the data's own assistant turns, rendered with the target's chat
-    template; a conversation ends at its first user turn without a reply)."""
+    template; a conversation ends at its first user turn without a reply), or `openai` (an
+    OpenAI-compatible chat-completions server serving the target: base_url and model)."""
+    base_url: str | None = None
+    """--engine openai: the server's OpenAI API root, e.g. http://localhost:8000/v1."""
+    model: str | None = None
+    """--engine openai: the model name the server serves the target under."""
+    api_key: str | None = None
+    """--engine openai: the bearer token (default: $OPENAI_API_KEY, or none)."""
+    concurrency: int = 8
+    """--engine openai: requests in flight at once."""
+    max_retries: int = 5
+    """--engine openai: retries per request (backoff 1, 2, 4... s, or the server's Retry-After)."""
     batch_size: int = 64
     """Conversations in flight at once (headstart engine: finished rows are refilled at once;
     generate engine: one left-padded batch). Memory: the KV cache of this many conversations."""
@@ -127,7 +138,12 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if not self.out:
             raise HeadstartError("no output directory given", "pass --out DIR (or out: DIR in the recipe)")
-        for name in ("num", "max_new_tokens", "batch_size", "max_prompt_tokens", "shard_size"):
+        if self.engine == "openai" and not (self.base_url and self.model):
+            raise HeadstartError(
+                "--engine openai needs the server's --base-url and --model",
+                "e.g. --base-url http://localhost:8000/v1 --model meta-llama/Llama-3.1-8B-Instruct",
+            )
+        for name in ("num", "max_new_tokens", "batch_size", "max_prompt_tokens", "shard_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise HeadstartError(
                     f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}",

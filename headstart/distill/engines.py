@@ -12,6 +12,7 @@ and calls `on_reply(request, reply)` as each finishes; the callback may return f
     dataset     no generation: each turn is answered with the data's own reply (`Request.reference`),
                 tokenized as the target's chat template renders it. Training on replies people
                 already have; the target's own replies (the other engines) usually draft better.
+    openai      an OpenAI-compatible chat-completions server serving the target (distill/api.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from headstart.distill.replies import Sampling, generate_batch
 from headstart.inference.continuous import ContinuousBatcher, EngineStats, Reply, Request
 from headstart.target import Target
 
-ENGINES = ("headstart", "generate", "dataset")
+ENGINES = ("headstart", "generate", "dataset", "openai")
 OnReply = Callable[[Request, Reply], Iterable[Request] | None]
 
 
@@ -99,8 +100,12 @@ class DatasetEngine:
         return self.stats
 
 
-def make_engine(name: str, target: Target, batch_size: int) -> Any:
-    """The engine called `name` (one of ENGINES) for `target`."""
+def make_engine(name: str, target: Target, batch_size: int, endpoint: Any = None) -> Any:
+    """The engine called `name` (one of ENGINES) for `target` (`endpoint`: the openai engine's)."""
+    if name == "openai":
+        from headstart.distill.api import OpenAIEngine
+
+        return OpenAIEngine(target.tokenizer, endpoint)
     if name == "generate":
         return GenerateEngine(target, batch_size)
     if name == "dataset":

@@ -81,6 +81,16 @@ def length_batches(items: list[Item], batch_size: int, window: int = 16) -> list
     return batches
 
 
+def endpoint(cfg: DistillConfig) -> Any:
+    """The openai engine's server (None for the other engines)."""
+    if cfg.engine != "openai":
+        return None
+    from headstart.distill.api import Endpoint
+
+    assert cfg.base_url and cfg.model  # DistillConfig refuses openai without them
+    return Endpoint(cfg.base_url, cfg.model, cfg.api_key, cfg.concurrency, cfg.max_retries)
+
+
 def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = False) -> dict[str, Any]:
     """Distill until `cfg.out` holds `cfg.num` records (resuming what is there); return the summary."""
     start = time.perf_counter()
@@ -92,8 +102,10 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
     if target is None:
         from headstart.target import load_target
 
+        # the openai engine's server runs the target: only its config and tokenizer are needed here
+        weights = cfg.engine != "openai" or cfg.cache_features
         target = load_target(cfg.target, dtype=cfg.dtype, device=cfg.device, revision=cfg.revision,
-                             chat_template=cfg.chat_template)  # fmt: skip
+                             chat_template=cfg.chat_template, weights=weights)  # fmt: skip
     context = getattr(target.config, "max_position_embeddings", None)
     if context and cfg.max_prompt_tokens + cfg.max_new_tokens > context:
         raise HeadstartError(
@@ -142,7 +154,7 @@ def _distill(
         )
         check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
     writer = ShardWriter(cfg.out)
-    engine = make_engine(cfg.engine, target, cfg.batch_size)
+    engine = make_engine(cfg.engine, target, cfg.batch_size, endpoint(cfg))
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
     gen_start, last_flush = time.perf_counter(), time.perf_counter()
     ready: list[dict[str, Any]] = []  # finished records waiting for their features / the writer

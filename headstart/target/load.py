@@ -110,7 +110,7 @@ def _device(device: str) -> str:
     return device
 
 
-def _load_model(source: str, dtype: Any, revision: str | None) -> Any:
+def _load_model(source: str, dtype: Any, revision: str | None, weights: bool = True) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
@@ -134,6 +134,17 @@ def _load_model(source: str, dtype: Any, revision: str | None) -> Any:
     # Families without sdpa (Gemma 2's soft-capping, gpt-oss's sinks) run eager: same masks.
     causal = AutoModelForCausalLM._model_mapping[type(config)]
     attention = "sdpa" if getattr(causal, "_supports_sdpa", True) else "eager"
+    if not weights:  # shapes, config and generation config only: no memory, nothing to read
+        import torch
+        from transformers import GenerationConfig
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(source, revision=revision)
+        except OSError:
+            pass  # no generation_config.json: the model's defaults from its config
+        return model
     return AutoModelForCausalLM.from_pretrained(
         source, revision=revision, dtype=dtype, attn_implementation=attention
     )
@@ -160,10 +171,12 @@ def load_target(
     device: str = "cpu",
     revision: str | None = None,
     chat_template: str | None = None,
+    weights: bool = True,
 ) -> Target:
     """Load and freeze the target named by `spec`; see `resolve_spec` for the accepted forms.
     `chat_template`: a Jinja chat template, or a file holding one, replacing the tokenizer's
-    (base models and many GGUF files have none)."""
+    (base models and many GGUF files have none). `weights=False`: config, tokenizer and identity
+    only, the model on the meta device (for an API engine answering for a target too big to load)."""
     template = read_chat_template(chat_template)  # before the load: a bad path fails in a second
     from transformers import AutoTokenizer
 
@@ -177,8 +190,10 @@ def load_target(
     else:
         source = str(path) if path else spec
     device = _device(device)
-    model = _load_model(source, _torch_dtype(dtype, device), revision)
-    model.to(device).eval().requires_grad_(False)
+    model = _load_model(source, _torch_dtype(dtype, device), revision, weights)
+    if weights:
+        model.to(device)
+    model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

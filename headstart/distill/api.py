@@ -1,0 +1,150 @@
+"""`--engine openai`: replies from any OpenAI-compatible chat-completions server (vLLM, SGLang,
+TGI, llama.cpp's server, `transformers serve`), for targets too big to run in this process.
+
+Up to `concurrency` requests are in flight; each is retried with exponential backoff (honouring
+Retry-After) on connection errors, timeouts, 429 and 5xx; any other HTTP error stops the run in one
+line. Replies come back as text: they are tokenized with the target's tokenizer and rendered with
+its chat template like every other record (the `retokenized` count of the summary says how many
+differ from the server's own ids, which the API does not return). Records go through the same
+resumable shards as the other engines, so an interrupted run resumes without duplicates or gaps.
+The target's weights are not loaded for this engine (unless features are cached).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from headstart.errors import HeadstartError
+from headstart.inference.continuous import EngineStats, Reply, Request
+
+RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str  # e.g. http://localhost:8000/v1
+    model: str
+    api_key: str | None = None
+    concurrency: int = 8
+    max_retries: int = 5
+    timeout_s: float = 600.0
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+
+class OpenAIEngine:
+    """Chat completions over HTTP, `concurrency` at a time; replies handed back in this thread."""
+
+    name = "openai"
+
+    def __init__(
+        self, tokenizer: Any, endpoint: Endpoint, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.endpoint = endpoint
+        self.sleep = sleep
+        key = endpoint.api_key or os.environ.get("OPENAI_API_KEY")
+        self.headers = {
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {key}"} if key else {}),
+        }
+        self.stats = EngineStats()
+
+    def run(self, requests: Iterable[Request], on_reply: Callable[[Request, Reply], Any]) -> EngineStats:
+        source, follow = iter(requests), deque[Request]()
+        pending: dict[Future[Reply], Request] = {}
+        pool = ThreadPoolExecutor(self.endpoint.concurrency, thread_name_prefix="headstart-api")
+        start = time.perf_counter()
+        try:
+            while True:
+                while len(pending) < self.endpoint.concurrency:
+                    nxt = follow.popleft() if follow else next(source, None)
+                    if nxt is None:
+                        break
+                    pending[pool.submit(self.complete, nxt)] = nxt
+                if not pending:
+                    return self.stats
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    request = pending.pop(future)
+                    reply = future.result()  # a HeadstartError after the retries stops the run
+                    self.stats.replies += 1
+                    self.stats.new_tokens += len(reply.token_ids) + int(reply.finished)
+                    self.stats.prompt_tokens += len(request.prompt)
+                    follow.extend(on_reply(request, reply) or [])
+        finally:
+            self.stats.decode_s += time.perf_counter() - start
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def complete(self, request: Request) -> Reply:
+        """One chat completion -> Reply (ids by the target's tokenizer; finished = the model stopped)."""
+        if request.messages is None:
+            raise HeadstartError("the openai engine needs requests with messages", "use the distill pipeline")
+        sampling = request.sampling
+        payload: dict[str, Any] = {
+            "model": self.endpoint.model,
+            "messages": request.messages,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": request.seed,
+        }
+        if sampling.top_k:
+            payload["top_k"] = sampling.top_k  # vLLM, SGLang and llama.cpp take it as an extra field
+        body = self._post(payload)
+        try:
+            choice = body["choices"][0]
+            text = choice["message"]["content"] or ""
+        except (KeyError, IndexError, TypeError):
+            raise HeadstartError(
+                f"{self.endpoint.url} answered without choices[0].message.content: {str(body)[:200]}",
+                "point --base-url at an OpenAI-compatible /v1 endpoint",
+            ) from None
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return Reply(ids, finished=choice.get("finish_reason") == "stop")
+
+    def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST with retries (stdlib urllib: one request per call, no extra dependency)."""
+        url, tries = self.endpoint.url, self.endpoint.max_retries + 1
+        data = json.dumps(payload).encode()
+        problem = ""
+        for attempt in range(tries):
+            try:
+                call = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
+                with urllib.request.urlopen(call, timeout=self.endpoint.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as err:
+                problem = f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}"
+                if err.code not in RETRY_STATUS:
+                    raise HeadstartError(
+                        f"{url} refused the request ({problem})",
+                        "check --model (the server's model name) and the server's log",
+                    ) from None
+                wait_s = _retry_after(err.headers) or 2.0**attempt
+            except (urllib.error.URLError, OSError, ValueError) as err:  # refused, reset, timed out, cut
+                problem = f"{type(err).__name__}: {err}"
+                wait_s = 2.0**attempt
+            if attempt + 1 < tries:
+                self.sleep(min(wait_s, 60.0))
+        raise HeadstartError(
+            f"{url} failed {tries} times ({problem})",
+            "start the server, fix --base-url, or raise max_retries; rerun the same command to resume",
+        )
+
+
+def _retry_after(headers: Any) -> float | None:
+    try:
+        return float((headers or {}).get("Retry-After", ""))
+    except ValueError:
+        return None
