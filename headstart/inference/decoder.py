@@ -60,17 +60,27 @@ class SpeculativeDecoder:
         # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See target/packing.py.
         self.packed = PackedLinears.for_model(target.model)
 
+    def verify_width(self) -> int:
+        """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
+        if isinstance(self.tree, DynamicTree):
+            nodes = self.tree.total_tokens + 1
+        else:
+            nodes = self.tree.size if isinstance(self.tree, TreeBuffers) else 64
+        return nodes + (self.lookup.tokens if self.lookup is not None else 0)
+
     # ---- steps -------------------------------------------------------------------------------
     def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any) -> DecodeState:
         model = self.target.model
         ids, valid = prompts.ids, prompts.valid  # (B, T)
         steps = ids.shape[1]
-        causal = torch.ones(steps, steps, dtype=torch.bool, device=ids.device).tril()
-        sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
-        mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
         positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        mask = None  # rows of one length: transformers' causal masks, sdpa's is_causal fast path
+        if not prompts.unpadded:  # left padding: a 4D mask hides it (a dense float mask)
+            causal = torch.ones(steps, steps, dtype=torch.bool, device=ids.device).tril()
+            sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
+            mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
         check_tree_verifiable(model)  # one line for recurrent/linear/chunked layers
-        cache = new_cache(model)
+        cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip

@@ -14,6 +14,7 @@ from headstart.errors import HeadstartError
 class Prompts:
     ids: torch.Tensor  # (B, T) left-padded
     valid: torch.Tensor  # (B, T) bool, False on padding
+    unpadded: bool = False  # every row has the same length (known on the host: no device read)
 
     @property
     def batch(self) -> int:
@@ -74,4 +75,4 @@ def prepare_prompts(
     for b, row in enumerate(rows):
         ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         valid[b, width - len(row) :] = True
-    return Prompts(ids.to(device), valid.to(device))
+    return Prompts(ids.to(device), valid.to(device), unpadded=all(len(r) == width for r in rows))

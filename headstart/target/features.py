@@ -79,13 +79,15 @@ def output_cache(out: Any) -> Any:
     return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
-def new_cache(model: nn.Module) -> Any:
+def new_cache(model: nn.Module, reserve: int = 0) -> Any:
     """An empty KV cache for the target: a transformers DynamicCache whose attention layers, full
     and sliding-window alike, keep every entry and append in place (headstart.target.growing_cache;
-    no whole-cache copy per forward; windows are applied by the mask, see target/layer_kinds.py)."""
+    no whole-cache copy per forward; windows are applied by the mask, see target/layer_kinds.py).
+    `reserve` entries are allocated up front (the decoder: prompt + new tokens + one tree), so the
+    buffers never move: commit is an index copy into them, rollback a shorter view."""
     from headstart.target.growing_cache import growing_cache
 
-    return growing_cache(model.config)
+    return growing_cache(model.config, reserve)
 
 
 def tree_attention_mask(

@@ -18,9 +18,10 @@ import torch
 
 
 def _append(
-    view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor
+    view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor, reserve: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(view + new as a prefix view of a buffer, that buffer); view (B, H, n, D), new (B, H, m, D)."""
+    """(view + new as a prefix view of a buffer, that buffer); view (B, H, n, D), new (B, H, m, D).
+    `reserve`: the first buffer holds at least this many entries (a preallocated cache)."""
     n = view.shape[-2] if view.dim() == 4 else 0
     m = new.shape[-2]
     in_buffer = (
@@ -33,7 +34,7 @@ def _append(
         and view.dtype == buffer.dtype
     )
     if not in_buffer or n + m > buffer.shape[-2]:  # type: ignore[union-attr]
-        capacity = n + m + max(64, (n + m) // 4)  # cost: one copy of the cache per 25% growth
+        capacity = max(reserve, n + m + max(64, (n + m) // 4))  # cost: one copy per 25% growth
         grown = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
         if n:
             grown[:, :, :n] = view
@@ -54,14 +55,17 @@ def growing_layer_class() -> type | None:
     class GrowingLayer(DynamicLayer):  # type: ignore[misc, valid-type]
         _key_buffer: torch.Tensor | None = None
         _value_buffer: torch.Tensor | None = None
+        reserve: int = 0  # entries to preallocate (0: grow as needed)
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> Any:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            self.keys, self._key_buffer = _append(self.keys, self._key_buffer, key_states)
-            self.values, self._value_buffer = _append(self.values, self._value_buffer, value_states)
+            self.keys, self._key_buffer = _append(self.keys, self._key_buffer, key_states, self.reserve)
+            self.values, self._value_buffer = _append(
+                self.values, self._value_buffer, value_states, self.reserve
+            )
             return self.keys, self.values
 
         def reset(self) -> None:
@@ -71,7 +75,7 @@ def growing_layer_class() -> type | None:
     return GrowingLayer
 
 
-def growing_cache(config: Any) -> Any:
+def growing_cache(config: Any, reserve: int = 0) -> Any:
     """DynamicCache(config) with its full-attention AND sliding-window layers appending in place
     and keeping every entry: a windowed layer that dropped its oldest entries itself would break
     the tree surgery (entries moved by index); the window is the mask's job instead (see
@@ -85,6 +89,9 @@ def growing_cache(config: Any) -> Any:
         return cache
     base = layer_class.__mro__[1]
     cache.layers = [layer_class() if _attention_layer(layer, base) else layer for layer in layers]
+    for layer in cache.layers:
+        if isinstance(layer, layer_class):
+            layer.reserve = reserve  # one allocation per layer for the whole generation
     return cache
 
 

@@ -116,3 +116,31 @@ def test_verify_compact_continue_matches_sequential(target):
         seq = torch.cat([prefix[b], tokens[b, path], nxt[b]])[None]
         ref = model(seq).logits[0, -1]
         torch.testing.assert_close(out.logits[b, 0], ref, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:1+lookup:4"])
+def test_the_cache_is_preallocated_once_for_the_whole_generation(tiny_llama, tree, monkeypatch):
+    """Prompt + new tokens + one tree are reserved at prefill: every layer's buffer is allocated
+    once and never moves (commit = index copy into it, rollback = a shorter view)."""
+    from random_heads import RandomEagle
+
+    import headstart.target.growing_cache as growing
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.target import load_target
+
+    buffers = set()
+    real = growing._append
+
+    def counting(view, buffer, new, reserve=0):
+        out = real(view, buffer, new, reserve)
+        buffers.add(out[1].data_ptr())
+        return out
+
+    monkeypatch.setattr(growing, "_append", counting)
+    target = load_target(str(tiny_llama))
+    decoder = SpeculativeDecoder(target, RandomEagle(target.model), tree=tree)
+    # 150 new tokens: a cache grown on demand (64 entries of headroom) would move at least once
+    out = decoder.generate([target.chat.user_prompt_ids("hello there")], max_new_tokens=150, eos_token_id=None)
+    assert len(out.token_ids[0]) == 150
+    layers = 2 * target.num_layers  # keys and values
+    assert len(buffers) == layers, f"{len(buffers)} buffers for {layers} layer tensors: the cache moved"
