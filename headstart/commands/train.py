@@ -6,7 +6,9 @@ Runs the same under `accelerate launch ... -m headstart train ...` for several p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from headstart.train.loop import train
 
-    summary = train(cfg, resume=args.resume)
+    # stdout carries the JSON summary only: whatever the libraries print while training
+    # (deepspeed's and accelerate's notices, tracker banners) goes to stderr instead
+    with contextlib.redirect_stdout(sys.stderr):
+        summary = train(cfg, resume=args.resume)
     if summary.get("final"):
         keep = ("steps", "wall_s", "tokens_per_s", "peak_rss_mb", "processes", "final")
         print(json.dumps({k: summary[k] for k in keep} | {"final_eval": summary["final_eval"]}, indent=2))

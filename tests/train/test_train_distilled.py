@@ -136,3 +136,24 @@ def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled
                                            f"data.eval_path={distilled}", "data.holdout=2", "batch_size=2"])  # fmt: skip
     p = plan(both, target=p.target)
     assert len(p.train_idx) == 8 and len(p.eval_idx) == 12 and set(p.train_idx).isdisjoint(p.eval_idx)
+
+
+def test_stdout_holds_only_the_summary_whatever_libraries_print(
+    distilled, tiny_llama, tmp_path, capsys, monkeypatch
+):
+    """A library printing while training (deepspeed's notices did) goes to stderr: stdout stays
+    one JSON object that a script can parse."""
+    import headstart.train.loop as loop
+
+    real = loop.train
+
+    def noisy(*args, **kwargs):
+        print("[WARNING] a library notice on stdout")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train", noisy)
+    recipe = _recipe(tmp_path, tiny_llama, distilled, head={"kind": "medusa", "num_heads": 2})
+    assert main(["train", "--recipe", str(recipe)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["steps"] == 4
+    assert "a library notice" in captured.err
