@@ -19,6 +19,7 @@ from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import probabilities
 from headstart.target import Chat, Target
+from headstart.target.layer_kinds import layer_kinds
 
 VOCAB = 12
 ALPHA = 1e-3
@@ -31,7 +32,7 @@ def small_vocab_target(seed: int = 0, family: str = "llama", **extra) -> Target:
     torch.manual_seed(seed)
     config = AutoConfig.for_model(family, vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                  tie_word_embeddings=False, attn_implementation="sdpa", **extra)  # fmt: skip
+                                  tie_word_embeddings=False, **{"attn_implementation": "sdpa", **extra})  # fmt: skip
     model = AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)  # moderately peaked conditionals, like a trained model
@@ -103,13 +104,34 @@ def test_sampling_preserves_target_distribution(request, target, tree, config, d
     assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
 
 
-def test_sampling_over_a_sliding_window_preserves_target_distribution():
-    """A mixed target (layer 0 full, layer 1 a 3-token window) whose window slides inside the 8
-    tokens sampled over: tree verification with the windowed masks keeps the distribution."""
-    target = small_vocab_target(
-        family="qwen2", use_sliding_window=True, sliding_window=3, max_window_layers=1
-    )
-    assert target.model.config.layer_types == ["full_attention", "sliding_attention"]
+MIXED = ["full_attention", "sliding_attention"]
+WINDOWED = {  # windows of 3 slide inside the 8 tokens sampled over (5 prompt + 3 new)
+    "qwen2-mixed": ("qwen2", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1), MIXED),
+    "mistral-sliding": ("mistral", dict(sliding_window=3), ["sliding_attention"] * 2),
+    "gemma2-softcap-eager": ("gemma2", dict(sliding_window=3, head_dim=8, attn_implementation="eager"), None),
+    "gpt_oss-sinks-moe": (
+        "gpt_oss",
+        dict(
+            sliding_window=3,
+            head_dim=8,
+            layer_types=MIXED,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            attn_implementation="eager",
+        ),
+        MIXED,
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOWED))
+def test_sampling_over_a_sliding_window_preserves_target_distribution(case):
+    """Sliding and mixed targets (soft-capping, sinks and MoE routing among them) whose window
+    slides inside the sampled tokens: tree verification with windowed masks keeps the distribution."""
+    family, extra, kinds = WINDOWED[case]
+    target = small_vocab_target(family=family, **extra)
+    if kinds is not None:
+        assert list(layer_kinds(target.model).kinds) == kinds
     sampling = SamplingConfig(max_new_tokens=3, seed=7, temperature=1.0)
     heads = RandomEagle(target.model, seed=1)
     assert (
