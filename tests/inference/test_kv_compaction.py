@@ -140,7 +140,9 @@ def test_the_cache_is_preallocated_once_for_the_whole_generation(tiny_llama, tre
     target = load_target(str(tiny_llama))
     decoder = SpeculativeDecoder(target, RandomEagle(target.model), tree=tree)
     # 150 new tokens: a cache grown on demand (64 entries of headroom) would move at least once
-    out = decoder.generate([target.chat.user_prompt_ids("hello there")], max_new_tokens=150, eos_token_id=None)
+    out = decoder.generate(
+        [target.chat.user_prompt_ids("hello there")], max_new_tokens=150, eos_token_id=None
+    )
     assert len(out.token_ids[0]) == 150
     layers = 2 * target.num_layers  # keys and values
     assert len(buffers) == layers, f"{len(buffers)} buffers for {layers} layer tensors: the cache moved"
