@@ -24,6 +24,7 @@ def test_info_json_on_tiny_target(tiny_llama, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["layers"] == 2 and info["hidden_size"] == 64 and info["vocab_size"] == 288
     assert info["chat_template"] is True and info["single_token_forward_ms"] > 0
+    assert info["attention"] == "2 full_attention; tree-verifiable"
     from headstart.target.packing import mkl_packing_available
     from headstart.target.smallmm import small_matmul
 
@@ -140,3 +141,17 @@ def test_threads_flag_sets_torch_threads(tiny_llama, capsys):
         torch.set_num_threads(before)
     assert main(["info", "--target", str(tiny_llama), "--threads", "-2"]) == 2
     assert "--threads must be >= 0" in capsys.readouterr().err
+
+
+def test_info_names_windowed_and_unverifiable_layers(tiny_root):
+    from tiny import FAMILIES, make_target_dir
+
+    from headstart.commands.info import attention_summary
+    from headstart.target import load_target
+
+    gemma = load_target(
+        str(make_target_dir(tiny_root, "gemma3_text", seed=11, **FAMILIES["gemma3_text"])), weights=False
+    )
+    assert attention_summary(gemma.model) == (
+        "2 sliding_attention (window 8) + 2 full_attention; tree-verifiable"
+    )

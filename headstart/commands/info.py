@@ -30,6 +30,25 @@ def cpu_kernel_status(target: Any) -> str:
     return "MKL packed weights" if mkl_packing_available() else "n/a"
 
 
+def attention_summary(model: Any) -> str:
+    """e.g. '15 sliding_attention (window 512) + 3 full_attention; tree-verifiable'."""
+    from collections import Counter
+
+    from headstart.target.layer_kinds import layer_kinds
+
+    kinds = layer_kinds(model)
+    parts = [
+        f"{n} {kind}" + (f" (window {kinds.window})" if kind == "sliding_attention" else "")
+        for kind, n in Counter(kinds.kinds).items()
+    ]
+    verdict = (
+        f"not tree-verifiable ({', '.join(kinds.unsupported)}): --no-heads"
+        if kinds.unsupported
+        else "tree-verifiable"
+    )
+    return f"{' + '.join(parts)}; {verdict}"
+
+
 def run(args: argparse.Namespace) -> int:
     from headstart.target.latency import single_token_latency_ms
 
@@ -41,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         "architecture": fp["architecture"],
         "model_type": fp["model_type"],
         "layers": target.num_layers,
+        "attention": attention_summary(target.model),
         "hidden_size": target.hidden_size,
         "vocab_size": target.vocab_size,
         "parameters": sum(p.numel() for p in target.model.parameters()),
