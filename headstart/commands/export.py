@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="heads directory or Hub id (default: the heads shipped for --target, e.g. smollm2)",
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="speculators (vLLM), eagle (SGLang, "
-                        "SpecForge, EAGLE repo, llama.cpp's converter) or medusa (vLLM)")  # fmt: skip
+                        "SpecForge, EAGLE repo, llama.cpp's converter), medusa (vLLM) or headstart (own, e.g. in bf16)")  # fmt: skip
     parser.add_argument("--output", required=True, help="directory to write (replaced atomically)")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--target", default="smollm2", help="the target the heads were trained for (checked)")

@@ -110,6 +110,22 @@ def model_card(config: HeadConfig) -> Any:
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 
+def write_checkpoint(
+    directory: Path, config: HeadConfig, state: dict[str, Any], dtype: Any = None
+) -> None:
+    """headstart's files for a head into `directory`: config.json, model.safetensors (floating
+    tensors cast to `dtype` when given: bf16 halves a shipped head), README.md (the model card)."""
+    from safetensors.torch import save_file
+
+    state = {
+        k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).detach().cpu().contiguous()
+        for k, v in state.items()
+    }
+    (directory / "config.json").write_text(config.to_json())
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    model_card(config).save(directory / "README.md")
+
+
 class HeadCheckpoint(
     ModelHubMixin,
     library_name="headstart",
@@ -130,12 +146,7 @@ class HeadCheckpoint(
         return atomic_dir(path, lambda tmp: ModelHubMixin.save_pretrained(self, tmp, **kwargs))
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        from safetensors.torch import save_file
-
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}  # type: ignore[attr-defined]
-        (save_directory / "config.json").write_text(self.config.to_json())
-        save_file(state, str(save_directory / "model.safetensors"), metadata={"format": "pt"})
-        self.generate_model_card().save(save_directory / "README.md")
+        write_checkpoint(save_directory, self.config, self.state_dict())  # type: ignore[attr-defined]
 
     def generate_model_card(self, *args: Any, **kwargs: Any) -> Any:
         return model_card(self.config)

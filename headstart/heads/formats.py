@@ -7,6 +7,7 @@
   with draft_vocab_size), which SGLang, SpecForge, the EAGLE repo and llama.cpp's converter read.
 - "medusa": vLLM's Medusa layout (config model_type "medusa"; weights `blocks.K.layers.J.*`,
   `lm_heads.K.weight` or one `lm_head.weight`, `token_map` for a draft vocabulary).
+- "headstart": headstart's own checkpoint at another dtype (how the shipped heads become bf16).
 
 and `read_foreign` turns any of the three (or the Medusa repo's own `medusa_lm_head.*`) back into
 a headstart head checked against the target. Conventions: d2t holds offsets (target id = i +
@@ -26,7 +27,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.heads.config import FORMAT, HeadConfig
 
-FORMATS = ("speculators", "eagle", "medusa")
+FORMATS = ("speculators", "eagle", "medusa", "headstart")
 LAYER = "midlayer.layer."  # headstart's prefix of the reference layer's weights
 # Flags every EAGLE-3 reader could default differently; headstart's reference layout is all False.
 EAGLE3_FLAGS = {
@@ -56,6 +57,15 @@ def export_heads(
     if fmt not in FORMATS:
         raise HeadstartError(f"unknown export format '{fmt}'", f"use one of {', '.join(FORMATS)}")
     cast = _dtype(dtype)
+    if fmt == "headstart":  # headstart's own layout at another dtype (the shipped heads: bf16)
+        from headstart.heads.checkpoint import write_checkpoint
+
+        def write_own(tmp: Path) -> None:
+            write_checkpoint(tmp, head.config, head.state_dict(), cast)
+            for file in tmp.iterdir():
+                normal_permissions(file)
+
+        return atomic_dir(output, write_own)
     if fmt == "medusa":
         config, state = _medusa_export(head)
     else:

@@ -85,6 +85,33 @@ def test_bf16_export_is_the_default_and_decodes_exactly(llama_target, tmp_path):
     assert got.token_ids[0] == reference
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "medusa"])
+def test_headstart_format_reexports_at_another_dtype(llama_target, tmp_path, kind):
+    """How the shipped heads become bf16: the same checkpoint (config, card, metadata), weights cast."""
+    head = _trained_like(HeadSpec(kind=kind, draft_vocab_size=60), llama_target)
+    head.config.training = {"steps": 7, "metrics": {"eval/top1/step0": 0.5}}
+    out = export_heads(head, "headstart", tmp_path / "own")
+    assert detect_format(out) == "headstart"
+    weights = load_file(str(out / "model.safetensors"))
+    assert {k for k, v in weights.items() if v.is_floating_point()} == {
+        k for k, v in head.state_dict().items() if v.is_floating_point()
+    }
+    assert all(v.dtype == torch.bfloat16 for v in weights.values() if v.is_floating_point())
+    assert "eval/top1/step0" in (out / "README.md").read_text()
+    assert json.loads((out / "config.json").read_text())["training"]["steps"] == 7
+    loaded = load_heads(out, llama_target)
+    for key, value in head.state_dict().items():
+        expected = value.to(torch.bfloat16).to(value.dtype) if value.is_floating_point() else value
+        torch.testing.assert_close(loaded.state_dict()[key], expected, rtol=0, atol=0)
+    ids = [llama_target.chat.user_prompt_ids("hello there")]
+    reference = llama_target.model.generate(
+        torch.tensor(ids), attention_mask=torch.ones(1, len(ids[0]), dtype=torch.long), max_new_tokens=24,
+        do_sample=False, eos_token_id=None, pad_token_id=0,
+    )[0, len(ids[0]) :].tolist()  # fmt: skip
+    got = SpeculativeDecoder(llama_target, loaded).generate(ids, max_new_tokens=24, eos_token_id=None)
+    assert got.token_ids[0] == reference
+
+
 @pytest.mark.parametrize("shared", [True, False])
 def test_medusa_export_import_round_trip(llama_target, tmp_path, shared):
     head = _trained_like(
