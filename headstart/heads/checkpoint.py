@@ -110,9 +110,7 @@ def model_card(config: HeadConfig) -> Any:
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 
-def write_checkpoint(
-    directory: Path, config: HeadConfig, state: dict[str, Any], dtype: Any = None
-) -> None:
+def write_checkpoint(directory: Path, config: HeadConfig, state: dict[str, Any], dtype: Any = None) -> None:
     """headstart's files for a head into `directory`: config.json, model.safetensors (floating
     tensors cast to `dtype` when given: bf16 halves a shipped head), README.md (the model card)."""
     from safetensors.torch import save_file
