@@ -44,8 +44,15 @@ def run(args: argparse.Namespace) -> int:
     # stdout carries the JSON summary only: whatever the libraries print while training
     # (deepspeed's and accelerate's notices, tracker banners) goes to stderr instead
     with contextlib.redirect_stdout(sys.stderr):
-        summary = train(cfg, resume=args.resume)
+        summary = train(cfg, resume=args.resume, command=_command(args))
     if summary.get("final"):
         keep = ("steps", "wall_s", "tokens_per_s", "peak_rss_mb", "processes", "final")
         print(json.dumps({k: summary[k] for k in keep} | {"final_eval": summary["final_eval"]}, indent=2))
     return 0
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that rebuilds the run (the recipe as given, relative to the working dir)."""
+    import shlex
+
+    return shlex.join(["headstart", "train", "--recipe", args.recipe, *args.overrides])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,10 +109,19 @@ def _load_one(path: str, mode: str) -> TrainData:
         loss_mask=list(rows["loss_mask"]) if len(rows) else [],
         fingerprint=meta.get("fingerprint"),
         description=f"{path} ({len(rows)} conversations)",
-        sources=[(meta.get("settings") or {}).get("prompts") or "data-free (the target's own prompts)"],
+        sources=[_source_name((meta.get("settings") or {}).get("prompts"))],
         features=features,
         feature_names=list(meta.get("feature_layers") or []),
     )
+
+
+def _source_name(prompts: str | None) -> str:
+    """A prompt source as a model card should name it: a Hub dataset id as is, a local file by its
+    name (an absolute path on the machine that distilled says nothing to a reader)."""
+    if not prompts:
+        return "data-free (the target's own prompts)"
+    path = Path(prompts)
+    return path.name if path.is_absolute() or path.exists() else prompts
 
 
 def _feature_reader(root: str, records: list[dict[str, Any]], load: Any) -> Any:

@@ -51,9 +51,15 @@ def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last
 
 
 def train(
-    cfg: TrainConfig, data: TrainData | None = None, resume: bool = False, target: Any = None
+    cfg: TrainConfig,
+    data: TrainData | None = None,
+    resume: bool = False,
+    target: Any = None,
+    command: str | None = None,
 ) -> dict[str, Any]:
-    """Train a head as `cfg` says; returns the run summary also written to output_dir/results.json."""
+    """Train a head as `cfg` says; returns the run summary also written to output_dir/results.json.
+    `command` (the CLI line that ran it) goes into the summary and the model card, so a head says
+    how to rebuild it."""
     from tqdm.auto import tqdm
 
     from headstart.io import check_writable, lock_dir
@@ -64,7 +70,7 @@ def train(
     created = not out.exists()
     lock = lock_dir(out, "headstart train") if os.environ.get("RANK", "0") == "0" else None
     try:
-        return _train(cfg, data, resume, target, tqdm)
+        return _train(cfg, data, resume, target, tqdm, command)
     finally:
         if lock is not None:
             lock.close()
@@ -73,7 +79,9 @@ def train(
                 out.rmdir()
 
 
-def _train(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any) -> dict[str, Any]:
+def _train(
+    cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None
+) -> dict[str, Any]:
     if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
         from headstart.errors import HeadstartError
 
@@ -213,6 +221,7 @@ def _train(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, 
         "history": history,
         "head": p.head_summary,
         "data": p.data.description,
+        "command": command,
     }
     if accelerator.is_main_process:
         summary["final"] = str(save_final(accelerator.unwrap_model(model), cfg, p, summary, out))
@@ -231,6 +240,7 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
     head.config.training = {
         "data": p.data.description,
         "datasets": p.data.sources,
+        "command": summary.get("command"),
         "steps": summary["steps"],
         "global_batch": cfg.batch_size * cfg.grad_accum * summary["processes"],
         "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",

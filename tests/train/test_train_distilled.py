@@ -78,7 +78,11 @@ def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, capsys)
     assert summary["steps"] == 4 and summary["final_eval"]["eval/predictions"] > 0
     head = load_heads(tmp_path / "run" / "final", load_target(str(tiny_llama)))
     assert head.kind == "eagle3" and head.draft_vocab_size == 64
-    assert "(10 conversations)" in (tmp_path / "run" / "final" / "README.md").read_text()
+    card = (tmp_path / "run" / "final" / "README.md").read_text()
+    assert "(10 conversations)" in card
+    # how to rebuild it, and the prompts by file name (not a path on the machine that distilled)
+    assert f"command: headstart train --recipe {recipe} data.mode={mode} loss.ttt_steps=2" in card
+    assert "\n- prompt sources: prompts.jsonl\n" in card
 
 
 def test_distilled_data_from_another_target_is_refused(distilled, tiny_root, tmp_path, capsys):
