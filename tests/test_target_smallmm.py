@@ -173,7 +173,7 @@ def test_calibration_is_measured_once_per_machine_and_overridable(monkeypatch, t
     monkeypatch.delenv("HEADSTART_SMALLMM_ROWS")
     rows = smallmm.calibrated_rows(kernel, record)
     assert rows in (0, *smallmm.ROW_BUCKETS)
-    assert json.loads(record.read_text()) == {str(torch.get_num_threads()): rows}
+    assert json.loads(record.read_text()) == {"version": 2, "rows": {str(torch.get_num_threads()): rows}}
 
     def no_measuring(_kernel):
         raise AssertionError("measured again")
@@ -182,6 +182,19 @@ def test_calibration_is_measured_once_per_machine_and_overridable(monkeypatch, t
     assert smallmm.calibrated_rows(kernel, record) == rows  # read back, not measured
     monkeypatch.setenv("HEADSTART_SMALLMM_ROWS", "8")
     assert smallmm.calibrated_rows(kernel, record) == 8
+
+
+@needs_kernel
+def test_a_first_format_record_is_measured_again(monkeypatch, tmp_path):
+    """Records of the first calibration (one loss under a busy machine could write 0 rows, which
+    turned the kernel off for good) are not trusted: they are measured again and rewritten."""
+    kernel, record = small_matmul(), tmp_path / "k.rows.json"
+    monkeypatch.delenv("HEADSTART_SMALLMM_ROWS")
+    threads = str(torch.get_num_threads())
+    record.write_text(json.dumps({threads: 0}))
+    monkeypatch.setattr(smallmm, "_measure_rows", lambda _kernel: 8)
+    assert smallmm.calibrated_rows(kernel, record) == 8
+    assert json.loads(record.read_text()) == {"version": 2, "rows": {threads: 8}}
 
 
 @needs_kernel
