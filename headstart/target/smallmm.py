@@ -241,10 +241,9 @@ def calibrated_rows(kernel: SmallMatmul, record: Path) -> int:
     draft lm_head) at torch's current thread count; a bucket counts as won when the kernel's best
     time is within 10% of the alternative's, and the range stops at the first bucket lost twice (a
     contiguous 1..R keeps a verify's rows and sequential decoding's on one path). The two sides
-    are timed interleaved, so a busy machine slows both alike: a record of 0 rows written by the
-    first calibration (sides timed one after the other, and one loss enough) under another job
-    turned the kernel off for good and cost the shipped heads their whole CPU speed-up, so
-    records without `version` RECORD_VERSION are measured again."""
+    are timed alternately, so a busy machine slows both alike. Records older than RECORD_VERSION
+    are measured again: the first calibration timed one side after the other and stopped at one
+    loss, and a 0 it stored under another job had turned the kernel off for good."""
     override = os.environ.get("HEADSTART_SMALLMM_ROWS")
     if override:
         return max(0, min(MAX_ROWS, int(override)))
@@ -301,7 +300,7 @@ def _measure_rows(kernel: SmallMatmul) -> int:
                 alternative = functools.partial(torch.ops.mkl._mkl_linear, xp, pack, weight, None, pad)
             else:
                 alternative = functools.partial(torch.nn.functional.linear, x, weight)
-            times = best_pair(lambda x=x, w=weight: kernel.linear(x, w), alternative)
+            times = best_pair(functools.partial(kernel.linear, x, weight), alternative)
             mine, other = mine + times[0], other + times[1]
         return mine <= 1.1 * other
 
