@@ -9,45 +9,68 @@
  * no gain from a second thread). This kernel streams each weight row once, keeps all rows'
  * accumulators in vector registers and prefetches the rows ahead.
  *
- * Written with GCC/Clang vector extensions (16 floats per vector) so the compiler lowers it to
- * AVX-512, AVX2 or NEON for the machine it is built on: no intrinsics, no per-ISA code.
+ * Written with GCC/Clang vector extensions so the compiler lowers it to AVX-512, AVX2 or NEON for
+ * the machine it is built on: no intrinsics. Only the vector width and the accumulator block
+ * depend on the ISA, because the block must fit the register file: AVX-512 (32 registers of 16
+ * floats) takes 8 x-rows x 2 w-rows; AVX2 (16 registers of 8 floats) at most 4 x 2. A 16-float
+ * type on AVX2 is two registers per vector: the 8 x 2 block then spilled to the stack and the
+ * kernel ran 2-4x slower than MKL (measured on an AVX2 EPYC, see smallmm.py).
  *
- * Exactness: every output element is the same chain of fused multiply-adds over k in steps of 16
- * lanes, a fixed lane sum, then the scalar tail, whatever the row count, the block it falls in
- * and the thread count. So rows computed together equal rows computed one at a time bit for bit
- * (a tree verify's matmuls equal sequential decoding's).
+ * Exactness: every output element is the same chain of fused multiply-adds over k in steps of
+ * LANES lanes, a fixed lane sum, then the scalar tail, whatever the row count, the block it falls
+ * in and the thread count. So rows computed together equal rows computed one at a time bit for
+ * bit (a tree verify's matmuls equal sequential decoding's) on any one build.
  */
 #include <stddef.h>
+#if defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
-typedef float vf __attribute__((vector_size(64), aligned(4))); /* 16 floats, unaligned access */
-
+#if defined(__AVX512F__)
 #define LANES 16
+#define WIDE_BLOCKS 1 /* 8 x 2 and 4 x 4 accumulators: 16 of 32 registers */
+#else
+#define LANES 8
+#define WIDE_BLOCKS 0 /* 4 x 2 accumulators + 2 weight vectors + 1 x vector: 11 of 16 */
+#endif
+
+/* may_alias and aligned(4): a plain dereference is an unaligned vector load of floats. (A
+ * memcpy into a local vector, as before, went through the stack on GCC 12 for znver3.) */
+typedef float vf __attribute__((vector_size(LANES * 4), aligned(4), may_alias));
+
 /* Prefetch the weight rows two 4-row blocks ahead into L2 (locality 2: prefetcht1 on x86).
  * Measured, all of SmolLM2's matmuls at 1 thread on AMD EPYC: no prefetch or prefetch into L1
  * (locality 3) 38-40 ms for 1 row, 52 for 8; into L2 28 and 34. At 2 threads: 18 and 19 ms. */
 #define AHEAD 8
 #define LOCALITY 2
 
-static inline vf load(const float *p) {
-    vf v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
+static inline vf load(const float *p) { return *(const vf *)p; }
+
+/* acc + x * w as one fused multiply-add, explicitly: -ffp-contract=fast alone left GCC 12 free
+ * to fuse in some kernels and not in others (k_1_1's loop became a vmulps/vaddps reduction on
+ * znver3), which broke the bit-equality between row counts that the tree verify relies on. */
+static inline vf madd(vf acc, vf x, vf w) {
+#if LANES == 16 && defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
+#elif LANES == 8 && defined(__FMA__)
+    return (vf)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
+#else /* no FMA unit (or not x86): the compiler's contraction; tests/test_target_smallmm.py checks */
+    return acc + x * w;
+#endif
 }
 
-/* A halving tree (lane i + lane i+8, then +4, +2, +1), which compilers vectorize, rather than 15
- * dependent scalar adds: ~5% off the 8-32-row matmuls (16 sums per 8x2 block). Plain C on
- * purpose: __builtin_shufflevector needs GCC >= 12. */
+/* A halving tree (lane i + lane i+LANES/2, ...), which compilers vectorize, rather than LANES-1
+ * dependent scalar adds: ~5% off the 8-32-row matmuls. */
 static inline float lane_sum(vf v) {
     float t[LANES];
-    __builtin_memcpy(t, &v, sizeof t);
-    for (int i = 0; i < 8; i++) t[i] += t[i + 8];
-    for (int i = 0; i < 4; i++) t[i] += t[i + 4];
-    for (int i = 0; i < 2; i++) t[i] += t[i + 2];
-    return t[0] + t[1];
+    for (int i = 0; i < LANES; i++) t[i] = v[i];
+    for (int h = LANES / 2; h >= 1; h /= 2)
+        for (int i = 0; i < h; i++) t[i] += t[i + h];
+    return t[0];
 }
 
 /* MB rows of x times R rows of w; MB and R are constants so the MB x R accumulators stay in
- * registers (8 x 2 = 16 of AVX-512's 32). */
+ * registers (see WIDE_BLOCKS). */
 #define KERNEL(MB, R)                                                                              \
     static inline void k_##MB##_##R(const float *x, long ldx, const float *w, long K, float *y,    \
                                     long ldy) {                                                    \
@@ -63,19 +86,23 @@ static inline float lane_sum(vf v) {
             }                                                                                      \
             _Pragma("GCC unroll 8") for (int m = 0; m < MB; m++) {                                 \
                 vf xv = load(x + m * ldx + k);                                                     \
-                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[m][r] += xv * wv[r];       \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[m][r] = madd(acc[m][r], xv, wv[r]);\
             }                                                                                      \
         }                                                                                          \
         for (int m = 0; m < MB; m++)                                                               \
             for (int r = 0; r < R; r++) {                                                          \
                 float s = lane_sum(acc[m][r]);                                                     \
-                for (long t = k; t < K; t++) s += x[m * ldx + t] * w[r * K + t];                   \
+                for (long t = k; t < K; t++) s = __builtin_fmaf(x[m * ldx + t], w[r * K + t], s);              \
                 y[m * ldy + r] = s;                                                                \
             }                                                                                      \
     }
 
+#if WIDE_BLOCKS
 KERNEL(8, 2)
 KERNEL(4, 4)
+#else
+KERNEL(4, 2)
+#endif
 KERNEL(2, 4)
 KERNEL(1, 4)
 KERNEL(8, 1)
@@ -86,11 +113,18 @@ KERNEL(1, 1)
 /* All M rows of x against 4 consecutive rows of w. */
 static void block4(const float *x, long ldx, const float *w, long K, float *y, long ldy, long M) {
     long m = 0;
+#if WIDE_BLOCKS
     for (; m + 8 <= M; m += 8) {
         k_8_2(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
         k_8_2(x + m * ldx, ldx, w + 2 * K, K, y + m * ldy + 2, ldy);
     }
     for (; m + 4 <= M; m += 4) k_4_4(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+#else /* the second pass over the 4 weight rows (9 KB for K = 576) reads them from L1 */
+    for (; m + 4 <= M; m += 4) {
+        k_4_2(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
+        k_4_2(x + m * ldx, ldx, w + 2 * K, K, y + m * ldy + 2, ldy);
+    }
+#endif
     for (; m + 2 <= M; m += 2) k_2_4(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
     for (; m < M; m++) k_1_4(x + m * ldx, ldx, w, K, y + m * ldy, ldy);
 }
