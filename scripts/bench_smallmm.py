@@ -7,7 +7,8 @@ time of all the target's linear layers for one forward (every decoder layer's pr
 the lm_head, fp32): through `headstart/target/smallmm.c` and through `F.linear` (MKL). Kernel and
 MKL are timed interleaved, best of `--repeats`, so a noisy host moves both alike: compare the two
 columns of one run. The kernel's calibration (which row counts decoding gives it) is not used
-here: every row count is measured.
+here: every row count is measured. MKL here is plain `F.linear`; past packing.MIN_ROWS rows the
+decoder's alternative is MKL's packed gemm instead, which is what the calibration times against.
 """
 
 from __future__ import annotations

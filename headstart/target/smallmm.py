@@ -22,14 +22,21 @@ ctypes (~2 us per call, ~0.5 ms per SmolLM2 forward). No compiler, a failed buil
 `HEADSTART_SMALLMM=0`: `small_matmul()` returns None and callers keep PyTorch's matmul (one
 warning says why).
 
-Where the kernel wins depends on the CPU: the table above is an AVX-512 machine, where the
-8 x 2 accumulator block fits the 32 vector registers. On an AVX2-only CPU (16 registers of 8
-floats) the same block spills, and the kernel is slower than MKL from ~4 rows on (measured on the
-same project's AVX2 EPYC, 2 threads, a 49152 x 576 lm_head: 7 vs 10 ms for 1 row, 41 vs 22 for 8,
-163 vs 31 for 32). So on first use `calibrated_rows` times the kernel against the path packing.py
-would take otherwise, per row bucket, and keeps the kernel for the row counts where it is not
-slower (a contiguous range 1..R, cached per machine beside the library; `HEADSTART_SMALLMM_ROWS=R`
-overrides). Decoders then take the kernel up to R rows and MKL's packs past it.
+The table above is an AVX-512 machine. On AVX2 (16 registers of 8 floats) the C file builds
+8-float vectors and 4 x 2 blocks instead (the 16-float 8 x 2 block spilled to the stack there and
+ran 2-4x slower than MKL). The same project's AVX2 EPYC (znver3), all of SmolLM2's matmuls,
+`scripts/bench_smallmm.py`, one run:
+
+    rows                          1      2      4      8     16     32     64
+    MKL F.linear, 1 thread       56    100    119    140    191    282    430 ms
+    this kernel,  1 thread       47     51     60     97    195    364    636 ms
+    MKL F.linear, 2 threads      58    100    102     91    100    125    178 ms
+    this kernel,  2 threads      33     33     32     46     80    120    309 ms
+
+Where the kernel wins still depends on the CPU, so on first use `calibrated_rows` times the kernel
+against the path packing.py would take otherwise, per row bucket, and keeps the kernel for the row
+counts where it is not slower (a contiguous range 1..R, cached per machine beside the library;
+`HEADSTART_SMALLMM_ROWS=R` overrides). Decoders then take the kernel up to R rows and MKL's packs past it.
 
 Exactness: each output element is the same chain of fused multiply-adds whatever the row count
 (up to `MAX_ROWS`) and the thread count, so a tree verify's matmuls equal sequential decoding's
