@@ -247,9 +247,15 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
         "metrics": {k: v for k, v in summary["final_eval"].items() if isinstance(v, float)},
     }
     if cfg.init_from:  # the model card says what the run continued from
-        earlier = HeadConfig.read(cfg.init_from).training
+        earlier = HeadConfig.read(cfg.init_from)
+        relayout = (
+            ", fc layout: warm start by headstart.heads.relayout"
+            if earlier.layout != head.config.layout
+            else ""
+        )
         head.config.training["init_from"] = (
-            f"{cfg.init_from} ({earlier.get('steps', '?')} steps on {earlier.get('data', 'unrecorded data')})"
+            f"{cfg.init_from} ({earlier.training.get('steps', '?')} steps on "
+            f"{earlier.training.get('data', 'unrecorded data')}{relayout})"
         )
     final = head.save_pretrained(out / "final")
     if cfg.lora.enabled:  # Medusa-2: the adapted target goes with its heads

@@ -8,6 +8,7 @@ before any forward pass.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,7 +156,10 @@ def initial_head(p: Plan) -> Any:
             "point init_from at a directory written by headstart train (output_dir/final)",
         )
     wanted, found = head_config(p.cfg.head, p.target), HeadConfig.read(path)
-    free = ("draft_vocab_size",) if wanted.kind == "medusa" else ()
+    free: tuple[str, ...] = ("draft_vocab_size",) if wanted.kind == "medusa" else ()
+    relayout = wanted.kind == found.kind == "eagle3" and (wanted.layout, found.layout) == ("reference", "fc")
+    if relayout:  # a warm start from the older layout (headstart.heads.relayout)
+        free = ("layout", "input_norms")
     diff = [f"{k}: recipe {getattr(wanted, k)!r}, heads {getattr(found, k)!r}" for k in SHAPE_FIELDS
             if k not in free and list_or(getattr(wanted, k)) != list_or(getattr(found, k))]  # fmt: skip
     if diff:
@@ -164,6 +168,8 @@ def initial_head(p: Plan) -> Any:
             "set head.* in the recipe to the saved heads' shape, or start without init_from",
         )
     saved = load_heads(path, p.target)  # checks the target fingerprint, binds
+    if relayout:
+        return reference_from_fc_run(p, saved.to(dtype=torch.float32))
     if wanted.draft_vocab_size == found.draft_vocab_size:
         return saved.to(dtype=p.target.dtype)
     # Medusa with a new draft vocabulary: the saved weights in a head built with the recipe's
@@ -173,6 +179,21 @@ def initial_head(p: Plan) -> Any:
     assert not unexpected and set(missing) <= set(VOCAB_MAPS), (missing, unexpected)
     head.config.training = dict(saved.config.training)
     return head
+
+
+def reference_from_fc_run(p: Plan, fc_head: Any) -> Any:
+    """A reference-layout head warm-started from fc-layout heads, its scales measured on
+    the first training conversations (cost: 8 target forwards)."""
+    from headstart.heads.relayout import calibrate, reference_from_fc, sample_for_calibration
+
+    conversations = [torch.tensor(p.data.input_ids[j][: p.cfg.data.max_length]) for j in p.train_idx[:8]]
+    with torch.no_grad():
+        scales = calibrate(fc_head, *sample_for_calibration(fc_head, p.target, conversations))
+    head = reference_from_fc(fc_head, fresh_head(p).float(), scales)
+    logging.getLogger("headstart.train").info(
+        "warm start from the fc layout at %s: %s", p.cfg.init_from, scales
+    )
+    return head.to(dtype=p.target.dtype)
 
 
 def list_or(value: Any) -> Any:

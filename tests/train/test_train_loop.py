@@ -126,6 +126,26 @@ def test_init_from_continues_from_saved_heads(target, tmp_path):
     assert "init_from" in (tmp_path / "b" / "final" / "README.md").read_text()
 
 
+def test_init_from_fc_layout_warm_starts_a_reference_head(target, tmp_path):
+    """init_from an fc-layout EAGLE-3 head into a reference-layout recipe: the warm start
+    (headstart.heads.relayout) keeps the draft vocabulary and starts well below a fresh head's
+    loss; the model card says where it came from."""
+    data = self_distilled(target, count=20)
+    eagle3 = KINDS["eagle3"]
+    fc = train(_cfg(target.spec, tmp_path / "fc", *eagle3, "head.layout=fc", "trackers=[none]"),
+               data=data, target=target)  # fmt: skip
+    short = ["trackers=[none]", "max_steps=3", "log_every=1", "eval_every=3", "optim.lr=0"]
+    fresh = train(_cfg(target.spec, tmp_path / "fresh", *eagle3, *short), data=data, target=target)
+    warm = train(_cfg(target.spec, tmp_path / "warm", *eagle3, *short, f"init_from={fc['final']}"),
+                 data=data, target=target)  # fmt: skip
+    mean_loss = lambda s: sum(h["loss"] for h in s["history"] if h["kind"] == "train") / 3  # noqa: E731
+    assert mean_loss(warm) < 0.95 * mean_loss(fresh), (mean_loss(fresh), mean_loss(warm))  # same batches
+    heads = load_heads(warm["final"], target)
+    assert heads.config.layout == "reference"
+    assert torch.equal(heads.d2t, load_heads(fc["final"], target).d2t)
+    assert "warm start by headstart.heads.relayout" in (tmp_path / "warm" / "final" / "README.md").read_text()
+
+
 def test_init_from_must_match_the_recipe_head(target, tmp_path):
     from headstart.errors import HeadstartError
 
