@@ -32,10 +32,9 @@ class DataConfig:
     the longest of a random batch wastes ~40% of a step on distilled chat data). 0 = plain shuffle."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.path, str):
-            self.path = [self.path]
-        if isinstance(self.eval_path, str):
-            self.eval_path = [self.eval_path]
+        # A YAML `null` (or an override `data.eval_path=null`) means none, like an empty list.
+        self.path = [self.path] if isinstance(self.path, str) else list(self.path or [])
+        self.eval_path = [self.eval_path] if isinstance(self.eval_path, str) else list(self.eval_path or [])
         if self.holdout is None:
             self.holdout = 0.0 if self.eval_path else 0.05
         if self.group_by_length < 0:

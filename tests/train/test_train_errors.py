@@ -84,6 +84,17 @@ def test_recipe_errors(tmp_path):
         load_config(TrainConfig, None, ["trackers=[mlflow]"])
 
 
+def test_null_data_paths_mean_none():
+    """`data.eval_path=null` (a recipe's eval set dropped on the command line) is no eval set,
+    not a crash when the data is loaded; a null data.path still fails as empty."""
+    cfg = load_config(TrainConfig, None, ["data.path=[a, b]", "data.eval_path=null"])
+    assert cfg.data.path == ["a", "b"] and cfg.data.eval_path == [] and cfg.data.holdout == 0.05
+    from headstart.train.data import load_distilled_data
+
+    with pytest.raises(HeadstartError, match="data.path is empty"):
+        load_distilled_data(load_config(TrainConfig, None, ["data.path=null"]).data)
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("optim:\n  learning_rate: 0.1\n")
