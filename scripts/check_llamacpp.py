@@ -94,7 +94,9 @@ def plain_llama_speed(args: argparse.Namespace) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--export", required=True, help="an `eagle` or `speculators` export directory")
     parser.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with build/bin")
     parser.add_argument("--gguf", required=True, help="the target as GGUF, for llama.cpp")
@@ -117,12 +119,18 @@ def main() -> None:
         draft = Path(tmp) / "eagle3.gguf"
         convert(args, Path(target.model.name_or_path), draft)
         sides = {"llama.cpp": llama_side(args, draft, prompts), "headstart": headstart_side(args, questions)}
-    print(f"{len(questions)} prompts, {args.max_new_tokens} new tokens, greedy, chain of {args.k}, {args.threads} threads")
+    print(
+        f"{len(questions)} prompts, {args.max_new_tokens} new tokens, greedy, chain of {args.k}, {args.threads} threads"
+    )
     print("| decoder | drafted | accepted | accept rate | tokens/s |\n|---|---:|---:|---:|---:|")
     for name, t in sides.items():
         rate = t["accepted"] / max(t["drafted"], 1)
-        print(f"| {name} + head | {t['drafted']} | {t['accepted']} | {rate:.3f} | {t['tokens'] / t['seconds']:.1f} |")
-    print(f"| llama.cpp alone (llama-bench tg{args.max_new_tokens}) | - | - | - | {plain_llama_speed(args):.1f} |")
+        print(
+            f"| {name} + head | {t['drafted']} | {t['accepted']} | {rate:.3f} | {t['tokens'] / t['seconds']:.1f} |"
+        )
+    print(
+        f"| llama.cpp alone (llama-bench tg{args.max_new_tokens}) | - | - | - | {plain_llama_speed(args):.1f} |"
+    )
 
 
 if __name__ == "__main__":
