@@ -40,6 +40,8 @@ def main() -> int:
     parser.add_argument("--max-prompt-tokens", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--dtype", default="float32", help="the target's dtype in both runs")
     parser.add_argument(
         "--generate-batch", type=int, default=0,
         help="also time generate at this batch size on all --num prompts (the distill engine before continuous batching)",
@@ -53,7 +55,7 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     runs, records = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         plan = [("headstart", "headstart", args.batch_size, args.num)]
@@ -64,7 +66,7 @@ def main() -> int:
             cfg = DistillConfig(
                 out=str(Path(tmp) / name), target=args.target, prompts=args.prompts, num=num, max_turns=1,
                 max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
-                engine=engine, batch_size=batch,
+                engine=engine, batch_size=batch, device=args.device, dtype=args.dtype,
             )  # fmt: skip
             runs[name] = run_distill(cfg, target=target, quiet=False)
             records[name] = {r["index"]: r["input_ids"] for r in load_distilled(cfg.out)}
@@ -74,6 +76,8 @@ def main() -> int:
     result = {
         "target": args.target,
         "threads": torch.get_num_threads(),
+        "device": str(target.device),
+        "dtype": str(target.dtype),
         "max_new_tokens": args.max_new_tokens,
         **{name: {k: run[k] for k in keys} for name, run in runs.items()},
         "ratio": round(fast["generated_tokens_per_s"] / base["generated_tokens_per_s"], 2),
