@@ -32,7 +32,10 @@ distill() {
 }
 
 train() {
-  local size records steps
+  # DEADLINE (epoch seconds, optional): fewer steps when EPOCHS would not end before it, at the
+  # seconds per step of the run before (the first run is never shortened); results.json says how
+  # many steps each size got
+  local size records steps last=""
   for size in "$@"; do
     records=$(python3 -c "
 import sys
@@ -40,11 +43,19 @@ from headstart.distill import load_distilled
 n = sum(len(load_distilled(p)) for p in sys.argv[2:])
 print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" runs/scaling/sg runs/scaling/sgv3 runs/scaling/gsm8k runs/scaling/datafree)
     steps=$(( (records * EPOCHS + 31) / 32 ))
-    echo "== size $size: $records conversations, $EPOCHS epochs, $steps steps"
+    if [[ -n "${DEADLINE:-}" && -n "$last" ]]; then
+      steps=$(python3 -c "
+import json, sys, time
+r = json.load(open(sys.argv[1]))
+fit = int((float(sys.argv[3]) - time.time() - 60) / (r['wall_s'] / r['steps']))
+print(min(int(sys.argv[2]), max(50, fit)))" "$last" "$steps" "$DEADLINE")
+    fi
+    echo "== size $size: $records conversations, $steps steps ($EPOCHS epochs = $(( (records * EPOCHS + 31) / 32 )))"
     headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml data.max_records="$size" \
-      max_steps="$steps" eval_every="$(( steps / 3 > 0 ? steps / 3 : 1 ))" output_dir="runs/scaling/eagle3-$records"
+      max_steps="$steps" eval_every="$(( steps / 3 > 0 ? steps / 3 : 1 ))" output_dir="runs/scaling/eagle3-$records" ${TRAIN_ARGS:-}
     mkdir -p "$OUT"
-    cp "runs/scaling/eagle3-$records/results.json" "$OUT/results-$records.json"
+    last="runs/scaling/eagle3-$records/results.json"
+    cp "$last" "$OUT/results-$records.json"
   done
 }
 
