@@ -106,9 +106,12 @@ def sample_for_calibration(
 
     fused, embeds = [], []
     embed = target.model.get_input_embeddings()
+    here = next(head.parameters()).device  # the fc head stays where it was loaded (CPU), the target may be on CUDA
     for ids in conversations:
+        ids = ids.to(target.device)
         feats = capture(target.model, ids[None], layers=head.feature_layers, logits_to_keep=1)
-        g = head.fuse(feats.last_hidden, feats.layers)[0, :-1]  # (T-1, H)
+        layers = {i: x.to(here) for i, x in feats.layers.items()}
+        g = head.fuse(feats.last_hidden.to(here), layers)[0, :-1]  # (T-1, H)
         fused.append(g.float())
-        embeds.append(embed(ids[1:]).float())
+        embeds.append(embed(ids[1:]).float().to(here))
     return torch.cat(fused), torch.cat(embeds)

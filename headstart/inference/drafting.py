@@ -150,13 +150,12 @@ def draft_dynamic(
     def add(
         start: int, new_tokens: torch.Tensor, new_parents: torch.Tensor, new_scores: torch.Tensor, d: int
     ) -> torch.Tensor:
-        ids = torch.arange(start, start + new_tokens.shape[1], device=device).expand(batch, -1)
-        tokens[:, ids[0]], parent[:, ids[0]], score[:, ids[0]], level[:, ids[0]] = (
-            new_tokens,
-            new_parents,
-            new_scores,
-            d,
-        )
+        end = start + new_tokens.shape[1]
+        ids = torch.arange(start, end, device=device).expand(batch, -1)
+        # slices, not ids[0]: advanced-index assignment of the scalar d copies it to the device
+        # from pageable memory, a host sync per depth on CUDA (tests/inference/test_host_syncs.py)
+        tokens[:, start:end], parent[:, start:end], score[:, start:end] = new_tokens, new_parents, new_scores
+        level[:, start:end] = d
         visible[rows, ids] |= visible[rows, new_parents]  # ancestors of the parent, plus self (eye)
         return ids
 

@@ -15,6 +15,7 @@ class Prompts:
     ids: torch.Tensor  # (B, T) left-padded
     valid: torch.Tensor  # (B, T) bool, False on padding
     unpadded: bool = False  # every row has the same length (known on the host: no device read)
+    host_ids: torch.Tensor | None = None  # the same (B, T) on the CPU: the output needs no device read
 
     @property
     def batch(self) -> int:
@@ -27,7 +28,8 @@ class Prompts:
         tail = torch.full((self.batch, longest), pad_id, dtype=torch.long)
         for b, row in enumerate(new):
             tail[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-        return torch.cat([self.ids.cpu(), tail], dim=1)
+        head = self.host_ids if self.host_ids is not None else self.ids.cpu()  # cost: a sync on CUDA
+        return torch.cat([head, tail], dim=1)
 
 
 def _rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]]:
@@ -75,4 +77,4 @@ def prepare_prompts(
     for b, row in enumerate(rows):
         ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         valid[b, width - len(row) :] = True
-    return Prompts(ids.to(device), valid.to(device), unpadded=all(len(r) == width for r in rows))
+    return Prompts(ids.to(device), valid.to(device), all(len(r) == width for r in rows), host_ids=ids)
