@@ -106,9 +106,8 @@ def sample_for_calibration(
 
     fused, embeds = [], []
     embed = target.model.get_input_embeddings()
-    here = next(
-        head.parameters()
-    ).device  # the fc head stays where it was loaded (CPU), the target may be on CUDA
+    # the fc head stays where it was loaded (CPU); the target may be on CUDA
+    here = next(head.parameters()).device
     for ids in conversations:
         ids = ids.to(target.device)
         feats = capture(target.model, ids[None], layers=head.feature_layers, logits_to_keep=1)
