@@ -225,7 +225,7 @@ class SpeculativeDecoder:
         emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
         drafter = make_drafter(self.heads, self.target.vocab_size, self._tree_depth())
         if streamer is not None:
-            streamer.put(prompts.ids[0, prompts.valid[0]].cpu())
+            streamer.put(prompts.host_ids[0, prompts.host_valid[0]])
         if isinstance(self.tree, TreeBuffers):  # the tree's device buffers, built once, off the loop
             static_plan(self.tree, device)
         start = time.perf_counter()
@@ -235,7 +235,7 @@ class SpeculativeDecoder:
         done = self._take(state, first, [1] * len(first), rule, emitted, streamer)
         # the lookup branch matches on the host: the prompt's tokens, read once
         prompt_rows = (
-            [row[m].tolist() for row, m in zip(prompts.ids.cpu(), prompts.valid.cpu(), strict=True)]
+            [row[m].tolist() for row, m in zip(prompts.host_ids, prompts.host_valid, strict=True)]
             if self.lookup
             else []
         )

@@ -12,10 +12,11 @@ from headstart.errors import HeadstartError
 
 @dataclass
 class Prompts:
-    ids: torch.Tensor  # (B, T) left-padded
+    ids: torch.Tensor  # (B, T) left-padded, on the target's device
     valid: torch.Tensor  # (B, T) bool, False on padding
+    host_ids: torch.Tensor  # the same two on the CPU: what the host needs (lookup, streamer, the
+    host_valid: torch.Tensor  # output) never reads them back from the device
     unpadded: bool = False  # every row has the same length (known on the host: no device read)
-    host_ids: torch.Tensor | None = None  # the same (B, T) on the CPU: the output needs no device read
 
     @property
     def batch(self) -> int:
@@ -28,8 +29,7 @@ class Prompts:
         tail = torch.full((self.batch, longest), pad_id, dtype=torch.long)
         for b, row in enumerate(new):
             tail[b, : len(row)] = torch.tensor(row, dtype=torch.long)
-        head = self.host_ids if self.host_ids is not None else self.ids.cpu()  # cost: a sync on CUDA
-        return torch.cat([head, tail], dim=1)
+        return torch.cat([self.host_ids, tail], dim=1)
 
 
 def _rows(input_ids: Any, attention_mask: torch.Tensor | None) -> list[list[int]]:
@@ -77,4 +77,5 @@ def prepare_prompts(
     for b, row in enumerate(rows):
         ids[b, width - len(row) :] = torch.tensor(row, dtype=torch.long)
         valid[b, width - len(row) :] = True
-    return Prompts(ids.to(device), valid.to(device), all(len(r) == width for r in rows), host_ids=ids)
+    unpadded = all(len(r) == width for r in rows)
+    return Prompts(ids.to(device), valid.to(device), ids, valid, unpadded)
