@@ -25,7 +25,11 @@ class DataConfig:
     """Held-out share of `path` for metrics: a fraction (< 1) or a number of conversations (>= 1);
     default 0.05 without eval_path, 0 with it."""
     max_records: int = 0
-    """Use only the first N conversations of `path` (0 = all)."""
+    """Use only N conversations of `path` (0 = all); `max_records_from` says which."""
+    max_records_from: Literal["first", "each"] = "first"
+    """first: the first N of `path` joined in order; each: the same share of every directory (the
+    first N * len(dir) / total of each), so sizes keep the mix of sources and nest (a data-scaling
+    curve)."""
     group_by_length: int = 64
     """Batch conversations of similar length: each epoch's shuffled order is cut into groups of
     this many batches, sorted by length inside a group, and the batches shuffled again (padding to
@@ -48,6 +52,15 @@ class DataConfig:
             )
         if self.holdout < 0:
             raise HeadstartError("data.holdout must be >= 0", "set data.holdout=0.05")
+        if self.max_records < 0:
+            raise HeadstartError(
+                f"data.max_records must be >= 0, got {self.max_records}", "set data.max_records=0 (all)"
+            )
+        if self.max_records_from not in ("first", "each"):
+            raise HeadstartError(
+                f"data.max_records_from must be first or each, got {self.max_records_from!r}",
+                "set data.max_records_from=first",
+            )
 
 
 @dataclass

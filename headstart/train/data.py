@@ -53,11 +53,9 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
             "no training data: data.path is empty", "set data.path=DIR (a `headstart distill` output)"
         )
     parts = [_load_one(path, cfg.mode) for path in cfg.path]
-    if cfg.max_records:  # only the first N training conversations: cut the parts, keep the order
-        left = cfg.max_records
-        for part in parts:
-            part.input_ids, part.loss_mask = part.input_ids[:left], part.loss_mask[:left]
-            left -= len(part)
+    if cfg.max_records:
+        for part, keep in zip(parts, _record_counts([len(p) for p in parts], cfg), strict=True):
+            part.input_ids, part.loss_mask = part.input_ids[:keep], part.loss_mask[:keep]
     eval_parts = [_load_one(path, cfg.mode) for path in cfg.eval_path]
     everything = parts + eval_parts
     first = parts[0]
@@ -89,6 +87,25 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
         eval_from=sum(len(part) for part in parts) if eval_parts else None,
         sources=list(dict.fromkeys(source for part in parts for source in part.sources)),
     )
+
+
+def _record_counts(sizes: list[int], cfg: DataConfig) -> list[int]:
+    """How many conversations data.max_records keeps of each directory (in order)."""
+    want = min(cfg.max_records, sum(sizes))
+    if cfg.max_records_from == "first":
+        counts, left = [], want
+        for size in sizes:
+            counts.append(min(size, left))
+            left -= counts[-1]
+        return counts
+    # each: floor of every share, then the remainder to the largest fractions (sums to `want`)
+    total = sum(sizes)
+    exact = [want * size / total for size in sizes]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(sizes)), key=lambda i: exact[i] - counts[i], reverse=True)
+    for i in order[: want - sum(counts)]:
+        counts[i] += 1
+    return counts
 
 
 def _load_one(path: str, mode: str) -> TrainData:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import resource
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,28 @@ def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last
     )
 
 
+@contextlib.contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler's preemption, `timeout`, `kill`) ends training the way Ctrl-C does: the
+    steps done are saved as a checkpoint for --resume. Also SIGINT where a shell started us in the
+    background, which leaves it ignored (Python then installs no handler of its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers can only be set from the main thread
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for sig in before:
+            signal.signal(sig, interrupt)
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def train(
     cfg: TrainConfig,
     data: TrainData | None = None,
@@ -70,7 +96,8 @@ def train(
     created = not out.exists()
     lock = lock_dir(out, "headstart train") if os.environ.get("RANK", "0") == "0" else None
     try:
-        return _train(cfg, data, resume, target, tqdm, command)
+        with stop_signals_interrupt():
+            return _train(cfg, data, resume, target, tqdm, command)
     finally:
         if lock is not None:
             lock.close()

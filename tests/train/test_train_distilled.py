@@ -161,3 +161,31 @@ def test_stdout_holds_only_the_summary_whatever_libraries_print(
     captured = capsys.readouterr()
     assert json.loads(captured.out)["steps"] == 4
     assert "a library notice" in captured.err
+
+
+def test_max_records_from_each_keeps_the_mix_of_sources_and_nests():
+    from headstart.train.config import DataConfig
+    from headstart.train.data import _record_counts
+
+    sizes = [2400, 647, 7473, 20000]
+    for n in (4000, 12000):
+        counts = _record_counts(sizes, DataConfig(path=["x"], max_records=n, max_records_from="each"))
+        assert sum(counts) == n and all(abs(c - n * s / sum(sizes)) < 1 for c, s in zip(counts, sizes))
+    small = _record_counts(sizes, DataConfig(path=["x"], max_records=4000, max_records_from="each"))
+    large = _record_counts(sizes, DataConfig(path=["x"], max_records=12000, max_records_from="each"))
+    assert all(a <= b for a, b in zip(small, large))  # a smaller size is a subset of a larger one
+    assert _record_counts(sizes, DataConfig(path=["x"], max_records=3000)) == [2400, 600, 0, 0]
+    assert _record_counts(sizes, DataConfig(path=["x"], max_records=10**6, max_records_from="each")) == sizes
+
+
+def test_max_records_from_each_on_joined_directories(distilled, tiny_llama):
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+    from headstart.train.data import load_distilled_data
+
+    cfg = load_config(TrainConfig, None, [f"target={tiny_llama}", f"data.path=[{distilled},{distilled}]",
+                                          "data.max_records=6", "data.max_records_from=each"])  # fmt: skip
+    data = load_distilled_data(cfg.data)
+    assert len(data) == 6 and data.input_ids[:3] == data.input_ids[3:]  # 3 of each, the first 3
+    with pytest.raises(Exception, match="max_records_from"):
+        load_config(TrainConfig, None, [f"data.path={distilled}", "data.max_records_from=random"])
