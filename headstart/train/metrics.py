@@ -4,6 +4,7 @@ acceptance length, accelerate trackers and the results file. Sums stay on device
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import torch
 
 from headstart.io import atomic_write_text
 from headstart.train.losses import acceptance_length
+
+log = logging.getLogger(__name__)
 
 
 def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -89,8 +92,18 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
         result[f"eval/top1/{label}{j + offset}"] = acc1
         result[f"eval/top{cfg.topk}/{label}{j + offset}"] = acck
     result["eval/accept_len_est"] = acceptance_length(top1)
+    if accelerator.is_main_process:  # as it comes: a run cut short still says how far it got
+        log.info(eval_line(result, top1))
     accelerator.log({k: v for k, v in result.items() if k not in ("kind", "step")}, step=step)
     return result
+
+
+def eval_line(result: dict[str, Any], top1: list[float]) -> str:
+    """One line for the log: `eval step 500: accept_len_est 1.69, top-1 0.43/0.36, loss 9.10`."""
+    return (
+        f"eval step {result['step']}: accept_len_est {result['eval/accept_len_est']:.3f}, "
+        f"top-1 {'/'.join(f'{a:.3f}' for a in top1)}, loss {result['eval/loss']:.4f}"
+    )
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

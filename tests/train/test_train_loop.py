@@ -54,8 +54,9 @@ def target(tiny_llama):
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
-def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_path):
+def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_path, caplog):
     data = self_distilled(target, count=20)
+    caplog.set_level("INFO", logger="headstart")
     summary = train(
         _cfg(target.spec, tmp_path, *KINDS[kind], "trackers=[tensorboard]"), data=data, target=target
     )
@@ -66,6 +67,9 @@ def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_p
     top1 = [v for k, v in final.items() if k.startswith("eval/top1/")]
     assert len(top1) == {"medusa": 2, "eagle": 2, "eagle3": 3}[kind] and all(0 <= v <= 1 for v in top1)
     assert final["eval/accept_len_est"] >= 1.0 and final["eval/predictions"] > 0
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval step")]
+    assert [m.split(":")[0] for m in said] == ["eval step 15", "eval step 30"]  # as they came
+    assert f"accept_len_est {final['eval/accept_len_est']:.3f}" in said[-1]
     assert summary["tokens"] == 30 * 4 * 32 and summary["tokens_per_s"] > 0 and summary["peak_rss_mb"] > 0
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [
         "step-00000020"
