@@ -1,7 +1,8 @@
 """The data-scaling report of EAGLE-3 heads: held-out top-1 per TTT step and the estimated accept
 length of each training run, against its data size and steps. Reads the runs' results.json
 (what `headstart train` writes), writes NAME.json (the numbers), NAME.md (a table) and NAME.png.
-A run continued from another (init_from) is given as PATH@STEPS, STEPS being the steps before it.
+A run continued from another (init_from) is given as PATH@STEPS, STEPS being the steps before it;
+NAME=PATH names a run (default: its output_dir's name).
 
     .venv/bin/python scripts/plot_scaling.py --output docs/scaling/smollm2-eagle3-gpu \\
         runs/scaling/eagle3-4000/results.json runs/scaling/eagle3-5351/results.json \\
@@ -18,7 +19,8 @@ from pathlib import Path
 
 
 def summary(arg: str, batch_size: int) -> dict:
-    path, _, before = arg.partition("@")
+    name, _, rest = arg.rpartition("=") if "=" in arg.split("@")[0] else ("", "", arg)
+    path, _, before = rest.partition("@")
     r = json.loads(Path(path).read_text())
     final = r["final_eval"]
     steps = sorted(int(k.rsplit("step", 1)[1]) for k in final if k.startswith("eval/top1/step"))
@@ -29,7 +31,7 @@ def summary(arg: str, batch_size: int) -> dict:
     conversations = min(conversations, int(cap.group(1))) if cap and int(cap.group(1)) else conversations
     out_dir = re.search(r"output_dir=(\S+)", r["command"])
     return {
-        "run": Path(out_dir.group(1)).name if out_dir else Path(path).parent.name,
+        "run": name or (Path(out_dir.group(1)).name if out_dir else Path(path).parent.name),
         "conversations": conversations,
         "steps": r["steps"] + int(before or 0),
         "epochs": round((r["steps"] + int(before or 0)) * batch_size / conversations, 1),
