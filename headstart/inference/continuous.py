@@ -9,10 +9,11 @@ whose S columns are shared storage, not positions:
 
 * every row has its own position ids (RoPE is applied before the cache, so a column's key already
   carries its position) and its own `valid` mask over the columns (B, S);
-* a newcomer is prefilled alone (its prompt is many rows already, so batching prefills buys little
-  and padding would waste compute), then its P entries are written into the last P columns of a
-  free slot (dead columns of the row it replaces are masked out); the cache grows on the left
-  only when P > S;
+* newcomers are prefilled in groups of similar length (`prefill_tokens` padded tokens a forward),
+  then each one's P entries are written into the last P columns of a free slot (dead columns of
+  the row it replaces are masked out); the cache grows on the left only when P > S;
+* the prefix a group's prompts share (a chat template's system turn) runs once, batch 1, and its
+  entries are copied to every row: the prefill runs only the rest (`min_shared_prefix=0`: off);
 * the cache grows by one column per step; when dead columns (finished rows' leftovers, prompts
   shorter than their slot) pass a quarter of the width, every row's live columns are gathered
   right-aligned into a narrower cache (cost: one copy of the cache, rare).
@@ -26,7 +27,7 @@ One host read per step (the new tokens, to check stops).
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,7 @@ class EngineStats:
     decode_s: float = 0.0
     compactions: int = 0
     row_steps: int = 0  # live rows summed over decode steps (mean batch = row_steps / decode_steps)
+    prefix_reused: int = 0  # prompt tokens copied from a shared prefix's cache instead of run per row
 
     def as_dict(self) -> dict[str, Any]:
         wall = self.prefill_s + self.decode_s
@@ -75,6 +77,7 @@ class EngineStats:
             "replies": self.replies,
             "new_tokens": self.new_tokens,
             "prompt_tokens": self.prompt_tokens,
+            "prefix_reused": self.prefix_reused,
             "decode_steps": self.decode_steps,
             "mean_batch": round(self.row_steps / self.decode_steps, 2) if self.decode_steps else 0.0,
             "prefill_s": round(self.prefill_s, 2),
@@ -109,6 +112,7 @@ class ContinuousBatcher:
         compact_slack: float = 0.25,
         compact_min: int = 32,
         prefill_tokens: int = 2048,
+        min_shared_prefix: int = 8,
     ) -> None:
         from headstart.target.packing import PackedLinears
 
@@ -125,6 +129,9 @@ class ContinuousBatcher:
         self.stops = frozenset(target.eos_token_ids)
         self.stats = EngineStats()
         self.packer = PackedLinears.for_model(target.model)  # CPU fp32: the small-row kernel
+        self.min_shared_prefix = min_shared_prefix  # 0 = never share (every prompt runs whole)
+        self._prefix_ids: list[int] | None = None  # the shared prefix last run, and its cache
+        self._prefix_cache: Any = None
 
     # ---- the loop -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -253,28 +260,63 @@ class ContinuousBatcher:
         valid: torch.Tensor,
         logits: torch.Tensor | None,
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """One target forward over `group`'s prompts, left-padded (the caller orders prompts by
-        length, so padding stays small); each row's entries then go into a free slot."""
+        """Prefill `group` into `free` slots: the rows opening with a shared prefix in one forward
+        that starts after it, the others (if any, first) in one of their own."""
+        prefix = self._pick_prefix(group)
+        n = len(prefix)
+        inside = [r for r in group if n and len(r.prompt) > n and r.prompt[:n] == prefix]
+        outside = [r for r in group if not (n and len(r.prompt) > n and r.prompt[:n] == prefix)]
+        if outside and inside:  # free slots in order: the appended ones must stay contiguous
+            cache, valid, logits = self._prefill_rows(outside, free, 0, slots, cache, valid, logits)
+            free = free[len(outside) :]
+        return self._prefill_rows(inside or outside, free, n if inside else 0, slots, cache, valid, logits)
+
+    def _prefill_rows(
+        self,
+        group: list[Request],
+        free: list[int],
+        shared: int,
+        slots: list[_Slot | None],
+        cache: Any,
+        valid: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """One target forward over `group`'s prompts after their first `shared` tokens (the kept
+        prefix's), left-padded (the caller orders prompts by length, so padding stays small); each
+        row's entries then go into a free slot."""
         device = self.target.device
-        width = max(len(r.prompt) for r in group)
+        own = self._prefix_rows(shared, len(group))  # the shared prefix's entries, one per row
+        tails = [r.prompt[shared:] for r in group]
+        width = max(len(t) for t in tails)
         ids = torch.zeros(len(group), width, dtype=torch.long, device=device)
         mine = torch.zeros(len(group), width, dtype=torch.bool, device=device)
-        for row, request in enumerate(group):
-            ids[row, width - len(request.prompt) :] = torch.tensor(request.prompt, device=device)
-            mine[row, width - len(request.prompt) :] = True
+        for row, tail in enumerate(tails):
+            ids[row, width - len(tail) :] = torch.tensor(tail, device=device)
+            mine[row, width - len(tail) :] = True
         causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
         sees = (causal[None] & mine[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
-        mask = tree_attention_mask(mine[:, :0], sees, self.target.dtype)  # (G, 1, P, P)
-        positions = (mine.long().cumsum(1) - 1).clamp_min(0)
-        own = new_cache(self.target.model)
+        before = torch.ones(len(group), shared, dtype=torch.bool, device=device)  # the prefix: all seen
+        mask = tree_attention_mask(before, sees, self.target.dtype)  # (G, 1, W, shared + W)
+        positions = shared + (mine.long().cumsum(1) - 1).clamp_min(0)
         # Plain gemm: a prefill has many rows, and packing weights for a one-off row count would
         # copy them all (538 MB for SmolLM2), more than the matmul costs.
         feats = forward(self.target.model, ids, attention_mask=mask, position_ids=positions,
                         past_key_values=own, logits_to_keep=1)  # fmt: skip
+        width = max(len(r.prompt) for r in group)
         if cache is None:  # the first wave: an empty cache of the same layers, filled slot by slot
             cache = new_cache(self.target.model)
             for layer, src in zip(cache.layers, own.layers, strict=True):
                 layer.lazy_initialization(src.keys, src.values)
+        # Grow the cache and the logits ONCE for the whole group: growing them row by row as slots
+        # are appended copied the whole cache per newcomer (quadratic in the batch; a third of a
+        # 128-row CPU prefill went to zero-fills and copies).
+        rows = max(len(slots), max(free[: len(group)]) + 1)
+        cache, valid = _grow(cache, valid, own, rows, width)
+        if logits is None or logits.shape[0] < rows:
+            grown = feats.logits.new_zeros(rows, feats.logits.shape[-1])
+            if logits is not None:
+                grown[: logits.shape[0]] = logits
+            logits = grown
         for row, (request, slot_id) in enumerate(zip(group, free, strict=False)):
             generator = None
             if not request.sampling.greedy:
@@ -285,17 +327,61 @@ class ContinuousBatcher:
                 slots.append(slot)
             else:
                 slots[slot_id] = slot
-            cache, valid = _place(cache, valid, own, row, slot_id, len(request.prompt), len(slots))
-            vocab = feats.logits.shape[-1]
-            if logits is None or logits.shape[0] < len(slots):
-                grown = feats.logits.new_zeros(len(slots), vocab)
-                if logits is not None:
-                    grown[: logits.shape[0]] = logits
-                logits = grown
+            cache, valid = _place(cache, valid, own, row, slot_id, len(request.prompt), len(slots), shared)
             logits[slot_id] = feats.logits[row, -1]
             self.stats.prompt_tokens += len(request.prompt)
+            self.stats.prefix_reused += shared
         assert logits is not None
         return cache, valid, logits
+
+    def _pick_prefix(self, group: list[Request]) -> list[int]:
+        """The prefix most of `group`'s prompts open with (at least `min_shared_prefix` tokens,
+        shared by two rows or already run), run now if it is new; [] for none.
+
+        Chat prompts start with the same template text (SmolLM2: a 22-token system turn, ~28% of
+        a ShareGPT first turn), and a prefill's cost is its tokens: the prefix runs once and is
+        kept for later groups while they share it. Its entries come from a batch-1 forward rather
+        than each row's own, so they may differ in the last float bits (as batching does)."""
+        m = self.min_shared_prefix
+        heads = Counter(tuple(r.prompt[:m]) for r in group if m and len(r.prompt) > m)
+        if not heads:
+            return []
+        head, count = heads.most_common(1)[0]
+        members = [r.prompt for r in group if len(r.prompt) > m and tuple(r.prompt[:m]) == head]
+        kept = self._prefix_ids
+        if kept and all(len(p) > len(kept) and p[: len(kept)] == kept for p in members):
+            return kept
+        if count < 2:
+            return []
+        shared = min(_common_prefix(members), min(len(p) for p in members) - 1)
+        self._prefix_ids = list(members[0][:shared])
+        self._prefix_cache = self._run_prefix(self._prefix_ids)
+        return self._prefix_ids
+
+    def _prefix_rows(self, shared: int, rows: int) -> Any:
+        """A fresh cache holding the kept prefix's first `shared` entries once per row."""
+        own = new_cache(self.target.model)
+        if not shared:
+            return own
+        for layer, src in zip(own.layers, self._prefix_cache.layers, strict=True):
+            if getattr(src, "keys", None) is None:
+                continue
+            layer.lazy_initialization(src.keys, src.values)
+            # a view with stride 0 over the rows: the forward's append makes the real copy
+            layer.keys = src.keys[:, :, :shared].expand(rows, -1, -1, -1)
+            layer.values = src.values[:, :, :shared].expand(rows, -1, -1, -1)
+        return own
+
+    def _run_prefix(self, ids: list[int]) -> Any:
+        """The target's cache after `ids` alone (batch 1, causal)."""
+        device = self.target.device
+        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril()
+        mask = tree_attention_mask(causal[:1, :0], causal, self.target.dtype)  # (1, 1, n, n)
+        cache = new_cache(self.target.model)
+        forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
+                position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
+                logits_to_keep=1)  # fmt: skip
+        return cache
 
     def _maybe_compact(self, cache: Any, valid: torch.Tensor, need: int) -> tuple[Any, torch.Tensor]:
         """`need`: the most entries a live row holds (its position: one entry per token fed)."""
@@ -311,31 +397,59 @@ def _layers(cache: Any) -> list[Any]:
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
 
 
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens all `prompts` share."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for p in prompts[1:]:
+        n = next((i for i in range(n) if p[i] != first[i]), n)
+    return n
+
+
 def _place(
-    cache: Any, valid: torch.Tensor, own: Any, row: int, slot: int, length: int, batch: int
+    cache: Any,
+    valid: torch.Tensor,
+    own: Any,
+    row: int,
+    slot: int,
+    length: int,
+    batch: int,
+    shared: int = 0,
 ) -> tuple[Any, torch.Tensor]:
-    """Write row `row`'s last `length` entries of `own` (a prefill's cache) into row `slot` of
-    `cache`, right-aligned; grow `cache` to `batch` rows and `length` columns if needed."""
-    rows, width = valid.shape
-    new_rows, new_width = max(rows, batch), max(width, length)
-    if (new_rows, new_width) != (rows, width):  # cost: one copy of the cache into a larger one
-        for layer, src in zip(_layers(cache), _layers(own), strict=True):
-            for name in ("keys", "values"):
-                old = getattr(layer, name)
-                ref = getattr(src, name)
-                grown = ref.new_zeros(new_rows, ref.shape[1], new_width, ref.shape[3])
-                if old is not None and old.numel():
-                    grown[:rows, :, new_width - width :] = old
-                setattr(layer, name, grown)
-        grown_valid = valid.new_zeros(new_rows, new_width)
-        grown_valid[:rows, new_width - width :] = valid
-        valid = grown_valid
+    """Write row `row`'s `length` entries of `own` (a prefill's cache: its first `shared` columns,
+    the prompts' shared prefix, then the row's left-padded rest) into row `slot` of `cache`,
+    right-aligned; grow `cache` to `batch` rows and `length` columns if needed."""
+    cache, valid = _grow(cache, valid, own, batch, length)
+    new_width = valid.shape[1]
+    tail = length - shared
     for layer, mine in zip(_layers(cache), _layers(own), strict=True):
-        layer.keys[slot, :, new_width - length :] = mine.keys[row, :, -length:]
-        layer.values[slot, :, new_width - length :] = mine.values[row, :, -length:]
+        for name in ("keys", "values"):
+            into, src = getattr(layer, name), getattr(mine, name)
+            if shared:
+                into[slot, :, new_width - length : new_width - tail] = src[row, :, :shared]
+            into[slot, :, new_width - tail :] = src[row, :, -tail:]
     valid[slot] = False
     valid[slot, new_width - length :] = True
     return cache, valid
+
+
+def _grow(cache: Any, valid: torch.Tensor, own: Any, batch: int, length: int) -> tuple[Any, torch.Tensor]:
+    """At least `batch` rows and `length` columns (new columns on the left, new rows dead)."""
+    rows, width = valid.shape
+    new_rows, new_width = max(rows, batch), max(width, length)
+    if (new_rows, new_width) == (rows, width):
+        return cache, valid
+    for layer, src in zip(_layers(cache), _layers(own), strict=True):  # cost: one copy of the cache
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            ref = getattr(src, name)
+            grown = ref.new_zeros(new_rows, ref.shape[1], new_width, ref.shape[3])
+            if old is not None and old.numel():
+                grown[:rows, :, new_width - width :] = old
+            setattr(layer, name, grown)
+    grown_valid = valid.new_zeros(new_rows, new_width)
+    grown_valid[:rows, new_width - width :] = valid
+    return cache, grown_valid
 
 
 def _compact(cache: Any, valid: torch.Tensor, width: int) -> tuple[Any, torch.Tensor]:

@@ -148,3 +148,24 @@ def test_sliding_window_targets_batch_exactly(tiny_root, family):
     replies, _ = _run(windowed, requests, max_batch=3, admit_every=2, prefill_tokens=60)
     for r in requests:
         assert replies[r.key].token_ids == _generate(windowed, r.prompt, 30)[0], (family, r.key)
+
+
+@pytest.mark.parametrize("max_batch, admit_every", [(16, 4), (3, 1)])
+def test_a_shared_prefix_runs_once_and_replies_stay_exact(target, max_batch, admit_every):
+    """Prompts opening with the same system text: the prefix runs once (batch 1), its entries are
+    copied to every row, and each reply still equals `generate` on that prompt alone; a prompt
+    without the prefix in the stream is run whole."""
+    system = "You are a careful assistant. Answer in one short paragraph. "
+    texts = [system + t for t in TEXTS] + ["no system text here"]
+    greedy = [SamplingConfig(max_new_tokens=n) for n in (5, 30, 17)]
+    requests = [
+        Request(key=i, prompt=target.chat.user_prompt_ids(t), sampling=greedy[i % 3])
+        for i, t in enumerate(texts)
+    ]
+    replies, stats = _run(target, requests, max_batch=max_batch, admit_every=admit_every)
+    for r in requests:
+        assert replies[r.key].token_ids == _generate(target, r.prompt, r.sampling.max_new_tokens)[0], r.key
+    assert stats.prefix_reused >= len(TEXTS) * len(system)  # byte-level: a token per character
+    off, off_stats = _run(target, requests, max_batch=max_batch, admit_every=admit_every, min_shared_prefix=0)
+    assert off_stats.prefix_reused == 0
+    assert {k: r.token_ids for k, r in off.items()} == {k: r.token_ids for k, r in replies.items()}
