@@ -170,10 +170,12 @@ def test_max_records_from_each_keeps_the_mix_of_sources_and_nests():
     sizes = [2400, 647, 7473, 20000]
     for n in (4000, 12000):
         counts = _record_counts(sizes, DataConfig(path=["x"], max_records=n, max_records_from="each"))
-        assert sum(counts) == n and all(abs(c - n * s / sum(sizes)) < 1 for c, s in zip(counts, sizes))
+        assert sum(counts) == n and all(
+            abs(c - n * s / sum(sizes)) < 1 for c, s in zip(counts, sizes, strict=True)
+        )
     small = _record_counts(sizes, DataConfig(path=["x"], max_records=4000, max_records_from="each"))
     large = _record_counts(sizes, DataConfig(path=["x"], max_records=12000, max_records_from="each"))
-    assert all(a <= b for a, b in zip(small, large))  # a smaller size is a subset of a larger one
+    assert all(a <= b for a, b in zip(small, large, strict=True))  # a smaller size nests in a larger one
     assert _record_counts(sizes, DataConfig(path=["x"], max_records=3000)) == [2400, 600, 0, 0]
     assert _record_counts(sizes, DataConfig(path=["x"], max_records=10**6, max_records_from="each")) == sizes
 
