@@ -264,8 +264,9 @@ class ContinuousBatcher:
         that starts after it, the others (if any, first) in one of their own."""
         prefix = self._pick_prefix(group)
         n = len(prefix)
-        inside = [r for r in group if n and len(r.prompt) > n and r.prompt[:n] == prefix]
-        outside = [r for r in group if not (n and len(r.prompt) > n and r.prompt[:n] == prefix)]
+        opens = [bool(n) and len(r.prompt) > n and r.prompt[:n] == prefix for r in group]
+        inside = [r for r, yes in zip(group, opens, strict=True) if yes]
+        outside = [r for r, yes in zip(group, opens, strict=True) if not yes]
         if outside and inside:  # free slots in order: the appended ones must stay contiguous
             cache, valid, logits = self._prefill_rows(outside, free, 0, slots, cache, valid, logits)
             free = free[len(outside) :]
@@ -302,7 +303,7 @@ class ContinuousBatcher:
         # copy them all (538 MB for SmolLM2), more than the matmul costs.
         feats = forward(self.target.model, ids, attention_mask=mask, position_ids=positions,
                         past_key_values=own, logits_to_keep=1)  # fmt: skip
-        width = max(len(r.prompt) for r in group)
+        longest = max(len(r.prompt) for r in group)
         if cache is None:  # the first wave: an empty cache of the same layers, filled slot by slot
             cache = new_cache(self.target.model)
             for layer, src in zip(cache.layers, own.layers, strict=True):
@@ -311,7 +312,7 @@ class ContinuousBatcher:
         # are appended copied the whole cache per newcomer (quadratic in the batch; a third of a
         # 128-row CPU prefill went to zero-fills and copies).
         rows = max(len(slots), max(free[: len(group)]) + 1)
-        cache, valid = _grow(cache, valid, own, rows, width)
+        cache, valid = _grow(cache, valid, own, rows, longest)
         if logits is None or logits.shape[0] < rows:
             grown = feats.logits.new_zeros(rows, feats.logits.shape[-1])
             if logits is not None:
