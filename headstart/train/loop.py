@@ -57,8 +57,8 @@ def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last
 @contextlib.contextmanager
 def stop_signals_interrupt() -> Iterator[None]:
     """SIGTERM (a scheduler's preemption, `timeout`, `kill`) ends training the way Ctrl-C does: the
-    steps done are saved as a checkpoint for --resume. Also SIGINT where a shell started us in the
-    background, which leaves it ignored (Python then installs no handler of its own)."""
+    steps done are saved as a checkpoint for --resume. (SIGINT is Python's KeyboardInterrupt
+    already, unless a shell started us in the background and left it ignored, on purpose.)"""
     if threading.current_thread() is not threading.main_thread():
         yield  # handlers can only be set from the main thread
         return
@@ -66,14 +66,11 @@ def stop_signals_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    before = signal.signal(signal.SIGTERM, interrupt)
     try:
-        for sig in before:
-            signal.signal(sig, interrupt)
         yield
     finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
+        signal.signal(signal.SIGTERM, before)
 
 
 def train(
