@@ -5,13 +5,13 @@
 # metrics. Meant for a GPU (minutes there; days on a 2-core CPU). Run from the repository root:
 #   scripts/scaling_smollm2.sh distill                   # every source; resumable, rerun after a cut
 #   scripts/scaling_smollm2.sh distill datafree          # some sources only (sgeval sg sgv3 gsm8k datafree)
-#   STEPS=1800 PARALLEL=1 scripts/scaling_smollm2.sh train 4000 12000 0   # one run per size (0 = all)
+#   STEPS=2000 PARALLEL=1 scripts/scaling_smollm2.sh train 4000 12000 0   # one run per size (0 = all)
 # Environment: DATA (the shared data folder, default ../shared/data), DEVICE (default cuda),
-# BATCH (distill rows in flight, default 1024: on an H100 it beat 384 and 2048), GSM8K (GSM8K records, default all 7473), DATAFREE
-# (data-free conversations, default 20000; 0 = none), STEPS (the same optimizer steps for every
-# size: equal compute) or EPOCHS (default 3: equal epochs), PARALLEL=1 (train the sizes at once:
-# one small head leaves most of a GPU idle), OUT (where each run's results.json is copied, default
-# runs/scaling), TRAIN_ARGS (more train overrides).
+# BATCH (distill rows in flight, default 1024: on an H100 it beat 384 and 2048), GSM8K (GSM8K
+# records, default all 7473), DATAFREE (data-free conversations, default 20000; 0 = none), STEPS
+# (the same optimizer steps for every size: equal compute) or EPOCHS (default 3: equal epochs),
+# PARALLEL=1 (train the sizes at once: one small head leaves most of a GPU idle), OUT (where each
+# run's results.json is copied, default runs/scaling), TRAIN_ARGS (more train overrides).
 # Every size takes the same share of each source (data.max_records_from=each), so the sizes nest
 # and keep one mix of chat, math and data-free conversations.
 # The shipped EAGLE-3 heads (recipes/train_smollm2_eagle3_gpu.yaml) came from
