@@ -55,7 +55,7 @@ distill_datafree() {
 }
 
 train() {
-  local size records steps name sources=()
+  local size records steps name sources=() pids=() failed=0
   for name in sg sgv3 gsm8k datafree; do  # the sources distill wrote, in its order
     [[ -f "runs/scaling/$name/distill_meta.json" ]] && sources+=("runs/scaling/$name")
   done
@@ -76,12 +76,14 @@ print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" "${sources[@
          save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" output_dir="runs/scaling/eagle3-$records" ${TRAIN_ARGS:-})
     if [[ "${PARALLEL:-0}" == 1 ]]; then
       ("${run[@]}" > "runs/scaling/eagle3-$records.log" 2>&1 && cp "runs/scaling/eagle3-$records/results.json" "$OUT/results-$records.json") &
+      pids+=($!)
     else
       "${run[@]}"
       cp "runs/scaling/eagle3-$records/results.json" "$OUT/results-$records.json"
     fi
   done
-  wait
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a failed run fails the script (its log says why)
+  return $failed
 }
 
 "$@"
