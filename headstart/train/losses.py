@@ -131,6 +131,17 @@ def eagle1_loss(
     return feature_weight * feature + ce_weight * ce, feature.detach(), ce.detach()
 
 
+def soft_label_index(needed: torch.Tensor) -> torch.Tensor:
+    """(B, T) row of each needed position in the compacted label matrix (row-major), -1 elsewhere.
+
+    EAGLE-3 step j at t learns the target's distribution at s = t+1+j, and it is scored only when
+    x_{t+2+j} = x_{s+1} is a reply token: every step needs the labels at the same positions
+    (needed = ahead(loss_mask, 1)), so they are projected and normalised once, not once per step."""
+    index = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
+    index[needed] = torch.arange(int(needed.sum()), device=needed.device)
+    return index
+
+
 def ttt_loss(
     step_logits: list[torch.Tensor],
     target_draft_logits: torch.Tensor,
@@ -141,10 +152,13 @@ def ttt_loss(
     """EAGLE-3 training-time test: sum_j decay**j * soft CE(step j, z_{t+1+j} over the draft vocab).
     step_logits: per step (B, T, Vd); target_draft_logits (B, T, Vd) = the target's logits at the
     draft vocabulary (softmax over them = the target's distribution restricted and renormalised)."""
+    needed = ahead(loss_mask, 1).bool()
+    index = soft_label_index(needed)
     where = scored(loss_mask, [2 + j for j in range(len(step_logits))])
     return ttt_loss_at(
         [lg[w] for lg, w in zip(step_logits, where, strict=True)],
-        [ahead(target_draft_logits, 1 + j)[w] for j, w in enumerate(where)],
+        target_draft_logits[needed].float().softmax(-1),
+        [ahead(index, 1 + j)[w] for j, w in enumerate(where)],
         decay,
         counts,
     )
@@ -152,16 +166,22 @@ def ttt_loss(
 
 def ttt_loss_at(
     step_logits: list[torch.Tensor],
-    step_targets: list[torch.Tensor],
+    target_probs: torch.Tensor,
+    rows: list[torch.Tensor],
     decay: float,
     counts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ttt_loss` on the scored positions only: step j's draft logits and the target's draft-vocab
-    logits there, (N_j, Vd) each. Training calls this directly (no lm_head at unscored positions)."""
+    """`ttt_loss` on the scored positions only: step j's draft logits there (N_j, Vd), the target's
+    draft-vocabulary distribution at the needed positions (N, Vd) and, per step, the label row of
+    each scored position (N_j,) (`soft_label_index`). Training calls this directly."""
     per_step = torch.stack(
         [
-            mean_at(soft_ce(lg, tg).sum(), tg.shape[0], None if counts is None else counts[j])
-            for j, (lg, tg) in enumerate(zip(step_logits, step_targets, strict=True))
+            mean_at(
+                -(target_probs[r] * lg.float().log_softmax(-1)).sum(),
+                r.shape[0],
+                None if counts is None else counts[j],
+            )
+            for j, (lg, r) in enumerate(zip(step_logits, rows, strict=True))
         ]
     )
     return decayed_sum(per_step, decay), per_step.detach()

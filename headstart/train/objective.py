@@ -50,6 +50,65 @@ def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> 
     return outs
 
 
+def later_positions(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query positions unroll steps 1.. must run at: those some step j >= 1 scores
+    (x_{t+2+j} a reply token). Returns (B, S) positions, the needed ones first in order, then
+    filler, and (B, S) which are needed. Prompts are most of a batch and no later step scores
+    them, while step 0 runs everywhere: its keys are every later query's context."""
+    later = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
+    for j in range(1, steps):
+        later |= ahead(loss_mask, 2 + j).bool()
+    count = later.sum(1)
+    width = max(int(count.max()), 1)  # cost: one host sync per batch
+    order = torch.argsort((~later).to(torch.int8), dim=1, stable=True)[:, :width]
+    valid = torch.arange(width, device=order.device)[None] < count[:, None]
+    return order, valid
+
+
+def unroll_scored(
+    head: Any, h0: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, steps: int
+) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
+    """`unroll` for training: step 0 at every position, steps 1.. only at `later_positions`.
+
+    Returns g_0 (B, T, H), then g_j (B, S, H) at `order` (B, S), and `valid` (B, S). A query at t
+    sees the step-0 keys at positions <= t and its own draft ancestors, as in `unroll`, so g_j
+    at order[b, i] equals unroll's g_j at that position (tests/train/test_train_unroll.py).
+    cost: the draft layer and its attention run on the reply positions only in steps 1.. (about
+    half the tokens of a chat batch), and each step's mask is S x (T + jS), not T x (j+1)T."""
+    batch, length, _ = h0.shape
+    cache = head.new_cache()
+    base = torch.arange(length, device=h0.device).expand(batch, length)
+    first = head(
+        h0,
+        ahead(input_ids, 1),
+        position_ids=base,
+        attention_mask=ttt_mask(0, length, batch, h0.dtype, h0.device),
+        past_key_values=cache,
+    )
+    if steps == 1:
+        return [first], None, None
+    order, valid = later_positions(loss_mask, steps)
+    width = order.shape[1]
+    causal = base[:, None, :] <= order[:, :, None]  # (B, S, T): the true prefix each query sees
+    eye = torch.eye(width, dtype=torch.bool, device=h0.device).expand(batch, width, width)
+    outs = [first]
+    hidden = first.gather(1, order[..., None].expand(-1, -1, first.shape[-1]))
+    for j in range(1, steps):
+        visible = torch.cat([causal] + [eye] * j, dim=-1)  # (B, S, T + jS)
+        mask = torch.zeros(visible.shape, dtype=h0.dtype, device=h0.device).masked_fill_(
+            ~visible, torch.finfo(h0.dtype).min
+        )
+        hidden = head(
+            hidden,
+            ahead(input_ids, 1 + j).gather(1, order),
+            position_ids=order + j,
+            attention_mask=mask[:, None],
+            past_key_values=cache,
+        )
+        outs.append(hidden)
+    return outs, order, valid
+
+
 def shared_counts(mask: torch.Tensor, shifts: list[int]) -> torch.Tensor | None:
     """Per-term token counts averaged over processes, or None in a single process.
 
@@ -180,24 +239,14 @@ class Objective(nn.Module):
             )
             out = {"loss": loss, "parts": torch.stack([feature, ce])}
         else:
-            steps = unroll(head, h0, ids, cfg.ttt_steps)
-            counts = shared_counts(mask, [2 + j for j in range(len(steps))])
+            counts = shared_counts(mask, [2 + j for j in range(cfg.ttt_steps)])
             if evaluate:  # every position: the hit counts need each step's top-k everywhere
+                steps = unroll(head, h0, ids, cfg.ttt_steps)
                 target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
                 step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
                 loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
-            else:  # cost: the draft and target vocabulary projections only where a step is scored
-                where = losses.scored(mask, [2 + j for j in range(len(steps))])
-                vocab = head.draft_ids()
-                loss, per_step = losses.ttt_loss_at(
-                    [head.logits(g[w]) for g, w in zip(steps, where, strict=True)],
-                    [
-                        self.target_logits_at(ahead(feats.last_hidden, 1 + j)[w], vocab)
-                        for j, w in enumerate(where)
-                    ],
-                    cfg.ttt_decay,
-                    counts,
-                )
+            else:
+                loss, per_step = self._ttt_train_loss(h0, feats, ids, mask, counts)
             out = {"loss": loss, "parts": per_step}
         if evaluate:
             if head.kind == "eagle":
@@ -207,3 +256,22 @@ class Objective(nn.Module):
             ]
             out["hits"] = losses.draft_hits(tops, feats.logits.argmax(-1), mask)
         return out
+
+    def _ttt_train_loss(
+        self, h0: torch.Tensor, feats: Features, ids: torch.Tensor, mask: torch.Tensor, counts: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The EAGLE-3 training loss. cost: the draft lm_head runs only where a step is scored, and
+        the target's draft-vocabulary labels are projected once, at the positions they are needed."""
+        head, cfg = self.head, self.cfg.loss
+        outs, order, valid = unroll_scored(head, h0, ids, mask, cfg.ttt_steps)
+        needed = ahead(mask, 1).bool()
+        index = losses.soft_label_index(needed)
+        probs = self.target_logits_at(feats.last_hidden[needed], head.draft_ids()).float().softmax(-1)
+        logits, rows = [], []
+        for j, g in enumerate(outs):
+            where, row = ahead(mask, 2 + j).bool(), ahead(index, 1 + j)
+            if j:  # steps 1.. ran at `order` only
+                where, row = where.gather(1, order) & valid, row.gather(1, order)
+            logits.append(head.logits(g[where]))
+            rows.append(row[where])
+        return losses.ttt_loss_at(logits, probs, rows, cfg.ttt_decay, counts)

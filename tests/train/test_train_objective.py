@@ -56,6 +56,21 @@ def test_scored_positions_loss_equals_the_dense_loss(target, overrides):
     torch.testing.assert_close(sparse["parts"], dense["parts"], rtol=1e-5, atol=1e-6)
 
 
+def test_eagle3_sparse_unroll_gives_the_dense_gradients(target):
+    """Training runs unroll steps 1.. at reply positions only and projects the labels once; the
+    head's gradients must be those of the dense every-position loss."""
+    objective, batch = _objective(target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=4")
+    objective.eval()
+    grads = []
+    for evaluate in (False, True):
+        objective.zero_grad()
+        objective(batch, evaluate=evaluate)["loss"].backward()
+        grads.append({n: p.grad.clone() for n, p in objective.head.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grad, grads[1][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_offline_features_give_the_online_loss(target):
     objective, batch = _objective(target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=2")
     objective.eval()
