@@ -94,11 +94,17 @@ class LossConfig:
     ttt_decay: float = 0.8
     """EAGLE-3: step j weighs decay**j."""
     eval_steps: int = 5
-    """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses ttt_steps)."""
+    """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses eval_ttt_steps)."""
+    eval_ttt_steps: int = 0
+    """EAGLE-3 metrics: unroll this many steps on held-out data (0 = ttt_steps). Set it to compare
+    heads trained at different depths on the same held-out steps (scripts/ablate_smollm2.sh)."""
 
     def __post_init__(self) -> None:
-        if self.ttt_steps < 1 or self.eval_steps < 1:
-            raise HeadstartError("loss.ttt_steps and loss.eval_steps must be >= 1", "set loss.ttt_steps=7")
+        if self.ttt_steps < 1 or self.eval_steps < 1 or self.eval_ttt_steps < 0:
+            raise HeadstartError(
+                "loss.ttt_steps and loss.eval_steps must be >= 1, loss.eval_ttt_steps >= 0",
+                "set loss.ttt_steps=7 (loss.eval_ttt_steps=0 evaluates as many steps as it trains)",
+            )
 
 
 @dataclass

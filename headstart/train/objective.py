@@ -239,9 +239,10 @@ class Objective(nn.Module):
             )
             out = {"loss": loss, "parts": torch.stack([feature, ce])}
         else:
-            counts = shared_counts(mask, [2 + j for j in range(cfg.ttt_steps)])
+            depth = (cfg.eval_ttt_steps or cfg.ttt_steps) if evaluate else cfg.ttt_steps
+            counts = shared_counts(mask, [2 + j for j in range(depth)])
             if evaluate:  # every position: the hit counts need each step's top-k everywhere
-                steps = unroll(head, h0, ids, cfg.ttt_steps)
+                steps = unroll(head, h0, ids, depth)
                 target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
                 step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
                 loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)

@@ -91,3 +91,19 @@ def test_a_wrong_target_row_changes_the_loss(target):
         objective._rows["weight"] = objective._rows["weight"].flip(0)
         after = objective(batch)["loss"]
     assert abs(before.item() - after.item()) > 1e-3
+
+
+def test_eagle3_eval_depth_is_set_apart_from_the_training_depth(target):
+    """A head trained with one TTT step is still scored at 4 held-out steps (ablations compare
+    depths on the same steps); the first steps' hits do not depend on how deep evaluation goes."""
+    objective, batch = _objective(
+        target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=1", "loss.eval_ttt_steps=4"
+    )
+    objective.eval()
+    with torch.no_grad():
+        train = objective(batch)
+        deep = objective(batch, evaluate=True)
+        objective.cfg.loss.eval_ttt_steps = 0
+        shallow = objective(batch, evaluate=True)
+    assert train["parts"].shape == (1,) and deep["hits"].shape[1] == 4 and shallow["hits"].shape[1] == 1
+    torch.testing.assert_close(deep["hits"][:, :1], shallow["hits"])

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Issue 23's recipe ablations for EAGLE-3 on the embedded SmolLM2: each variant changes one setting
+# of recipes/train_smollm2_eagle3_ablate.yaml (training-time-test depth, per-step loss weights,
+# draft vocabulary size), trains the same steps on the same data, and is scored on the same
+# held-out set at the same depth. Run from the repository root, one run after another:
+#   scripts/ablate_smollm2.sh                       # every variant below
+#   scripts/ablate_smollm2.sh base ttt1 vocab16k    # some of them
+#   python3 scripts/ablation_table.py runs/ablate   # the table (markdown + JSON)
+# Environment: STEPS (default: the recipe's 150), TRAIN_ARGS (more overrides for every run, e.g.
+# data.path=[...] data.mode=online device=cuda batch_size=32 mixed_precision=bf16 on a GPU),
+# OUT (default runs/ablate). A finished variant (OUT/NAME/results.json) is skipped: rerun after a cut.
+# Feature-layer choice is not a variant here: offline features hold the layers distill cached.
+set -euo pipefail
+OUT=${OUT:-runs/ablate}
+declare -A VARIANTS=(
+  [base]=""                                   # EAGLE-3's reference: 4 steps, weights 0.8^j
+  [ttt1]="loss.ttt_steps=1"                   # no training-time test (EAGLE-2-style training)
+  [ttt2]="loss.ttt_steps=2"
+  [ttt7]="loss.ttt_steps=7"                   # the EAGLE-3 release's depth
+  [decay1]="loss.ttt_decay=1.0"               # every step weighs the same
+  [decay0.6]="loss.ttt_decay=0.6"
+  [vocab4k]="head.draft_vocab_size=4096"
+  [vocab16k]="head.draft_vocab_size=16384"
+  [vocab32k]="head.draft_vocab_size=32000"    # the EAGLE-3 release's size (Llama 3: 128k -> 32k)
+)
+ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k)
+mkdir -p "$OUT"
+for name in "${@:-${ORDER[@]}}"; do
+  [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
+  if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
+  rm -rf "${OUT:?}/$name"  # a cut run starts over: its steps would not match the others'
+  echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
+  # shellcheck disable=SC2086  # the overrides are words on purpose
+  headstart train --recipe recipes/train_smollm2_eagle3_ablate.yaml output_dir="$OUT/$name" \
+    ${STEPS:+max_steps=$STEPS eval_every=$STEPS save_every=$STEPS} ${VARIANTS[$name]} ${TRAIN_ARGS:-} \
+    > "$OUT/$name.log" 2>&1 || { echo "$name failed: see $OUT/$name.log" >&2; exit 1; }
+  grep "eval step" "$OUT/$name.log" | tail -1
+done
