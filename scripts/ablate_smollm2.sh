@@ -6,7 +6,7 @@
 #   scripts/ablate_smollm2.sh                       # every variant below
 #   scripts/ablate_smollm2.sh base ttt1 vocab16k    # some of them
 #   python3 scripts/ablation_table.py runs/ablate   # the table (markdown + JSON)
-# Environment: STEPS (default: the recipe's 150), TRAIN_ARGS (more overrides for every run, e.g.
+# Environment: STEPS (default: the recipe's 300, 4 epochs of 600 conversations), TRAIN_ARGS (more overrides for every run, e.g.
 # data.path=[...] data.mode=online device=cuda batch_size=32 mixed_precision=bf16 on a GPU),
 # OUT (default runs/ablate). A finished variant (OUT/NAME/results.json) is skipped: rerun after a cut.
 # Feature-layer choice is not a variant here: offline features hold the layers distill cached.
