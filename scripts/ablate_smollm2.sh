@@ -7,7 +7,7 @@
 #   scripts/ablate_smollm2.sh base ttt1 vocab16k    # some of them
 #   python3 scripts/ablation_table.py runs/ablate   # the table (markdown + JSON)
 # Environment: STEPS (default: the recipe's 300, 4 epochs of 600 conversations), TRAIN_ARGS (more overrides for every run, e.g.
-# data.path=[...] data.mode=online device=cuda batch_size=32 mixed_precision=bf16 on a GPU),
+# data.path=[...] data.mode=online batch_size=32 mixed_precision=bf16 on a GPU),
 # OUT (default runs/ablate). A finished variant (OUT/NAME/results.json) is skipped: rerun after a cut.
 # Feature-layer choice is not a variant here: offline features hold the layers distill cached.
 set -euo pipefail
@@ -34,5 +34,5 @@ for name in "${@:-${ORDER[@]}}"; do
   headstart train --recipe recipes/train_smollm2_eagle3_ablate.yaml output_dir="$OUT/$name" \
     ${STEPS:+max_steps=$STEPS eval_every=$STEPS save_every=$STEPS} ${VARIANTS[$name]} ${TRAIN_ARGS:-} \
     > "$OUT/$name.log" 2>&1 || { echo "$name failed: see $OUT/$name.log" >&2; exit 1; }
-  grep "eval step" "$OUT/$name.log" | tail -1
+  tr "\r" "\n" < "$OUT/$name.log" | grep -o "eval step.*" | tail -1  # progress bars end in \r
 done
