@@ -121,7 +121,11 @@ def _train(
     model = Objective(head, target_model, cfg, trainable_target=lora)
     optimizer, scheduler = make_optimizer(cfg, [q for q in model.parameters() if q.requires_grad])
     lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
-    sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, cfg.batch_size, cfg.data.group_by_length)
+    # Grouped by the batch of all processes together: accelerate hands process r the r-th of each
+    # run of num_processes consecutive batches, so N processes see the conversations one process
+    # with N times the batch would (tests/train/test_train_distributed.py).
+    global_batch = cfg.batch_size * accelerator.num_processes
+    sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, global_batch, cfg.data.group_by_length)
     train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True)
     eval_loader = _loader(p, p.eval_idx, None, cfg.batch_size, drop_last=False) if p.eval_idx else None
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
