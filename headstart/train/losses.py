@@ -41,7 +41,12 @@ def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
     """-sum_v softmax(target) * log_softmax(logits) per position: (B, T, V) x2 -> (B, T)."""
-    return -(target_logits.float().softmax(-1) * logits.float().log_softmax(-1)).sum(-1)
+    return soft_ce_probs(logits, target_logits.float().softmax(-1))
+
+
+def soft_ce_probs(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """`soft_ce` against a distribution already normalised: (..., V) x2 -> (...)."""
+    return -(target_probs * logits.float().log_softmax(-1)).sum(-1)
 
 
 def scored(loss_mask: torch.Tensor, shifts: list[int]) -> list[torch.Tensor]:
@@ -137,9 +142,8 @@ def soft_label_index(needed: torch.Tensor) -> torch.Tensor:
     EAGLE-3 step j at t learns the target's distribution at s = t+1+j, and it is scored only when
     x_{t+2+j} = x_{s+1} is a reply token: every step needs the labels at the same positions
     (needed = ahead(loss_mask, 1)), so they are projected and normalised once, not once per step."""
-    index = torch.full(needed.shape, -1, dtype=torch.long, device=needed.device)
-    index[needed] = torch.arange(int(needed.sum()), device=needed.device)
-    return index
+    flat = needed.flatten()
+    return (flat.cumsum(0) - 1).masked_fill(~flat, -1).view(needed.shape)  # no host sync
 
 
 def ttt_loss(
@@ -177,9 +181,7 @@ def ttt_loss_at(
     per_step = torch.stack(
         [
             mean_at(
-                -(target_probs[r] * lg.float().log_softmax(-1)).sum(),
-                r.shape[0],
-                None if counts is None else counts[j],
+                soft_ce_probs(lg, target_probs[r]).sum(), r.shape[0], None if counts is None else counts[j]
             )
             for j, (lg, r) in enumerate(zip(step_logits, rows, strict=True))
         ]

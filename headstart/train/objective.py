@@ -24,10 +24,14 @@ def ttt_mask(steps_before: int, length: int, batch: int, dtype: torch.dtype, dev
     eye = torch.eye(length, dtype=torch.bool, device=device)
     blocks = [torch.ones(length, length, dtype=torch.bool, device=device).tril()] + [eye] * steps_before
     visible = torch.cat(blocks, dim=-1)  # (T, (j+1)T)
-    mask = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill_(
+    return additive(visible, dtype).expand(batch, 1, *visible.shape)
+
+
+def additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean visibility mask as the additive one attention takes: 0 where seen, min elsewhere."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
         ~visible, torch.finfo(dtype).min
     )
-    return mask.expand(batch, 1, *visible.shape)
 
 
 def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
@@ -95,14 +99,11 @@ def unroll_scored(
     hidden = first.gather(1, order[..., None].expand(-1, -1, first.shape[-1]))
     for j in range(1, steps):
         visible = torch.cat([causal] + [eye] * j, dim=-1)  # (B, S, T + jS)
-        mask = torch.zeros(visible.shape, dtype=h0.dtype, device=h0.device).masked_fill_(
-            ~visible, torch.finfo(h0.dtype).min
-        )
         hidden = head(
             hidden,
             ahead(input_ids, 1 + j).gather(1, order),
             position_ids=order + j,
-            attention_mask=mask[:, None],
+            attention_mask=additive(visible, h0.dtype)[:, None],
             past_key_values=cache,
         )
         outs.append(hidden)
