@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 23's recipe ablations for EAGLE-3 on the embedded SmolLM2: each variant changes one setting
 # of recipes/train_smollm2_eagle3_ablate.yaml (training-time-test depth, per-step loss weights,
-# draft vocabulary size), trains the same steps on the same data, and is scored on the same
+# draft vocabulary size, a frozen draft lm_head), trains the same steps on the same data, and is scored on the same
 # held-out set at the same depth. Run from the repository root, one run after another:
 #   scripts/ablate_smollm2.sh                       # every variant below
 #   scripts/ablate_smollm2.sh base ttt1 vocab16k    # some of them
@@ -22,8 +22,9 @@ declare -A VARIANTS=(
   [vocab4k]="head.draft_vocab_size=4096"
   [vocab16k]="head.draft_vocab_size=16384"
   [vocab32k]="head.draft_vocab_size=32000"    # the EAGLE-3 release's size (Llama 3: 128k -> 32k)
+  [lmfrozen]="optim.freeze=[lm_head]"         # the draft lm_head stays the target's rows (cheaper step)
 )
-ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k)
+ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k lmfrozen)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }

@@ -77,6 +77,10 @@ class OptimConfig:
     """Learning-rate decay after warm-up (to 0 at max_steps for cosine/linear)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm (0 = no clipping)."""
+    freeze: list[str] = field(default_factory=list)
+    """Head parameters that keep their initial values: names or name prefixes of the head's
+    state dict, e.g. [lm_head] keeps EAGLE-3's draft lm_head at the target's rows (and skips its
+    weight gradient, the largest matrix multiply of a step). Empty: everything trains."""
 
 
 @dataclass

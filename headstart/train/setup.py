@@ -126,7 +126,24 @@ def make_head(p: Plan) -> Any:
     head = initial_head(p) if p.cfg.init_from else fresh_head(p)
     if p.cfg.mixed_precision != "no":
         head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
-    return head.train().requires_grad_(True)
+    return freeze(head.train().requires_grad_(True), p.cfg.optim.freeze)
+
+
+def freeze(head: Any, prefixes: list[str]) -> Any:
+    """Stop the head parameters named by `prefixes` (optim.freeze) from training."""
+    names = [name for name, _ in head.named_parameters()]
+    for prefix in prefixes:
+        hit = [n for n in names if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
+        if not hit:
+            top = sorted({n.split(".")[0] for n in names})
+            raise HeadstartError(
+                f"optim.freeze names '{prefix}', which is no parameter of this {head.kind} head",
+                f"use a name or prefix of its parameters: {', '.join(top)}",
+            )
+        for name, param in head.named_parameters():
+            if name in hit:
+                param.requires_grad_(False)
+    return head
 
 
 def fresh_head(p: Plan) -> Any:

@@ -209,3 +209,21 @@ def test_sigterm_while_training_is_a_ctrl_c_and_the_handler_comes_back():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler raises before this ends
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_optim_freeze_keeps_the_named_parameters_at_their_start(target, tmp_path):
+    """optim.freeze=[lm_head]: the EAGLE-3 draft lm_head stays the target's draft-vocabulary rows
+    while the rest of the head trains; a name that is no parameter is refused with the real ones."""
+    from headstart.errors import HeadstartError
+
+    data = self_distilled(target, count=20)
+    cfg = _cfg(target.spec, tmp_path / "a", *KINDS["eagle3"], "trackers=[none]", "optim.freeze=[lm_head]")
+    cfg.max_steps, cfg.eval_every, cfg.save_every = 10, 10, 10
+    head = load_heads(train(cfg, data=data, target=target)["final"], target)
+    rows = target.model.get_output_embeddings().weight[head.draft_ids()]
+    assert torch.equal(head.lm_head.weight, rows.to(head.lm_head.weight.dtype))
+    norm = target.model.get_decoder().norm.weight
+    assert not torch.allclose(head.norm.weight, norm)  # the rest trained
+    bad = _cfg(target.spec, tmp_path / "b", *KINDS["eagle3"], "trackers=[none]", "optim.freeze=[lm_heads]")
+    with pytest.raises(HeadstartError, match="lm_heads.*midlayer"):
+        train(bad, data=data, target=target)
