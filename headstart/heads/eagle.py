@@ -69,14 +69,20 @@ class EagleHead(HeadCheckpoint, nn.Module):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
-    ) -> torch.Tensor:
-        """hidden (B, T, H), next tokens (B, T) -> g (B, T, H); see DraftHead in base.py."""
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
+        """hidden (B, T, H), next tokens (B, T) -> g (B, T, H); see DraftHead in base.py.
+        `keys_only`: only cache the positions' keys and values (DraftLayer.forward), return None."""
         embeds = self.bound("embed")(input_ids).to(hidden.dtype)  # (B, T, H), frozen
         if self.embed_norm is not None and self.hidden_norm is not None:
             embeds, hidden = self.embed_norm(embeds), self.hidden_norm(hidden)
         x = self.fc(torch.cat([embeds, hidden], dim=-1))  # (B, T, H)
         return self.midlayer(
-            x, position_ids=position_ids, attention_mask=attention_mask, past_key_values=past_key_values
+            x,
+            position_ids=position_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            keys_only=keys_only,
         )
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
@@ -165,8 +171,10 @@ class Eagle3Head(Eagle3FcHead):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
-    ) -> torch.Tensor:
-        """hidden (B, T, H) (fused, or the previous step's g), next tokens (B, T) -> g (B, T, H)."""
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
+        """hidden (B, T, H) (fused, or the previous step's g), next tokens (B, T) -> g (B, T, H).
+        `keys_only`: only cache the positions' keys and values (DraftLayer.forward), return None."""
         embed = self.embed_tokens if self.embed_tokens is not None else self.bound("embed")
         embeds = embed(input_ids).to(hidden.dtype)  # (B, T, H), frozen
         return self.midlayer(
@@ -175,4 +183,5 @@ class Eagle3Head(Eagle3FcHead):
             position_ids=position_ids,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
+            keys_only=keys_only,
         )

@@ -150,10 +150,16 @@ class DraftLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Any = None,
         embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        keys_only: bool = False,
+    ) -> torch.Tensor | None:
         """hidden (B, T, H) -> (B, T, H); an `eagle3_input` layer also takes the token embeddings
         `embeds` (B, T, H). Without a mask, attention is causal over the cache and the new tokens;
-        right padding is harmless because no real token attends forward."""
+        right padding is harmless because no real token attends forward.
+
+        `keys_only`: only add the positions' keys and values to `past_key_values` and return None,
+        for positions whose output nobody reads (training's prompt tokens). cost: the attention
+        still runs (its queries are thrown away) but the MLP does not; a layer that is not
+        Llama-style pre-norm (`EAGLE3_PARTS`) runs whole."""
         batch, steps, _ = hidden.shape
         if attention_mask is None:
             cached = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -171,17 +177,22 @@ class DraftLayer(nn.Module):
         if self.eagle3_input:
             if embeds is None:
                 raise HeadstartError("the EAGLE-3 layer needs the token embeddings", "pass embeds=")
-            return self._eagle3_forward(hidden, embeds, call)
+            return self._eagle3_forward(hidden, embeds, call, keys_only)
+        if keys_only and all(hasattr(self.layer, n) for n in EAGLE3_PARTS):
+            self.layer.self_attn(hidden_states=self.layer.input_layernorm(hidden), **call)
+            return None
         out = self.layer(hidden, **call)
-        return out[0] if isinstance(out, tuple) else out
+        return None if keys_only else out[0] if isinstance(out, tuple) else out
 
     def _eagle3_forward(
-        self, hidden: torch.Tensor, embeds: torch.Tensor, call: dict[str, Any]
-    ) -> torch.Tensor:
+        self, hidden: torch.Tensor, embeds: torch.Tensor, call: dict[str, Any], keys_only: bool
+    ) -> torch.Tensor | None:
         """The reference order (norm_before_residual=False): the residual is g before hidden_norm."""
         layer = self.layer
         x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
         attn = layer.self_attn(hidden_states=x, **call)
+        if keys_only:
+            return None
         h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
         mlp = layer.mlp(layer.post_attention_layernorm(h))
         return h + (mlp[0] if isinstance(mlp, tuple) else mlp)  # MoE blocks may add router scores

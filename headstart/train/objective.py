@@ -54,60 +54,66 @@ def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> 
     return outs
 
 
-def later_positions(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query positions unroll steps 1.. must run at: those some step j >= 1 scores
-    (x_{t+2+j} a reply token). Returns (B, S) positions, the needed ones first in order, then
-    filler, and (B, S) which are needed. Prompts are most of a batch and no later step scores
-    them, while step 0 runs everywhere: its keys are every later query's context."""
+def scored_order(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Each row's positions (B, T) ordered by what reads the unroll there: first those some step
+    j >= 1 scores (x_{t+2+j} a reply token), then those only step 0 scores (x_{t+2}), then the
+    rest (prompt, padding), each group in position order. Also the counts (B,) of the first group
+    and of the first two. Prompts are most of a chat batch, and nothing reads the head's output
+    there: only their keys and values (every later query's context)."""
     later = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
     for j in range(1, steps):
         later |= ahead(loss_mask, 2 + j).bool()
-    count = later.sum(1)
-    width = max(int(count.max()), 1)  # cost: one host sync per batch
-    order = torch.argsort((~later).to(torch.int8), dim=1, stable=True)[:, :width]
-    valid = torch.arange(width, device=order.device)[None] < count[:, None]
-    return order, valid
+    first = later | ahead(loss_mask, 2).bool()
+    rank = (~first).to(torch.int8) + (~later).to(torch.int8)  # 0 later, 1 step 0 only, 2 neither
+    return torch.argsort(rank, dim=1, stable=True), [later.sum(1), first.sum(1)]
 
 
 def unroll_scored(
     head: Any, h0: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, steps: int
-) -> tuple[list[torch.Tensor], torch.Tensor | None, torch.Tensor | None]:
-    """`unroll` for training: step 0 at every position, steps 1.. only at `later_positions`.
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """`unroll` for training, run only where a loss reads it (`scored_order`).
 
-    Returns g_0 (B, T, H), then g_j (B, S, H) at `order` (B, S), and `valid` (B, S). A query at t
-    sees the step-0 keys at positions <= t and its own draft ancestors, as in `unroll`, so g_j
-    at order[b, i] equals unroll's g_j at that position (tests/train/test_train_unroll.py).
-    cost: the draft layer and its attention run on the reply positions only in steps 1.. (about
-    half the tokens of a chat batch), and each step's mask is S x (T + jS), not T x (j+1)T."""
+    Returns per step j: g_j (B, S_j, H), its positions (B, S_j) and which of them are real (B, S_j)
+    rather than filler. Step 0 runs whole at the positions some step scores; everywhere else it
+    only caches keys and values. Steps 1.. run at the positions a later step scores. A query at t
+    sees the step-0 keys at positions <= t and its own draft ancestors, as in `unroll`, so g_j at a
+    real position equals unroll's (tests/train/test_train_unroll.py).
+    cost: the draft layer's MLP and attention output run on the reply positions only (about half
+    the tokens of a chat batch); step j's mask is S x (T + jS), not T x (j+1)T. One host sync."""
     batch, length, _ = h0.shape
+    order, counts = scored_order(loss_mask, steps)
+    later, first = (max(int(w), 1) for w in torch.stack(counts).amax(1).tolist())
     cache = head.new_cache()
-    base = torch.arange(length, device=h0.device).expand(batch, length)
-    first = head(
-        h0,
-        ahead(input_ids, 1),
-        position_ids=base,
-        attention_mask=ttt_mask(0, length, batch, h0.dtype, h0.device),
-        past_key_values=cache,
-    )
-    if steps == 1:
-        return [first], None, None
-    order, valid = later_positions(loss_mask, steps)
-    width = order.shape[1]
-    causal = base[:, None, :] <= order[:, :, None]  # (B, S, T): the true prefix each query sees
-    eye = torch.eye(width, dtype=torch.bool, device=h0.device).expand(batch, width, width)
-    outs = [first]
-    hidden = first.gather(1, order[..., None].expand(-1, -1, first.shape[-1]))
-    for j in range(1, steps):
-        visible = torch.cat([causal] + [eye] * j, dim=-1)  # (B, S, T + jS)
-        hidden = head(
-            hidden,
-            ahead(input_ids, 1 + j).gather(1, order),
-            position_ids=order + j,
-            attention_mask=additive(visible, h0.dtype)[:, None],
+    rest = order[:, first:]  # step 0 keys and values only
+    if rest.shape[1]:
+        head(
+            h0.gather(1, rest[..., None].expand(-1, -1, h0.shape[-1])),
+            ahead(input_ids, 1).gather(1, rest),
+            position_ids=rest,
+            attention_mask=additive(rest[:, None, :] <= rest[:, :, None], h0.dtype)[:, None],
             past_key_values=cache,
+            keys_only=True,
         )
-        outs.append(hidden)
-    return outs, order, valid
+    keys = torch.cat([rest, order[:, :first]], dim=1)  # (B, T): positions of the cached step-0 keys
+    positions = [order[:, :first]] + [order[:, :later]] * (steps - 1)
+    outs = []
+    for j, at in enumerate(positions):
+        width = at.shape[1]
+        eye = torch.eye(width, dtype=torch.bool, device=h0.device).expand(batch, width, width)
+        causal = keys[:, None, :] <= at[:, :, None]  # (B, S, T): the true prefix each query sees
+        hidden = h0.gather(1, at[..., None].expand(-1, -1, h0.shape[-1])) if j == 0 else outs[-1][:, :width]
+        outs.append(
+            head(
+                hidden,
+                ahead(input_ids, 1 + j).gather(1, at),
+                position_ids=at + j,
+                attention_mask=additive(torch.cat([causal] + [eye] * j, dim=-1), h0.dtype)[:, None],
+                past_key_values=cache,
+            )
+        )
+    valid = [torch.arange(a.shape[1], device=h0.device)[None] < c[:, None] for a, c in
+             zip(positions, [counts[1]] + [counts[0]] * (steps - 1))]  # fmt: skip
+    return outs, positions, valid
 
 
 def shared_counts(mask: torch.Tensor, shifts: list[int]) -> torch.Tensor | None:
@@ -265,15 +271,13 @@ class Objective(nn.Module):
         """The EAGLE-3 training loss. cost: the draft lm_head runs only where a step is scored, and
         the target's draft-vocabulary labels are projected once, at the positions they are needed."""
         head, cfg = self.head, self.cfg.loss
-        outs, order, valid = unroll_scored(head, h0, ids, mask, cfg.ttt_steps)
+        outs, positions, valid = unroll_scored(head, h0, ids, mask, cfg.ttt_steps)
         needed = ahead(mask, 1).bool()
         index = losses.soft_label_index(needed)
         probs = self.target_logits_at(feats.last_hidden[needed], head.draft_ids()).float().softmax(-1)
         logits, rows = [], []
-        for j, g in enumerate(outs):
-            where, row = ahead(mask, 2 + j).bool(), ahead(index, 1 + j)
-            if j:  # steps 1.. ran at `order` only
-                where, row = where.gather(1, order) & valid, row.gather(1, order)
+        for j, (g, at, real) in enumerate(zip(outs, positions, valid)):
+            where = ahead(mask, 2 + j).bool().gather(1, at) & real
             logits.append(head.logits(g[where]))
-            rows.append(row[where])
+            rows.append(ahead(index, 1 + j).gather(1, at)[where])
         return losses.ttt_loss_at(logits, probs, rows, cfg.ttt_decay, counts)

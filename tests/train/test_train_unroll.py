@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny import FAMILIES, FC_LAYOUT, make_target_dir
 
 from headstart.heads import HeadSpec, build_head
 from headstart.train.losses import ahead
@@ -47,24 +48,46 @@ def test_unroll_step_j_equals_cached_chain_drafting(target, kind):
                 torch.testing.assert_close(outs[j][:, t], g[:, 0], atol=1e-5, rtol=1e-5)
 
 
-def test_sparse_unroll_equals_the_full_unroll_where_later_steps_score(target):
+def sparse_and_full(target, layout):
     torch.manual_seed(1)
-    head = build_head(HeadSpec(kind="eagle3"), target)
+    head = build_head(HeadSpec(kind="eagle3", layout=layout), target)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     length, steps = 12, 4
-    h0, ids = torch.randn(2, length, 64), torch.randint(0, target.vocab_size, (2, length))
+    h0 = torch.randn(2, length, target.hidden_size)
+    ids = torch.randint(0, target.vocab_size, (2, length))
     mask = torch.zeros(2, length, dtype=torch.long)
     mask[0, 6:] = 1  # a reply at the end
     mask[1, 4:8] = 1  # a shorter one in the middle (the rest of the row is prompt or padding)
     with torch.no_grad():
-        full = unroll(head, h0, ids, steps)
-        sparse, order, valid = unroll_scored(head, h0, ids, mask, steps)
-    torch.testing.assert_close(sparse[0], full[0])
-    # step j >= 1 at t scores x_{t+2+j}: t = 1..8 in row 0, t = 0..4 in row 1
-    assert [order[b][valid[b]].tolist() for b in range(2)] == [list(range(1, 9)), list(range(5))]
-    for j in range(1, steps):
+        return unroll(head, h0, ids, steps), *unroll_scored(head, h0, ids, mask, steps)
+
+
+@pytest.mark.parametrize("layout", ["reference", "fc"])
+def test_sparse_unroll_equals_the_full_unroll_where_steps_score(target, layout):
+    full, sparse, positions, valid = sparse_and_full(target, layout)
+    steps = len(full)
+    # step 0 at t scores x_{t+2}, step j >= 1 x_{t+2+j}: later steps run at t = 1..8 in row 0 and
+    # t = 0..4 in row 1, step 0 there and where it alone scores (t = 9; t = 2..5)
+    real = lambda j: [positions[j][b][valid[j][b]].tolist() for b in range(2)]  # noqa: E731
+    assert real(0) == [list(range(1, 10)), list(range(6))]
+    assert all(real(j) == [list(range(1, 9)), list(range(5))] for j in range(1, steps))
+    for j in range(steps):
         for b in range(2):
-            at = order[b][valid[b]]
-            torch.testing.assert_close(sparse[j][b, valid[b]], full[j][b, at], atol=1e-5, rtol=1e-5)
+            at = positions[j][b][valid[j][b]]
+            torch.testing.assert_close(sparse[j][b, valid[j][b]], full[j][b, at], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_sparse_unroll_equals_the_full_unroll_on_every_family(tiny_root, family):
+    """Prompt positions only cache keys and values (the MLP is skipped where the layer is
+    Llama-style pre-norm, the whole layer runs elsewhere): the same outputs on every family."""
+    from headstart.target import load_target
+
+    target = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+    full, sparse, positions, valid = sparse_and_full(target, "fc" if family in FC_LAYOUT else "reference")
+    for j in range(len(full)):
+        for b in range(2):
+            at = positions[j][b][valid[j][b]]
+            torch.testing.assert_close(sparse[j][b, valid[j][b]], full[j][b, at], atol=1e-5, rtol=1e-5)
