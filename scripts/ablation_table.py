@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -19,7 +20,8 @@ def row(results: Path) -> dict:
     r = json.loads(results.read_text())
     final = r["final_eval"]
     depth = sorted(int(k.rsplit("step", 1)[1]) for k in final if k.startswith("eval/top1/step"))
-    recipe_keys = re.findall(r"(?:loss|head)\.[\w.]+=\S+", r["command"])  # the variant's own overrides
+    words = shlex.split(r["command"])  # the variant's own overrides, unquoted
+    recipe_keys = [w for w in words if re.match(r"(?:loss|head|optim)\.[\w.]+=", w)]
     return {
         "variant": results.parent.name,
         "overrides": " ".join(recipe_keys),

@@ -7,7 +7,8 @@
 # Environment: DATA (a distill directory with cached features, default runs/distill-smollm2-sg600;
 # see recipes/train_smollm2_eagle3_ablate.yaml for the command that makes it), STEPS (16),
 # THREADS (1), ROUNDS (2), LAYOUT (fc, default, or reference: the EAGLE-3 layout of both sides;
-# commits before c44e3e0 know fc only).
+# commits before c44e3e0 know fc only), NEW_ARGS (recipe overrides for this checkout's runs only, e.g.
+# "optim.freeze=[lm_head]": what a recipe change buys on top of the code).
 set -euo pipefail
 BASE=${1:?usage: scripts/bench_train.sh BASE_COMMIT}
 DATA=$(realpath "${DATA:-runs/distill-smollm2-sg600}")
@@ -40,9 +41,12 @@ for round in $(seq "${ROUNDS:-2}"); do
       [[ ${LAYOUT:-fc} == fc ]] || { echo "$BASE knows the fc layout only: LAYOUT=fc"; exit 2; }
       layout=()
     fi
+    extra=()
+    # shellcheck disable=SC2206  # the overrides are words on purpose
+    [[ $side == new ]] && extra=(${NEW_ARGS:-})
     rm -rf "$WORK/out"
     (cd "$tree" && OMP_NUM_THREADS=${THREADS:-1} PYTHONPATH=$tree "$HERE/.venv/bin/python" -m headstart train \
-       --recipe "$WORK/recipe.yaml" "${layout[@]}" > "$WORK/$side.log" 2>&1) \
+       --recipe "$WORK/recipe.yaml" "${layout[@]}" "${extra[@]}" > "$WORK/$side.log" 2>&1) \
       || { echo "$side failed:"; tail -5 "$WORK/$side.log"; exit 1; }
     label=$([[ $side == base ]] && echo "base $BASE" || echo "this checkout")
     python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(f'round $round, $label, ${THREADS:-1} thread(s): {d[\"tokens_per_s\"]} train tok/s, {d[\"steps\"]} steps in {d[\"wall_s\"]} s')" "$WORK/out/results.json"
