@@ -10,6 +10,8 @@
 # data.path=[...] data.mode=online batch_size=32 mixed_precision=bf16 on a GPU),
 # OUT (default runs/ablate). A finished variant (OUT/NAME/results.json) is skipped: rerun after a cut.
 # Feature-layer choice is not a variant here: offline features hold the layers distill cached.
+# data1200 needs 600 more conversations (rows 1,392 on of sg_90k, before the held-out rows):
+#   headstart distill --recipe recipes/distill_smollm2_shipped_sg90k_more.yaml num=600 threads=2 out=runs/distill-smollm2-sgmore600
 set -euo pipefail
 OUT=${OUT:-runs/ablate}
 declare -A VARIANTS=(
@@ -23,8 +25,12 @@ declare -A VARIANTS=(
   [vocab16k]="head.draft_vocab_size=16384"
   [vocab32k]="head.draft_vocab_size=32000"    # the EAGLE-3 release's size (Llama 3: 128k -> 32k)
   [lmfrozen]="optim.freeze=[lm_head]"         # the draft lm_head stays the target's rows (cheaper step)
+  # data size at equal steps (a small data-scaling curve; base is 600): the first N conversations
+  [data150]="data.max_records=150"
+  [data300]="data.max_records=300"
+  [data1200]="data.path=[runs/distill-smollm2-sg600,runs/distill-smollm2-sgmore600]"  # + 600 more
 )
-ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k lmfrozen)
+ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k lmfrozen data150 data300 data1200)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }

@@ -21,7 +21,7 @@ def row(results: Path) -> dict:
     final = r["final_eval"]
     depth = sorted(int(k.rsplit("step", 1)[1]) for k in final if k.startswith("eval/top1/step"))
     words = shlex.split(r["command"])  # the variant's own overrides, unquoted
-    recipe_keys = [w for w in words if re.match(r"(?:loss|head|optim)\.[\w.]+=", w)]
+    recipe_keys = [w for w in words if re.match(r"(?:loss|head|optim|data)\.[\w.]+=", w)]
     return {
         "variant": results.parent.name,
         "overrides": " ".join(recipe_keys),

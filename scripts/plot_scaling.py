@@ -52,6 +52,10 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="the runs' batch size (for epochs)")
     parser.add_argument("--output", required=True, help="path prefix of the .json, .md and .png")
     parser.add_argument(
+        "--x", choices=["epochs", "conversations"], default="epochs",
+        help="the right panel's axis: epochs (runs of one data size) or conversations (equal steps, log scale)",
+    )  # fmt: skip
+    parser.add_argument(
         "--title", default="EAGLE-3 on SmolLM2-135M: held-out acceptance against data and steps"
     )
     args = parser.parse_args()
@@ -82,13 +86,18 @@ def main() -> int:
     for r in runs:
         label = f"{r['run']}: {r['conversations']:,} conv, {r['steps']:,} steps"
         left.plot(range(len(r["top1"])), r["top1"], marker="o", label=label)
-        right.plot(r["epochs"], r["accept_len_est"], "o")
-        right.annotate(f" {r['conversations']:,} conv", (r["epochs"], r["accept_len_est"]))
+        at = r[args.x]
+        right.plot(at, r["accept_len_est"], "o")
+        note = f" {r['conversations']:,} conv" if args.x == "epochs" else f" {r['epochs']} ep"
+        right.annotate(note, (at, r["accept_len_est"]))
+    if args.x == "conversations":
+        right.set_xscale("log")
     left.set_xlabel("TTT step (draft depth - 1)")
     left.set_ylabel("held-out top-1")
     left.legend(fontsize=7)
-    right.set_xlabel("epochs over the data")
-    right.set_ylabel("estimated accept length (4 steps)")
+    right.set_xlabel("epochs over the data" if args.x == "epochs" else "training conversations")
+    depth = max(len(r["top1"]) for r in runs)
+    right.set_ylabel(f"estimated accept length ({depth} steps)")
     fig.suptitle(args.title)
     fig.tight_layout()
     fig.savefig(out.with_suffix(".png"), dpi=110)
