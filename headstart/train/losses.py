@@ -11,8 +11,6 @@ Optional `count(s)` arguments replace the local token counts of each term (see m
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 
@@ -47,35 +45,8 @@ def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
 
 
 def soft_ce_probs(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """`soft_ce` against a distribution already normalised: (..., V) x2 -> (...).
-
-    Its gradient is softmax(z) - p when sum_v p = 1 (`FusedSoftCE`).
-    cost: fewer passes over the (N, V) logits of log_softmax, a product and their
-    backward (the draft vocabulary's 8,192 columns make these the costliest non-matmul ops)."""
-    if target_probs.requires_grad:  # the fused backward gives no gradient to the probabilities
-        return -(target_probs * logits.float().log_softmax(-1)).sum(-1)
-    return FusedSoftCE.apply(logits, target_probs)
-
-
-class FusedSoftCE(torch.autograd.Function):
-    """-sum_v p_v log softmax(z)_v for a fixed distribution p (no gradient to p): forward one
-    log_softmax and a batched dot with no (N, V) product; backward exp(log_softmax) - p (the
-    gradient when sum_v p = 1), scaled in place."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-        log_probs = logits.float().log_softmax(-1)
-        ctx.save_for_backward(log_probs, probs)
-        ctx.logits_dtype = logits.dtype
-        with torch.autocast(log_probs.device.type, enabled=False):  # a float32 sum of V terms
-            return -torch.einsum("...v,...v->...", probs.to(log_probs.dtype), log_probs)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        log_probs, probs = ctx.saved_tensors
-        out = log_probs.exp().sub_(probs).mul_(grad[..., None])  # (softmax - p) * grad
-        return out.to(ctx.logits_dtype), None
+    """`soft_ce` against a distribution already normalised: (..., V) x2 -> (...)."""
+    return -(target_probs * logits.float().log_softmax(-1)).sum(-1)
 
 
 def scored(loss_mask: torch.Tensor, shifts: list[int]) -> list[torch.Tensor]:
