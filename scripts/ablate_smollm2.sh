@@ -29,8 +29,12 @@ declare -A VARIANTS=(
   [data150]="data.max_records=150"
   [data300]="data.max_records=300"
   [data1200]="data.path=[runs/distill-smollm2-sg600,runs/distill-smollm2-sgmore600]"  # + 600 more
+  # the same two sources in the same shares at smaller sizes (the 600 more have shorter prompts)
+  [data300mix]="data.path=[runs/distill-smollm2-sg600,runs/distill-smollm2-sgmore600] data.max_records=300 data.max_records_from=each"
+  [data600mix]="data.path=[runs/distill-smollm2-sg600,runs/distill-smollm2-sgmore600] data.max_records=600 data.max_records_from=each"
 )
-ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k lmfrozen data150 data300 data1200)
+ORDER=(base ttt1 decay1 vocab16k ttt7 vocab4k ttt2 decay0.6 vocab32k lmfrozen data150 data300 data1200
+       data300mix data600mix)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
