@@ -112,7 +112,7 @@ def unroll_scored(
             )
         )
     valid = [torch.arange(a.shape[1], device=h0.device)[None] < c[:, None] for a, c in
-             zip(positions, [counts[1]] + [counts[0]] * (steps - 1))]  # fmt: skip
+             zip(positions, [counts[1]] + [counts[0]] * (steps - 1), strict=True)]  # fmt: skip
     return outs, positions, valid
 
 
@@ -276,7 +276,7 @@ class Objective(nn.Module):
         index = losses.soft_label_index(needed)
         probs = self.target_logits_at(feats.last_hidden[needed], head.draft_ids()).float().softmax(-1)
         logits, rows = [], []
-        for j, (g, at, real) in enumerate(zip(outs, positions, valid)):
+        for j, (g, at, real) in enumerate(zip(outs, positions, valid, strict=True)):
             where = ahead(mask, 2 + j).bool().gather(1, at) & real
             logits.append(head.logits(g[where]))
             rows.append(ahead(index, 1 + j).gather(1, at)[where])
