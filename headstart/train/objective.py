@@ -80,7 +80,7 @@ def unroll_scored(
     real position equals unroll's (tests/train/test_train_unroll.py).
     cost: the draft layer's MLP and attention output run on the reply positions only (about half
     the tokens of a chat batch); step j's mask is S x (T + jS), not T x (j+1)T. One host sync."""
-    batch, length, _ = h0.shape
+    batch = h0.shape[0]
     order, counts = scored_order(loss_mask, steps)
     later, first = (max(int(w), 1) for w in torch.stack(counts).amax(1).tolist())
     cache = head.new_cache()
