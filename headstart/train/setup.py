@@ -131,18 +131,17 @@ def make_head(p: Plan) -> Any:
 
 def freeze(head: Any, prefixes: list[str]) -> Any:
     """Stop the head parameters named by `prefixes` (optim.freeze) from training."""
-    names = [name for name, _ in head.named_parameters()]
+    params = dict(head.named_parameters())
     for prefix in prefixes:
-        hit = [n for n in names if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
+        hit = [n for n in params if n == prefix or n.startswith(prefix.rstrip(".") + ".")]
         if not hit:
-            top = sorted({n.split(".")[0] for n in names})
+            top = sorted({n.split(".")[0] for n in params})
             raise HeadstartError(
                 f"optim.freeze names '{prefix}', which is no parameter of this {head.kind} head",
                 f"use a name or prefix of its parameters: {', '.join(top)}",
             )
-        for name, param in head.named_parameters():
-            if name in hit:
-                param.requires_grad_(False)
+        for name in hit:
+            params[name].requires_grad_(False)
     return head
 
 
