@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from headstart import __version__
 from headstart.errors import HeadstartError
@@ -40,8 +41,18 @@ COMMANDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as every other error is reported: one line on
+    stderr naming the flag, with the fix, exit status 2 (not the usage block and a second line)."""
+
+    def error(self, message: str) -> NoReturn:
+        from headstart.errors import printable
+
+        self.exit(2, printable(f"error: {self.prog}: {message} -- fix: see `{self.prog} --help`") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="headstart",
         description="Lossless self-speculative decoding with trained draft heads (Medusa, EAGLE-1/2/3).",
     )

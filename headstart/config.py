@@ -37,13 +37,21 @@ def _unwrap_optional(tp: Any) -> Any:
     return tp
 
 
+def _optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
 YAML_BOOLS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 
 def _coerce(value: Any, tp: Any, flag: str) -> Any:
     """Check (and gently convert) one value against its annotation; errors name the flag."""
     if value is None:
-        return None
+        if tp is Any or _optional(tp):
+            return None
+        if typing.get_origin(tp) in (list, tuple):  # a YAML null list: none (`data.eval_path=null`)
+            return [] if typing.get_origin(tp) is list else ()
+        raise HeadstartError(f"'{flag}' must not be empty (null)", f"give {flag} a value, or leave it out")
     tp = _unwrap_optional(tp)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -73,7 +81,13 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
                 f"'{flag}' must be one of {list(choices)}, got {value!r}", f"set {flag}={choices[0]}"
             )
         return value
-    if tp is Any or origin is dict or tp is dict:
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise HeadstartError(
+                f"'{flag}' must be a mapping, got {value!r}", f"write {flag} as KEY: VALUE pairs"
+            )
+        return value
+    if tp is Any:
         return value
     if tp is bool:
         if isinstance(value, bool):

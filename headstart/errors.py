@@ -16,4 +16,10 @@ class HeadstartError(Exception):
         super().__init__(what if fix is None else f"{what} (fix: {fix})")
 
     def one_line(self) -> str:
-        return f"error: {self.what}" + (f" -- fix: {self.fix}" if self.fix else "")
+        return printable(f"error: {self.what}" + (f" -- fix: {self.fix}" if self.fix else ""))
+
+
+def printable(text: str) -> str:
+    """`text` on one line, safe for any stream: newlines folded, and the lone surrogates that
+    Python makes of argv or stdin bytes that are not UTF-8 written as escapes (\\udcff)."""
+    return " ".join(text.splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")

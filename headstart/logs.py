@@ -11,6 +11,7 @@ import os
 import sys
 
 QUIET, NORMAL, VERBOSE = -1, 0, 1
+_USER_ENV = {name: os.environ.get(name) for name in ("TQDM_DISABLE", "HEADSTART_VERBOSE")}
 
 
 class _Stderr(logging.StreamHandler):
@@ -34,10 +35,15 @@ def configure(verbosity: int) -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         handler._headstart = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
-    if verbosity == QUIET:
-        os.environ["TQDM_DISABLE"] = "1"
-    if verbosity == VERBOSE:
-        os.environ["HEADSTART_VERBOSE"] = "1"  # quiet_transformers() then leaves transformers' logs on
+    # set, or put back as the user's environment had them, so a later command in the same process
+    # (tests, notebooks) gets its own level
+    for name, on in (("TQDM_DISABLE", verbosity == QUIET), ("HEADSTART_VERBOSE", verbosity == VERBOSE)):
+        if on:
+            os.environ[name] = "1"  # HEADSTART_VERBOSE: quiet_transformers() leaves transformers' logs on
+        elif _USER_ENV[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = _USER_ENV[name]
 
 
 def verbosity(quiet: bool, verbose: bool) -> int:

@@ -60,19 +60,41 @@ def resolve_questions(spec: str) -> Path:
 
 
 def _rows(path: Path) -> list[dict]:
+    """The file's JSON objects, one a line; a line that is not UTF-8, not JSON or not an object
+    is refused naming file:line (a question set is small and hand-made: a bad line is a mistake)."""
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
-    with opener(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise HeadstartError(
-                    f"{path}:{number} is not valid JSON ({err.msg})", "fix or remove that line"
-                ) from None
+    try:
+        with opener(path, "rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                rows += _row(path, number, raw)
+    except (OSError, EOFError) as err:  # a damaged .gz, a directory, unreadable
+        raise HeadstartError(f"cannot read {path}: {err}", "check the file (gzip -t for .gz files)") from None
     return rows
+
+
+def _row(path: Path, number: int, raw: bytes) -> list[dict]:
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise HeadstartError(
+            f"{path}:{number} is not UTF-8 (byte {raw[err.start : err.start + 1].hex()} at {err.start})",
+            "save the file as UTF-8, or fix that line",
+        ) from None
+    if not line.strip():
+        return []
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise HeadstartError(
+            f"{path}:{number} is not valid JSON ({err.msg})", "fix or remove that line"
+        ) from None
+    if not isinstance(row, dict):
+        raise HeadstartError(
+            f"{path}:{number} is a JSON {type(row).__name__}, not an object",
+            'write one object a line, e.g. {"question_id": 1, "turns": ["..."]} or {"prompt": "..."}',
+        )
+    return [row]
 
 
 def _question(row: dict, index: int, all_turns: bool) -> Question | None:
@@ -91,6 +113,8 @@ def _question(row: dict, index: int, all_turns: bool) -> Question | None:
 
 def load_questions(spec: str, limit: int | None = None, all_turns: bool = False) -> list[Question]:
     """Questions from `spec` (path or name), first turn only unless `all_turns`."""
+    if limit is not None and limit < 1:
+        raise HeadstartError(f"--limit must be >= 1, got {limit}", "use --limit 10, or leave it out for all")
     path = resolve_questions(spec)
     questions = [q for i, row in enumerate(_rows(path)) if (q := _question(row, i, all_turns)) is not None]
     if not questions:

@@ -9,6 +9,7 @@ stay meaningful; shards must share every setting that changes the figures (check
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +35,9 @@ SAME = (
 def parse_shard(spec: str) -> tuple[int, int]:
     """'K/N' -> (K, N) with 1 <= K <= N."""
     part, _, total = spec.partition("/")
-    if not (part.isdigit() and total.isdigit()) or not 1 <= int(part) <= int(total):
+    if not (re.fullmatch("[0-9]+", part) and re.fullmatch("[0-9]+", total)) or not 1 <= int(part) <= int(
+        total
+    ):
         raise HeadstartError(f"bad --shard '{spec}'", "use K/N with 1 <= K <= N, e.g. --shard 1/2")
     return int(part), int(total)
 
@@ -44,7 +47,13 @@ def select_shard(items: list[T], spec: str | None) -> list[T]:
     if not spec:
         return items
     index, total = parse_shard(spec)
-    return items[index - 1 :: total]
+    chosen = items[index - 1 :: total]
+    if not chosen:
+        raise HeadstartError(
+            f"--shard {spec} selects no question: there are only {len(items)}",
+            f"use at most {len(items)} shards (--shard K/{len(items)})",
+        )
+    return chosen
 
 
 def read_shard(folder: Path) -> tuple[dict[str, Any], list[Record]]:

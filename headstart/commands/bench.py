@@ -110,13 +110,89 @@ def turn_prompt(target: Any, max_new_tokens: int) -> PromptFn:
     return prompt
 
 
+def check_bench_output(args: argparse.Namespace) -> None:
+    """--output is new, empty, or a bench run's own (resumed with --resume); a finished report is
+    never measured over, and a directory of other files is not written into."""
+    from headstart.bench.runner import partial_path
+    from headstart.io import check_writable
+
+    if args.limit is not None and args.limit < 1:
+        raise HeadstartError(
+            f"--limit must be >= 1, got {args.limit}", "use --limit 10, or leave it out for all"
+        )
+    if args.max_new_tokens < 1:
+        raise HeadstartError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}", "use e.g. 128")
+    if args.warmup < 0:
+        raise HeadstartError(f"--warmup must be >= 0, got {args.warmup}", "use --warmup 1 (or 0)")
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
+    check_writable(out, "--output")
+    if (out / "report.json").is_file():
+        if not args.resume:
+            raise HeadstartError(
+                f"{out} already holds a finished bench report",
+                "choose a new --output, or delete that one to measure again",
+            )
+        return
+    ours = [out / "outputs.jsonl", partial_path(out / "outputs.jsonl"), out / RUN_CONFIG]
+    if out.is_dir() and any(out.iterdir()) and not any(path.is_file() for path in ours):
+        names = sorted(p.name for p in out.iterdir())
+        raise HeadstartError(
+            f"--output {out} is not empty ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''}) and holds "
+            "no bench run",
+            "choose a new or empty --output",
+        )
+
+
+def nothing_to_resume(args: argparse.Namespace) -> int:
+    """--resume on a finished run: nothing is measured again; its report is shown when the
+    command asked for the same run, and refused when it asked for another."""
+    import json
+    import logging
+
+    out = Path(args.output)
+    try:
+        saved = json.loads((out / "report.json").read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise HeadstartError(
+            f"{out}/report.json is damaged", "choose a new --output, or delete that one to measure again"
+        ) from None
+    asked = {"target": args.target, "questions": args.questions, "turns": args.turns, "shard": args.shard,
+             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}  # fmt: skip
+    diff = [key for key, value in asked.items() if saved.get(key) != value]
+    if diff:
+        raise HeadstartError(
+            f"--resume: {out} holds a finished run with other settings ({', '.join(diff)})",
+            "repeat that run's command exactly, or choose a new --output",
+        )
+    logging.getLogger(__name__).warning(
+        "nothing to resume: %s holds this run's finished report (%s prompts); nothing was measured again",
+        out,
+        saved.get("num_prompts"),
+    )
+    report = out / "report.md"
+    if report.is_file():
+        print(report.read_text())
+    return 0
+
+
 def merge_run(args: argparse.Namespace) -> int:
     """`--merge`: one report from finished shard directories."""
     from headstart.bench.report import build_report, write_report
     from headstart.bench.shards import merge
 
-    config, records = merge([Path(folder) for folder in args.merge])
     out = Path(args.output)
+    folders = [Path(folder) for folder in args.merge]
+    if any(out.resolve() == folder.resolve() for folder in folders):
+        raise HeadstartError(f"--output {out} is one of the --merge directories", "merge into a new --output")
+    if out.exists() and not out.is_dir():
+        raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
+    if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file():
+        raise HeadstartError(
+            f"--output {out} is not empty and holds no bench report", "merge into a new --output"
+        )
+    config, records = merge(folders)
     write_report(build_report(config, records, greedy=float(config["temperature"]) == 0.0), out)
     print((out / "report.md").read_text())
     return 0
@@ -127,12 +203,9 @@ def run(args: argparse.Namespace) -> int:
         return merge_run(args)
     if not args.questions:
         raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
-    finished = Path(args.output) / "report.json"
-    if finished.is_file() and not args.resume:  # checked before the target loads
-        raise HeadstartError(
-            f"{args.output} already holds a finished bench report",
-            "choose a new --output, or delete that one to measure again",
-        )
+    check_bench_output(args)  # before the target loads
+    if (Path(args.output) / "report.json").is_file():  # --resume of a finished run
+        return nothing_to_resume(args)
     import torch
 
     from headstart.bench import methods as bench_methods

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from headstart.commands.common import (
     add_sampling_arguments,
@@ -16,7 +17,7 @@ from headstart.commands.common import (
     check_generation_args,
     load_target_from_args,
 )
-from headstart.commands.generate import Decoding, add_decoding_arguments, stats_line
+from headstart.commands.generate import Decoding, add_decoding_arguments, check_utf8, stats_line
 from headstart.errors import HeadstartError
 
 
@@ -28,8 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import TextStreamer
-
     check_generation_args(args)
     target = load_target_from_args(args)
     if not target.chat.has_template:
@@ -40,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach check_utf8, not a traceback
+        sys.stdin.reconfigure(errors="surrogateescape")
     print(f"chatting with {target.spec} ({decoding.mode}); /reset clears, /exit quits", file=sys.stderr)
     while True:
         if interactive:
@@ -54,11 +55,22 @@ def run(args: argparse.Namespace) -> int:
             messages = list(system)
             print("[conversation cleared]", file=sys.stderr)
             continue
-        messages.append({"role": "user", "content": text})
-        ids = target.chat.prompt_ids(messages)
-        streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        [(token_ids, stats)] = decoding.run([ids], streamer=streamer)
-        reply = target.tokenizer.decode(token_ids, skip_special_tokens=True)
-        messages.append({"role": "assistant", "content": reply})
+        try:
+            reply, stats = turn(target, decoding, messages, text)
+        except HeadstartError as err:  # this message only: the conversation so far is kept
+            print(f"{err.one_line()} (message dropped; the conversation goes on)", file=sys.stderr)
+            continue
+        messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
         sys.stdout.flush()
         print(stats_line(stats, decoding.mode), file=sys.stderr)
+
+
+def turn(target: Any, decoding: Decoding, messages: list[dict[str, str]], text: str) -> tuple[str, dict]:
+    """One user message answered after `messages` (left unchanged): (reply text, stats)."""
+    from transformers import TextStreamer
+
+    check_utf8(text, "the message")
+    ids = target.chat.prompt_ids([*messages, {"role": "user", "content": text}])
+    streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    [(token_ids, stats)] = decoding.run([ids], streamer=streamer)
+    return target.tokenizer.decode(token_ids, skip_special_tokens=True), stats

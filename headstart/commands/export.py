@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from headstart.errors import HeadstartError
 
@@ -19,7 +18,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="speculators (vLLM), eagle (SGLang, "
                         "SpecForge, EAGLE repo, llama.cpp's converter), medusa (vLLM) or headstart (own, e.g. in bf16)")  # fmt: skip
-    parser.add_argument("--output", required=True, help="directory to write (replaced atomically)")
+    parser.add_argument(
+        "--output",
+        required=True,
+        help="directory to write: new, empty, or an earlier export in the same --format (replaced "
+        "atomically); anything else needs --overwrite",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a non-empty --output that is not an earlier export of this format (its files are deleted)",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--target", default="smollm2", help="the target the heads were trained for (checked)")
     parser.add_argument(
@@ -36,22 +45,29 @@ def run(args: argparse.Namespace) -> int:
     from headstart.commands.common import quiet_transformers
     from headstart.heads import load_heads
     from headstart.heads.defaults import shipped_heads
-    from headstart.heads.formats import export_heads
+    from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
-    from headstart.io import check_writable
+    from headstart.io import check_output
     from headstart.target import load_target
 
-    output = check_writable(Path(args.output).parent, "--output") / Path(args.output).name  # before loading
     if args.heads:
         path = resolve_heads(args.heads)
     else:
         kind = args.kind or ("medusa" if args.format == "medusa" else "eagle3")
-        shipped = shipped_heads(args.target)
-        path = shipped.get(f"smollm2-{kind}")  # type: ignore[assignment]
+        path = shipped_heads(args.target).get(f"smollm2-{kind}")  # type: ignore[assignment]
         if path is None:
             raise HeadstartError(
                 f"no shipped {kind} heads for target '{args.target}'", "pass a heads directory or Hub id"
             )
+    # before anything loads: an output that would destroy files or cannot be written is refused
+    output = check_output(
+        args.output,
+        "--output",
+        owned=lambda folder: is_export(folder, args.format),
+        command=f"`headstart export --format {args.format}`",
+        overwrite=args.overwrite,
+        inputs=[path],
+    )
     with quiet_transformers():
         target = load_target(args.target)
     heads = load_heads(path, target)  # checked against the target before anything is written

@@ -71,7 +71,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_decoding_arguments(parser)
 
 
-def prompt_ids(target: Any, prompt: str, raw: bool) -> list[int]:
+def check_utf8(text: str, what: str) -> str:
+    """Text that came from the command line or a stream decoded with surrogateescape holds lone
+    surrogates where its bytes were not UTF-8: refuse it by name (the tokenizer's own error is a
+    TypeError traceback)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = text[err.start : err.end].encode("utf-8", "surrogateescape")
+        raise HeadstartError(
+            f"{what} is not valid UTF-8 (byte {bad[:1].hex(' ')} at character {err.start})",
+            "pass UTF-8 text (check the terminal's or the file's encoding, e.g. iconv -t UTF-8)",
+        ) from None
+    return text
+
+
+def prompt_ids(target: Any, prompt: str, raw: bool, what: str = "--prompt") -> list[int]:
+    check_utf8(prompt, what)
     if not prompt.strip():
         raise HeadstartError("the prompt is empty", 'pass some text, e.g. --prompt "Hello"')
     return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)
@@ -123,12 +139,14 @@ class Decoding:
         )
 
     def run(self, batch: list[list[int]], streamer: Any = None) -> list[tuple[list[int], dict[str, Any]]]:
-        """(new token ids, stats) per prompt."""
+        """(new token ids, stats) per prompt: each prompt's own figures, and under "batch" the
+        figures of the whole batch (throughput and wall time are shared by its prompts)."""
         stops = tuple(self.args.stop)
         if self.decoder is not None:
             out = self.decoder.generate(batch, sampling=self.sampling, stop_strings=stops, streamer=streamer,
                                         truncate_prompt=self.args.truncate_prompt)  # fmt: skip
-            return [(ids, out.stats.as_dict()) for ids in out.token_ids]
+            whole = out.stats.as_dict()
+            return [(ids, out.stats.row_dict(i) | {"batch": whole}) for i, ids in enumerate(out.token_ids)]
         from headstart.inference.plain import plain_generate
         from headstart.inference.prompts import prepare_prompts
 
@@ -143,7 +161,8 @@ class Decoding:
             )
             stats = {"new_tokens": result.new_tokens, "tau": 1.0, "tokens_per_s": round(result.tokens_per_s, 2),
                      "target_forwards": result.target_forwards}  # fmt: skip
-            results.append((result.token_ids, stats))
+            # plain decoding runs each prompt alone: its batch is itself
+            results.append((result.token_ids, stats | {"batch": stats | {"batch_size": 1}}))
         return results
 
 
@@ -158,9 +177,14 @@ def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
     check_generation_args(args)
+    names = [
+        "--prompt" if len(args.prompt) == 1 else f"--prompt #{k}" for k in range(1, len(args.prompt) + 1)
+    ]
+    for name, text in zip(names, args.prompt, strict=True):
+        check_utf8(text, name)  # before the load
     target = load_target_from_args(args)
     decoding = Decoding(args, target)
-    batch = [prompt_ids(target, p, args.raw) for p in args.prompt]
+    batch = [prompt_ids(target, text, args.raw, name) for name, text in zip(names, args.prompt, strict=True)]
     stream = not args.json and len(batch) == 1
     streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None
     results = decoding.run(batch, streamer=streamer)
@@ -171,5 +195,7 @@ def run(args: argparse.Namespace) -> int:
         elif not stream:
             print(text)
     if not args.json:
-        log.info("\n" + stats_line(results[0][1], decoding.mode))
+        for number, (_, stats) in enumerate(results, 1):
+            label = f"prompt {number}: " if len(results) > 1 else ""
+            log.info(("\n" if number == 1 else "") + label + stats_line(stats, decoding.mode))
     return 0

@@ -49,10 +49,29 @@ def attention_summary(model: Any) -> str:
     return f"{' + '.join(parts)}; {verdict}"
 
 
+def check_context(context: int, target: Any = None) -> None:
+    """--context must be >= 1 and leave room for the measured tokens in the target's context
+    (checked before the load for the sign, after it for the length: a 100k-token prefill on a
+    CPU runs for many minutes before failing)."""
+    from headstart.errors import HeadstartError
+    from headstart.target.latency import REPEATS
+
+    if context < 1:
+        raise HeadstartError(f"--context must be >= 1, got {context}", "use e.g. --context 128")
+    limit = getattr(target.config, "max_position_embeddings", None) if target is not None else None
+    if limit and context + REPEATS > limit:
+        raise HeadstartError(
+            f"--context {context} + {REPEATS} measured tokens exceeds the target's context of {limit}",
+            f"use --context {limit - REPEATS} or less",
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from headstart.target.latency import single_token_latency_ms
 
+    check_context(args.context)
     target = load_target_from_args(args)
+    check_context(args.context, target)
     fp = target.fingerprint
     kernel = cpu_kernel_status(target)
     info = {

@@ -31,12 +31,18 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from headstart.bench.questions import load_questions
-    from headstart.bench.tune import CALIBRATION_PROMPTS, save_tuned, tune
+    from headstart.bench.tune import CALIBRATION_PROMPTS, save_tuned, tune, tuned_file
+    from headstart.io import check_writable
 
     if not (Path(args.heads) / "config.json").is_file():
         raise HeadstartError(
             f"no trained heads at {args.heads}", "pass the directory written by headstart train"
         )
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise HeadstartError(f"{flag} must be >= 1, got {value}", f"use e.g. {flag} 6")
+    if not args.dry_run:  # where the tuned tree goes: fail now, not after minutes of measuring
+        check_writable(tuned_file(args.heads).parent, "tuned tree's directory")
     prompts = (
         [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]
         if args.prompts

@@ -125,12 +125,10 @@ class OpenAIEngine:
                 with urllib.request.urlopen(call, timeout=self.endpoint.timeout_s) as response:
                     return json.loads(response.read())
             except urllib.error.HTTPError as err:
-                problem = f"HTTP {err.code}: {err.read()[:200].decode(errors='replace')}"
+                problem = f"HTTP {err.code} {err.reason}: {error_summary(err)}"
                 if err.code not in RETRY_STATUS:
-                    raise HeadstartError(
-                        f"{url} refused the request ({problem})",
-                        "check --model (the server's model name) and the server's log",
-                    ) from None
+                    raise HeadstartError(f"{url} refused the request ({problem})", HTTP_FIXES.get(
+                        err.code, "check --base-url, --model and the server's log")) from None  # fmt: skip
                 wait_s = _retry_after(err.headers) or 2.0**attempt
             except (urllib.error.URLError, OSError, ValueError) as err:  # refused, reset, timed out, cut
                 problem = f"{type(err).__name__}: {err}"
@@ -140,6 +138,54 @@ class OpenAIEngine:
         raise HeadstartError(
             f"{url} failed {tries} times ({problem})",
             "start the server, fix --base-url, or raise max_retries; rerun the same command to resume",
+        )
+
+
+HTTP_FIXES = {
+    400: "check the sampling settings the server accepts (--temperature, --top-p, --top-k) and its log",
+    401: "pass the server's key with api_key=... or OPENAI_API_KEY",
+    403: "pass a key the server accepts with api_key=... or OPENAI_API_KEY",
+    404: "check --base-url (the API root, usually ending in /v1) and --model (the name the server serves)",
+    405: "--base-url does not serve /chat/completions: point it at the API root, usually ending in /v1",
+    501: "--base-url does not serve /chat/completions: point it at the API root, usually ending in /v1",
+}
+
+
+def error_summary(err: urllib.error.HTTPError, limit: int = 160) -> str:
+    """One line from an error response: an OpenAI error JSON's message, an HTML page's title (or
+    its text without tags), else the start of the body."""
+    import html
+    import re
+
+    body = err.read()[:4096].decode(errors="replace")
+    try:
+        data = json.loads(body)
+        message = data.get("error", data) if isinstance(data, dict) else data
+        message = message.get("message", message) if isinstance(message, dict) else message
+        text = str(message)
+    except ValueError:
+        title = re.search(r"<title[^>]*>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
+        text = title.group(1) if title else re.sub(r"<[^>]+>", " ", body)
+        text = html.unescape(text)
+    text = " ".join(text.split())
+    return (text[:limit] + "...") if len(text) > limit else (text or "empty body")
+
+
+def check_base_url(url: str) -> None:
+    """An http(s) URL with a host, refused at once otherwise (not retried for half a minute)."""
+    from urllib.parse import urlparse
+
+    try:
+        parsed = urlparse(url)
+        parsed.port  # noqa: B018 (raises on a bad port)
+    except ValueError as err:
+        raise HeadstartError(
+            f"--base-url {url!r} is not a valid URL ({err})", "e.g. --base-url http://localhost:8000/v1"
+        ) from None
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise HeadstartError(
+            f"--base-url {url!r} must be an http:// or https:// URL with a host",
+            "e.g. --base-url http://localhost:8000/v1",
         )
 
 

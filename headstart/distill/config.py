@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -138,6 +139,10 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if not self.out:
             raise HeadstartError("no output directory given", "pass --out DIR (or out: DIR in the recipe)")
+        if self.engine == "openai" and self.base_url:
+            from headstart.distill.api import check_base_url
+
+            check_base_url(self.base_url)
         if self.engine == "openai" and not (self.base_url and self.model):
             raise HeadstartError(
                 "--engine openai needs the server's --base-url and --model",
@@ -155,17 +160,19 @@ class DistillConfig:
             raise HeadstartError(f"--threads must be >= 0, got {self.threads}", "use 0 for torch's default")
         if self.max_turns < 0:
             raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
-        if self.temperature < 0:
-            raise HeadstartError(f"--temperature must be >= 0, got {self.temperature}", "use 0 for greedy")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise HeadstartError(
+                f"--temperature must be a finite number >= 0, got {self.temperature}", "use 0 for greedy"
+            )
         if not 0 < self.top_p <= 1:
             raise HeadstartError(f"--top-p must be in (0, 1], got {self.top_p}", "use --top-p 1.0")
         if self.top_k < 0:
             raise HeadstartError(f"--top-k must be >= 0, got {self.top_k}", "use --top-k 0")
-        if self.max_feature_gb <= 0:
+        if not self.max_feature_gb > 0:  # NaN too
             raise HeadstartError(
                 f"--max-feature-gb must be > 0, got {self.max_feature_gb}", "use --max-feature-gb 20"
             )
-        if self.flush_seconds <= 0:
+        if not self.flush_seconds > 0:
             raise HeadstartError(
                 f"flush_seconds must be > 0, got {self.flush_seconds}", "use flush_seconds=120"
             )

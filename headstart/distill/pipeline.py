@@ -114,17 +114,19 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
         )
     names = parse_feature_layers(cfg.feature_layers, target.num_layers) if cfg.cache_features else None
     settings = cfg.identity() | {"prompts": describe_source(cfg.prompts) if cfg.prompts else None}
-    new_output = not (Path(cfg.out) / META).is_file()
+    out = Path(cfg.out)
+    created, new_output = not out.exists(), not (out / META).is_file()
     open_output(cfg.out, {"fingerprint": target.fingerprint, "settings": settings, "feature_layers": names})
     lock = lock_output(cfg.out)  # released when the process exits (or below)
+    failed = True
     try:
-        return _distill(target, cfg, names, quiet, start)
-    except BaseException:
-        if new_output and not shard_paths(cfg.out):  # nothing written: leave no output behind,
-            forget_output(cfg.out)  # so the same command (its advice followed) can run again
-        raise
+        result = _distill(target, cfg, names, quiet, start)
+        failed = False
+        return result
     finally:
         lock.close()
+        if failed and new_output and not shard_paths(cfg.out):  # nothing written: leave no output
+            forget_output(cfg.out, remove_dir=created)  # behind, so the same command can run again
 
 
 def _distill(
@@ -160,6 +162,8 @@ def _distill(
     ready: list[dict[str, Any]] = []  # finished records waiting for their features / the writer
 
     def publish() -> None:
+        """Hand the finished records (with their features, computed as one batch) to the writer,
+        which publishes a shard each time it holds --shard-size of them (or after flush_seconds)."""
         nonlocal last_flush
         feats = (
             compute_features(target, [r["input_ids"] for r in ready], names, cfg.feature_dtype)
@@ -169,9 +173,11 @@ def _distill(
         for k, record in enumerate(ready):
             writer.add(record, feats[k] if feats else None)
             summary.tokens += len(record["input_ids"])
-        bar.update(len(ready))
+            if len(writer) >= cfg.shard_size:
+                writer.flush()
+                last_flush = time.perf_counter()
         ready.clear()
-        if len(writer) >= cfg.shard_size or time.perf_counter() - last_flush > cfg.flush_seconds:
+        if time.perf_counter() - last_flush > cfg.flush_seconds:
             writer.flush()
             last_flush = time.perf_counter()
 
@@ -189,7 +195,9 @@ def _distill(
         record, retokenized = dialogue.record(engine.name)
         summary.retokenized += retokenized
         ready.append(record)
-        if len(ready) >= cfg.batch_size:
+        bar.update(1)  # per record, as it finishes (features and shards follow in batches)
+        # features are computed for a batch of records at once; without them, nothing waits
+        if len(ready) >= (cfg.batch_size if names else 1):
             publish()
 
     def requests() -> Iterator[Request]:

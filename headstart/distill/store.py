@@ -128,14 +128,27 @@ def load_distilled(out: str | Path) -> Any:
     fingerprint (+ features_file when features were cached).
     """
     import datasets
+    import pyarrow as pa
+    import pyarrow.json as pa_json
 
     read_meta(out)
-    files = [str(p) for p in shard_paths(out)]
+    files = shard_paths(out)
     if not files:
         raise HeadstartError(
             f"{out} holds no records yet", "run `headstart distill` on it to completion (or resume it)"
         )
-    return datasets.load_dataset("json", data_files=files, split="train")
+    # Each shard's schema is inferred on its own, then promoted to one (datasets' json loader casts
+    # every file to the first one's types, so a shard whose source_id is null throughout, as a
+    # small shard may well be, failed against one that has ids).
+    try:
+        options = pa_json.ReadOptions(block_size=1 << 26)  # a block must hold the longest record's line
+        tables = [pa_json.read_json(str(path), read_options=options) for path in files]
+        return datasets.Dataset(pa.concat_tables(tables, promote_options="permissive"))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as err:
+        raise HeadstartError(
+            f"cannot read the records of {out}: {str(err).splitlines()[0]}",
+            "a shard is damaged: move it aside (data/shard-*.jsonl) and rerun `headstart distill` to redo it",
+        ) from None
 
 
 def load_features(out: str | Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -149,10 +162,18 @@ def load_features(out: str | Path, record: dict[str, Any]) -> dict[str, Any]:
         return {k[len(prefix) :]: handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)}
 
 
-def forget_output(out: str | Path) -> None:
-    """Undo `open_output` for a run that wrote no record: its meta file and empty directories."""
-    (Path(out) / META).unlink(missing_ok=True)
-    for directory in (data_dir(out), features_dir(out)):
+def forget_output(out: str | Path, remove_dir: bool = False) -> None:
+    """Undo `open_output` for a run that wrote nothing (no record, no data-free prompt: those are
+    kept for the rerun): its meta file, lock and empty directories; `out` itself when this run
+    created it and nothing else is there."""
+    from headstart.distill.plan import DATAFREE_PROMPTS
+
+    out = Path(out)
+    if (out / DATAFREE_PROMPTS).is_file():
+        return
+    for name in (META, ".lock"):
+        (out / name).unlink(missing_ok=True)
+    for directory in (data_dir(out), features_dir(out), *([out] if remove_dir else [])):
         if directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()
 

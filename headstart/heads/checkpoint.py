@@ -8,9 +8,6 @@ registered submodules, so they are never saved.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,29 +15,8 @@ from huggingface_hub import ModelHubMixin
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
-from headstart.io import normal_permissions
+from headstart.io import atomic_dir
 from headstart.target.load import describe, fingerprint_mismatch
-
-
-def atomic_dir(dest: str | Path, write: Any) -> Path:
-    """Call `write(tmp_dir)` then move tmp_dir to `dest`, replacing an old `dest` last."""
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
-        normal_permissions(tmp)
-        write(tmp)
-        old = None
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.old-{os.getpid()}"
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def check_fits(config: HeadConfig, target: Any) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import typing
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,6 +13,9 @@ from headstart.errors import HeadstartError
 from headstart.heads.base import HEAD_KINDS
 
 FORMAT = "headstart-heads/1"
+MAX_BLOCKS = 64
+"""Upper bound on a checkpoint's num_heads and num_layers (Medusa uses ~3-5 heads of 1-2 layers):
+a damaged config must not build a million modules before its weights are compared."""
 
 
 @dataclass
@@ -107,13 +111,72 @@ class HeadConfig:
 
     @classmethod
     def read(cls, path: str | Path) -> HeadConfig:
+        """The config.json of a head directory, every field checked against its type: a missing
+        key, a string where a number belongs or an unknown key is one line naming the key and
+        the file (a hand-edited or damaged checkpoint must not fail later as a shape error)."""
+        from headstart.config import _coerce
         from headstart.heads.formats import read_json
 
         file = Path(path) / "config.json"
         data = read_json(file)
-        known = {f.name for f in dataclasses.fields(cls)}
-        if "kind" not in data or not known.issuperset(data):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if "kind" not in data or not set(fields).issuperset(data):
+            unknown = sorted(set(data) - set(fields))
             raise HeadstartError(
-                f"{file} is not a headstart head config", "pass a directory written by headstart train"
+                f"{file} is not a headstart head config"
+                + (f" (unknown keys: {', '.join(unknown[:5])})" if unknown else " (no 'kind')"),
+                "pass a directory written by headstart train or export",
             )
-        return cls(**data)
+        required = [
+            name for name, f in fields.items() if f.default is MISSING and f.default_factory is MISSING
+        ]
+        missing = [name for name in required if name not in data]
+        if missing:
+            raise HeadstartError(
+                f"{file} lacks {', '.join(repr(m) for m in missing)}",
+                "restore the file from the run that wrote it, or re-export the heads",
+            )
+        hints = typing.get_type_hints(cls)
+        nulls = [k for k, v in data.items() if v is None and k != "training"]  # no field is optional
+        if nulls:
+            raise HeadstartError(
+                f"{file} holds null for {', '.join(repr(k) for k in nulls)}",
+                "restore the file from the run that wrote it",
+            )
+        values = {k: _coerce(v, hints[k], f"{k} in {file}") for k, v in data.items()}
+        for key in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
+            if values.get(key, 1) < 1:
+                raise HeadstartError(f"{key} in {file} must be >= 1, got {values[key]}", "restore the file")
+        for key in ("num_heads", "num_layers"):  # checked before modules are built from them
+            if values.get(key, 1) > MAX_BLOCKS:
+                raise HeadstartError(
+                    f"{key} in {file} is {values[key]}: no draft head has more than {MAX_BLOCKS}",
+                    "restore the file from the run that wrote it",
+                )
+        for key in ("hidden_size", "vocab_size"):
+            recorded = values["target"].get(key)
+            if recorded is not None and recorded != values[key]:
+                raise HeadstartError(
+                    f"{file}: {key} {values[key]} disagrees with the target it records ({recorded})",
+                    "restore the file from the run that wrote it",
+                )
+        if not 0 <= values.get("draft_vocab_size", 0) <= values["vocab_size"]:
+            raise HeadstartError(
+                f"draft_vocab_size in {file} must be between 0 and vocab_size ({values['vocab_size']}), "
+                f"got {values['draft_vocab_size']}",
+                "restore the file from the run that wrote it",
+            )
+        values["training"] = values.get("training") or {}
+        layers = values.get("feature_layers") or []
+        depth = values["target"].get("num_layers")
+        if isinstance(depth, int) and any(not 0 <= i < depth for i in layers):
+            raise HeadstartError(
+                f"feature_layers {layers} in {file} name layers the {depth}-layer target does not have",
+                "restore the file from the run that wrote it",
+            )
+        if values["kind"] == "eagle3" and len(layers) != 3:
+            raise HeadstartError(
+                f"feature_layers in {file} must name the 3 target layers an eagle3 head reads, got {layers}",
+                "restore the file from the run that wrote it (e.g. feature_layers: [1, 14, 26])",
+            )
+        return cls(**values)

@@ -84,6 +84,22 @@ def export_heads(
     return atomic_dir(output, write)
 
 
+# The files each format's export writes: a directory holding only these (and in that format) is
+# an earlier export, which a new export may replace without --overwrite.
+EXPORT_FILES = {"headstart": {"config.json", "model.safetensors", "README.md"}}
+
+
+def is_export(path: Path, fmt: str) -> bool:
+    """`path` is an earlier `headstart export --format fmt`: nothing but that export's files."""
+    names = {p.name for p in Path(path).iterdir()}
+    if not names <= EXPORT_FILES.get(fmt, {"config.json", "model.safetensors"}):
+        return False
+    try:
+        return detect_format(path) == fmt
+    except HeadstartError:
+        return False
+
+
 def default_verifier(config: HeadConfig) -> str:
     """The target as a serving engine names it: the Hub id, else the path or name recorded."""
     from headstart.target.gguf import EMBEDDED_NAME
@@ -297,10 +313,16 @@ def read_foreign(path: str | Path, fmt: str, target: Any) -> Any:
     target's shapes (one line naming the mismatch), bound, on its device."""
     directory = Path(path)
     config = read_json(directory / "config.json")
-    if fmt == "medusa":
-        head = _medusa_import(directory, config, target)
-    else:
-        head = _eagle3_import(directory, fmt, config, target)
+    try:
+        if fmt == "medusa":
+            head = _medusa_import(directory, config, target)
+        else:
+            head = _eagle3_import(directory, fmt, config, target)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a field of the wrong shape
+        raise HeadstartError(
+            f"{directory}/config.json is not a valid {fmt} head config ({type(err).__name__}: {err})",
+            "restore or re-download the checkpoint",
+        ) from None
     head.to(target.device)
     head.bind(target.model)
     return head

@@ -260,7 +260,8 @@ class SpeculativeDecoder:
         stats.wall_s = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
-        stats.new_tokens = sum(len(row) for row in emitted)
+        stats.per_row_tokens = [len(row) for row in emitted]
+        stats.new_tokens = sum(stats.per_row_tokens)
         return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
 
     @staticmethod
@@ -283,6 +284,8 @@ class SpeculativeDecoder:
                 stats.row_steps += 1
                 stats.committed += len(out) - before
                 stats.accept_lengths[count] += 1
+                stats.per_row_steps[state.rows[live]] += 1
+                stats.per_row_committed[state.rows[live]] += len(out) - before
             if streamer is not None and len(out) > before:
                 streamer.put(torch.tensor(out[before:]))
         return done

@@ -42,6 +42,14 @@ class DecodeStats:
     wall_s: float = 0.0
     accept_lengths: Counter = field(default_factory=Counter)  # committed tokens per row-step -> count
     lossy: bool = False  # True when typical acceptance was used (output is NOT the target's)
+    per_row_tokens: list[int] = field(default_factory=list)  # new tokens of each prompt, in order
+    per_row_steps: list[int] = field(default_factory=list)  # verify forwards each prompt took part in
+    per_row_committed: list[int] = field(default_factory=list)  # tokens those forwards committed
+
+    def __post_init__(self) -> None:
+        for name in ("per_row_tokens", "per_row_steps", "per_row_committed"):
+            if not getattr(self, name):
+                setattr(self, name, [0] * self.batch_size)
 
     @property
     def tau(self) -> float:
@@ -60,6 +68,21 @@ class DecodeStats:
             "batch_size": self.batch_size,
             "wall_s": round(self.wall_s, 3),
             "accept_length_histogram": {str(k): v for k, v in sorted(self.accept_lengths.items())},
+        }
+        if self.lossy:
+            out["lossy"] = "typical acceptance: output is NOT distributed as the target's"
+        return out
+
+    def row_dict(self, row: int) -> dict[str, Any]:
+        """One prompt's own figures in a batch (`as_dict` holds the batch's): its new tokens, its
+        tau, its tokens over the batch's wall time, and the target forwards it took part in
+        (prefill included)."""
+        steps, tokens = self.per_row_steps[row], self.per_row_tokens[row]
+        out: dict[str, Any] = {
+            "new_tokens": tokens,
+            "tau": round(self.per_row_committed[row] / steps, 3) if steps else 1.0,
+            "tokens_per_s": round(tokens / self.wall_s, 2) if self.wall_s > 0 else 0.0,
+            "target_forwards": steps + 1,
         }
         if self.lossy:
             out["lossy"] = "typical acceptance: output is NOT distributed as the target's"

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import struct
 import tempfile
 from pathlib import Path
 
@@ -88,9 +89,15 @@ def converted_dir(gguf_path: Path, name: str) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
         gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise HeadstartError(
-            f"transformers cannot read the GGUF file {gguf_path}: {str(err).splitlines()[0]}",
+            f"transformers cannot read the GGUF file {gguf_path}: {reason}",
             "use a GGUF of an architecture transformers supports (llama, qwen2, mistral, ...) or the original HF checkpoint",
+        ) from None
+    except (struct.error, IndexError, EOFError, OSError, TypeError) as err:  # a truncated or damaged file
+        raise HeadstartError(
+            f"cannot read GGUF file {gguf_path}: it is truncated or damaged ({err})",
+            "download the file again (compare its size and sha256 with the source's)",
         ) from None
     # A GGUF-quantised model refuses save_pretrained; rebuild a plain model with the same weights.
     config = gguf_model.config

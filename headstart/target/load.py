@@ -63,6 +63,13 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise HeadstartError(f"GGUF file not found: {spec}", "check the path, or use --target smollm2")
+        with path.open("rb") as handle:
+            if handle.read(4) != b"GGUF":
+                raise HeadstartError(
+                    f"cannot read GGUF file {spec}: it does not start with the GGUF magic bytes "
+                    f"({path.stat().st_size} bytes)",
+                    "download the file again, or pass the model's directory or Hub id",
+                )
         return "gguf", path
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -101,12 +108,29 @@ def _torch_dtype(dtype: str, device: str = "cpu") -> Any:
 
 
 def _device(device: str) -> str:
+    """'auto', 'cpu', 'cuda', 'cuda:N' (or 'mps' where PyTorch has it), checked against this
+    machine before any load; anything else is one line listing the valid devices."""
     import torch
 
+    valid = ["auto", "cpu", "cuda", "cuda:N"] + (["mps"] if torch.backends.mps.is_available() else [])
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise HeadstartError(f"device '{device}' requested but CUDA is not available", "use --device cpu")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda", "mps") or device.strip() != device:
+        raise HeadstartError(f"unknown --device '{device}'", f"use one of {', '.join(valid)}")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise HeadstartError(f"device '{device}' requested but CUDA is not available", "use --device cpu")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise HeadstartError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)",
+                f"use cuda:0 .. cuda:{torch.cuda.device_count() - 1}",
+            )
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadstartError(f"device '{device}' requested but MPS is not available", "use --device cpu")
     return device
 
 
@@ -178,6 +202,7 @@ def load_target(
     (base models and many GGUF files have none). `weights=False`: config, tokenizer and identity
     only, the model on the meta device (for an API engine answering for a target too big to load)."""
     template = read_chat_template(chat_template)  # before the load: a bad path fails in a second
+    device = _device(device)  # likewise a device this machine lacks
     from transformers import AutoTokenizer
 
     start = time.perf_counter()
@@ -189,7 +214,6 @@ def load_target(
         source = str(converted_dir(path, spec))
     else:
         source = str(path) if path else spec
-    device = _device(device)
     model = _load_model(source, _torch_dtype(dtype, device), revision, weights)
     if weights:
         model.to(device)

@@ -88,6 +88,7 @@ def train(
     from headstart.io import check_writable, lock_dir
 
     check_writable(cfg.output_dir, "output_dir")  # before any data or model loads
+    check_run_dir(Path(cfg.output_dir), resume)
     # one run per output_dir (the main process of a launch holds it; the others share its files)
     out = Path(cfg.output_dir)
     created = not out.exists()
@@ -101,6 +102,34 @@ def train(
             if created and [p.name for p in out.iterdir()] == [".lock"]:  # failed before writing
                 (out / ".lock").unlink()
                 out.rmdir()
+
+
+RUN_FILES = {"checkpoints", "final", "final-lora", "logs", "results.json"}
+"""What a training run writes in its output_dir (and nothing else)."""
+
+
+def check_run_dir(out: Path, resume: bool) -> None:
+    """output_dir is new, empty or a headstart run: a directory of other files is not written
+    into (its `final/` or `logs/` would be replaced), and a finished run is not trained over
+    without --resume."""
+    from headstart.errors import HeadstartError
+
+    if out.exists() and not out.is_dir():
+        raise HeadstartError(
+            f"output_dir {out} is a file", "set output_dir to a directory path (new or empty)"
+        )
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")} if out.is_dir() else set()
+    if names and not names & RUN_FILES:
+        shown = ", ".join(sorted(names)[:4]) + (" ..." if len(names) > 4 else "")
+        raise HeadstartError(
+            f"output_dir {out} is not empty ({shown}) and holds no headstart training run",
+            "set output_dir to a new or empty directory",
+        )
+    if not resume and names & {"final", "results.json"}:
+        raise HeadstartError(
+            f"{out} already holds a finished training run",
+            "pass --resume (with a higher max_steps to train on), or set output_dir to a new directory",
+        )
 
 
 def _train(

@@ -78,8 +78,17 @@ def make_accelerator(cfg: TrainConfig) -> Any:
     )
 
     chosen = trackers(cfg)
-    return Accelerator(
-        cpu=cfg.cpu,
+    launched = launcher_world_size()
+    # `accelerate launch` with a GPU config on a machine without GPUs starts N processes that
+    # form no group unless told to use the CPU: then N independent runs would write one
+    # output_dir. Form the CPU (gloo) group instead, as ACCELERATE_USE_CPU=1 would.
+    cpu = cfg.cpu or (launched > 1 and not torch.cuda.is_available())
+    if cpu and not cfg.cpu:
+        logging.getLogger("headstart.train").info(
+            "%d processes launched on a machine without CUDA: training on the CPU (gloo)", launched
+        )
+    accelerator = Accelerator(
+        cpu=cpu,
         mixed_precision=cfg.mixed_precision,
         # Accumulation crosses epoch ends, so `step * grad_accum` batches is exactly what was consumed.
         gradient_accumulation_plugin=GradientAccumulationPlugin(
@@ -92,6 +101,23 @@ def make_accelerator(cfg: TrainConfig) -> Any:
         # Medusa-2 warm-up leaves the LoRA weights without gradients.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.lora.enabled)],
     )
+    if launched > 1 and accelerator.num_processes != launched:
+        raise HeadstartError(
+            f"the launcher started {launched} processes but they formed a group of "
+            f"{accelerator.num_processes} ({accelerator.distributed_type}): each would train alone "
+            "into the same output_dir",
+            "check the accelerate config (distributed_type, num_processes), or run `headstart train` "
+            "without `accelerate launch`",
+        )
+    return accelerator
+
+
+def launcher_world_size() -> int:
+    """How many processes `accelerate launch`/torchrun started (WORLD_SIZE; 1 without a launcher)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, target: Any = None) -> Plan:

@@ -37,6 +37,18 @@ class FlakyServer(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append(body)
+        if self.path == "/html/chat/completions":  # a web server that does not speak the API
+            page = (
+                b"<!DOCTYPE html>\n<html><head><title>501 Not Implemented</title></head>\n<body>\n"
+                + (b"<h1>Not Implemented</h1>\n<p>POST is not supported here.</p>\n" * 5)
+                + b"</body></html>\n"
+            )
+            self.send_response(501)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
         if self.path != "/v1/chat/completions":
             self.send_response(404)
             self.end_headers()
@@ -105,12 +117,24 @@ def test_a_server_that_keeps_failing_or_refuses_is_one_line(distill_target, flak
     finally:
         FlakyServer.fail = 2
     wrong = OpenAIEngine(distill_target.tokenizer, Endpoint(flaky_server.removesuffix("/v1"), "tiny"))
-    with pytest.raises(HeadstartError, match="refused the request.*HTTP 404.*check --model"):
+    with pytest.raises(HeadstartError, match="refused the request.*HTTP 404.*--model") as refused:
         wrong.run([_request("a", "hi")], lambda r, p: None)
-    with pytest.raises(HeadstartError, match="--engine openai needs the server's --base-url and --model"):
-        from headstart.distill import DistillConfig
+    assert "\n" not in refused.value.one_line()
+    html = OpenAIEngine(distill_target.tokenizer, Endpoint(flaky_server.replace("/v1", "/html"), "tiny"))
+    with pytest.raises(HeadstartError) as refused:
+        html.run([_request("a", "hi")], lambda r, p: None)
+    line = refused.value.one_line()  # the status and the page's title, not ten lines of HTML
+    assert "HTTP 501" in line and "501 Not Implemented" in line and "<" not in line and "\n" not in line
+    assert "/v1" in line and len(line) < 400
+    from headstart.distill import DistillConfig
 
+    with pytest.raises(HeadstartError, match="--engine openai needs the server's --base-url and --model"):
         DistillConfig(out="x", engine="openai")
+    for url in ("ftp://example.com/v1", "localhost:8000/v1", "http://", "http://host:99999/v1"):
+        start = time.perf_counter()  # refused at once, not after six tries
+        with pytest.raises(HeadstartError, match="--base-url"):
+            DistillConfig(out="x", engine="openai", base_url=url, model="m")
+        assert time.perf_counter() - start < 1.0
 
 
 def _free_port() -> int:

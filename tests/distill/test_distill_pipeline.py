@@ -369,3 +369,47 @@ def test_features_beyond_float16_are_refused_not_stored_as_inf():
     with pytest.raises(HeadstartError, match=r"layer8 reaches \|x\| = 7e\+04.*--feature-dtype bfloat16"):
         check_representable(big.half(), big, "layer8", "float16")
     check_representable(big.bfloat16(), big, "layer8", "bfloat16")  # bfloat16 has float32's range
+
+
+@pytest.mark.parametrize("features", [False, True])
+def test_shards_hold_shard_size_records_and_progress_counts_records(
+    distill_target, make_cfg, tmp_path, monkeypatch, features
+):
+    """--num 6 --shard-size 2 at a batch of 64: three shards of two (before: one shard of six),
+    and the bar advances per finished record (before: it sat at 0/6 until the end)."""
+    import tqdm.auto
+
+    from headstart.distill.store import shard_paths
+
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(6)))
+    steps = []
+    real = tqdm.auto.tqdm
+
+    class Counting(real):
+        def __init__(self, *args, **kwargs):
+            self.label = kwargs.get("desc")
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            if self.label == "distill":
+                steps.append(n)
+            return super().update(n)
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Counting)
+    extra = dict(cache_features=True, feature_layers="last") if features else {}
+    cfg = make_cfg(prompts=str(source), num=6, shard_size=2, batch_size=64, **extra)
+    assert run_distill(cfg, target=distill_target, quiet=True)["records_total"] == 6
+    sizes = [len(path.read_text().splitlines()) for path in shard_paths(cfg.out)]
+    assert sizes == [2, 2, 2]
+    assert steps == [1] * 6
+    shards = {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+        for path in shard_paths(cfg.out)
+    }
+    assert sorted(r["index"] for rows in shards.values() for r in rows) == list(range(6))
+    if features:  # each record's features sit in its own shard's file
+        for stem, rows in shards.items():
+            for record in rows:
+                assert record["features_file"] == f"features/{stem}.safetensors"
+                assert load_features(cfg.out, record)["last"].shape[0] == len(record["input_ids"])

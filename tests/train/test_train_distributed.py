@@ -82,3 +82,33 @@ def test_two_cpu_processes_match_one(tiny_llama, tmp_path):
     w1 = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
     for key in w1:
         torch.testing.assert_close(w2[key], w1[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+# one two-process launch: ~8 s on the 2-core box, so in the default run
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not on PATH")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without GPUs")
+def test_gpu_launch_config_without_gpus_forms_one_cpu_group(tiny_llama, tmp_path):
+    """The README's ddp.yaml (MULTI_GPU) launched on a machine without GPUs and without
+    ACCELERATE_USE_CPU: before, two independent one-process runs wrote the same output_dir; now
+    the processes form one CPU group."""
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
+    env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    config = Path(__file__).parents[2] / "recipes" / "accelerate" / "cpu_2proc.yaml"
+    launch = [
+        shutil.which("accelerate"),
+        "launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        "29534",
+    ]
+    proc = subprocess.run(
+        [*launch, str(RUNNER), str(tiny_llama), str(tmp_path / "two"), *ARGS, "batch_size=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "two" / "results.json").read_text())["processes"] == 2

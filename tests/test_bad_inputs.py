@@ -1,0 +1,247 @@
+"""Every command's bad inputs, as a table: exit status 2, ONE line on stderr that names the flag
+or file and gives the fix, no traceback, and nothing added, changed or deleted on disk.
+
+New commands (`serve`, new head kinds) add their rows to CASES. Each row runs `headstart.cli.main`
+in this process on a tiny local target (a subprocess per row would cost seconds of imports each);
+`test_real_process_sample` runs a few rows as real processes, with raw non-UTF-8 bytes in argv.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headstart.cli import main
+
+NOT_UTF8 = b"\xff\xfehello".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory, tiny_llama):
+    """W: heads, a finished run, a finished bench, broken files of every kind (built once)."""
+    from headstart.heads import HeadSpec, build_head
+    from headstart.target import load_target
+
+    w = tmp_path_factory.mktemp("bad-inputs")
+    target = load_target(str(tiny_llama))
+    for kind in ("eagle3", "medusa"):
+        spec = HeadSpec(kind=kind, draft_vocab_size=60 if kind == "eagle3" else 0)
+        build_head(spec, target, token_counts=torch.arange(288.0)).save_pretrained(w / f"heads-{kind}")
+    shutil.copytree(w / "heads-eagle3", w / "run" / "final")
+    (w / "run" / "results.json").write_text("{}")
+    (w / "junk").mkdir()
+    (w / "junk" / "notes.txt").write_text("mine")
+    (w / "file.txt").write_text("mine")
+    (w / "cwd").mkdir()
+    (w / "q-list.jsonl").write_text("[1, 2, 3]\n")
+    (w / "q-bytes.jsonl").write_bytes(b'{"prompt": "hello"}\n{"prompt": "a\xff"}\n')
+    (w / "q3.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "count", "yes")))
+    (w / "p-bytes.jsonl").write_bytes(b'{"prompt": "\xff\xfe"}\n' * 3)
+    (w / "empty.gguf").write_bytes(b"")
+    (w / "magicless.gguf").write_bytes(b"not a gguf file at all")
+    (w / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
+    (w / "recipe-unknown.yaml").write_text(f"target: {tiny_llama}\nbatch_sise: 2\n")
+    for name, edit in {
+        "no-hidden": lambda c: c.pop("hidden_size"),
+        "no-target": lambda c: c.pop("target"),
+        "string-number": lambda c: c.update(hidden_size="sixty-four"),
+        "no-layers": lambda c: c.pop("feature_layers"),
+    }.items():
+        shutil.copytree(w / "heads-eagle3", w / f"bad-{name}")
+        config = json.loads((w / f"bad-{name}" / "config.json").read_text())
+        edit(config)
+        (w / f"bad-{name}" / "config.json").write_text(json.dumps(config))
+    args = ["bench", "--target", str(tiny_llama), "--heads", str(w / "heads-eagle3"), "--questions"]
+    assert main([*args, str(w / "q3.jsonl"), "--baselines", "vanilla", "--max-new-tokens", "4", "-q",
+                 "--output", str(w / "bench-done")]) == 0  # fmt: skip
+    return w
+
+
+def _recipe(w: Path, target: Path, output_dir: str) -> str:
+    path = w / f"recipe-{abs(hash(output_dir))}.yaml"
+    if not path.is_file():
+        path.write_text(
+            f"target: {target}\noutput_dir: {output_dir}\nhead: {{kind: medusa}}\ndata: {{path: [{w}/nodata]}}\n"
+        )
+    return str(path)
+
+
+E, T = "{W}/heads-eagle3", "{T}"
+CASES = [
+    # export: never delete what it did not write (issue 34 items 1-3, 5, 6)
+    ("export into the run holding its heads", ["export", "{W}/run/final", "--target", T, "--format", "speculators", "--output", "{W}/run"], "holds the input"),
+    ("export --overwrite into the run", ["export", "{W}/run/final", "--target", T, "--format", "eagle", "--output", "{W}/run", "--overwrite"], "holds the input"),
+    ("export over unrelated files", ["export", E, "--target", T, "--format", "eagle", "--output", "{W}/junk"], "--output {W}/junk is not empty (notes.txt)"),
+    ("export onto a file", ["export", E, "--target", T, "--format", "eagle", "--output", "{W}/file.txt"], "--output {W}/file.txt is a file"),
+    ("export into /proc", ["export", E, "--target", T, "--format", "eagle", "--output", "/proc/headstart-x"], "cannot write the --output /proc/headstart-x"),
+    ("export into /sys", ["export", E, "--target", T, "--format", "eagle", "--output", "/sys/headstart-x"], "cannot write the --output /sys/headstart-x"),
+    ("export into the working dir", ["export", E, "--target", T, "--format", "eagle", "--output", "."], "--output . is the working directory"),
+    ("export into its parent", ["export", E, "--target", T, "--format", "eagle", "--output", ".."], "--output .. holds the input"),
+    ("export heads without hidden_size", ["export", "{W}/bad-no-hidden", "--target", T, "--format", "eagle", "--output", "{W}/x"], "config.json lacks 'hidden_size'"),
+    ("export heads without target", ["export", "{W}/bad-no-target", "--target", T, "--format", "eagle", "--output", "{W}/x"], "config.json lacks 'target'"),
+    ("export heads with a string size", ["export", "{W}/bad-string-number", "--target", T, "--format", "eagle", "--output", "{W}/x"], "'hidden_size in {W}/bad-string-number/config.json' expects int"),
+    ("export heads without feature_layers", ["export", "{W}/bad-no-layers", "--target", T, "--format", "eagle", "--output", "{W}/x"], "feature_layers in {W}/bad-no-layers/config.json"),
+    ("export missing heads", ["export", "{W}/nope", "--target", T, "--format", "eagle", "--output", "{W}/x"], "--heads {W}/nope: no such directory"),
+    ("export unknown format", ["export", E, "--format", "gguf", "--output", "{W}/x"], "argument --format: invalid choice"),
+    # devices, text, contexts, GGUF files (items 7, 8, 10, 11)
+    ("generate --device gpu", ["generate", "--target", T, "--device", "gpu", "--prompt", "hi"], "unknown --device 'gpu'"),
+    ("info --device ''", ["info", "--target", T, "--device", ""], "unknown --device ''"),
+    ("chat --device tpu", ["chat", "--target", T, "--device", "tpu"], "unknown --device 'tpu'"),
+    ("generate non-UTF-8 prompt", ["generate", "--target", T, "--prompt", NOT_UTF8], "--prompt is not valid UTF-8"),
+    ("generate second prompt not UTF-8", ["generate", "--target", T, "--prompt", "a", "--prompt", NOT_UTF8], "--prompt #2 is not valid UTF-8"),
+    ("generate empty prompt", ["generate", "--target", T, "--prompt", "   "], "the prompt is empty"),
+    ("generate --max-new-tokens abc", ["generate", "--target", T, "--prompt", "x", "--max-new-tokens", "abc"], "argument --max-new-tokens: invalid int value"),
+    ("info --context 0", ["info", "--target", T, "--context", "0"], "--context must be >= 1"),
+    ("info --context -5", ["info", "--target", T, "--context", "-5"], "--context must be >= 1"),
+    ("info --context past the model", ["info", "--target", T, "--context", "100000"], "--context 100000 + 22 measured tokens exceeds the target's context of 512"),
+    ("info truncated GGUF", ["info", "--target", "{W}/trunc.gguf"], "cannot read GGUF file {W}/trunc.gguf"),
+    ("info empty GGUF", ["info", "--target", "{W}/empty.gguf"], "cannot read GGUF file {W}/empty.gguf"),
+    ("info GGUF without magic", ["info", "--target", "{W}/magicless.gguf"], "cannot read GGUF file {W}/magicless.gguf"),
+    # bench (items 9, 17-19)
+    ("bench a line that is a list", ["bench", "--target", T, "--questions", "{W}/q-list.jsonl", "--output", "{W}/b"], "{W}/q-list.jsonl:1 is a JSON list, not an object"),
+    ("bench a line not UTF-8", ["bench", "--target", T, "--questions", "{W}/q-bytes.jsonl", "--output", "{W}/b"], "{W}/q-bytes.jsonl:2 is not UTF-8"),
+    ("bench --limit -1", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--limit", "-1", "--output", "{W}/b"], "--limit must be >= 1, got -1"),
+    ("bench --limit 0", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--limit", "0", "--output", "{W}/b"], "--limit must be >= 1, got 0"),
+    ("bench a shard with no question", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "4/4", "--output", "{W}/b"], "--shard 4/4 selects no question"),
+    ("bench a bad shard", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "²/4", "--output", "{W}/b"], "bad --shard '²/4'"),
+    ("bench over a finished run", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/bench-done"], "{W}/bench-done already holds a finished bench report"),
+    ("bench --resume, other settings", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--max-new-tokens", "9", "--resume", "--output", "{W}/bench-done"], "other settings (max_new_tokens)"),
+    ("bench into unrelated files", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/junk"], "--output {W}/junk is not empty (notes.txt)"),
+    ("bench onto a file", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/file.txt"], "--output {W}/file.txt is a file"),
+    ("bench unknown baseline", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--baselines", "vanila", "--output", "{W}/b"], "unknown baseline(s) ['vanila']"),
+    ("bench missing questions", ["bench", "--target", T, "--questions", "{W}/nope.jsonl", "--output", "{W}/b"], "questions not found: {W}/nope.jsonl"),
+    ("bench merge into a shard", ["bench", "--merge", "{W}/bench-done", "--output", "{W}/bench-done"], "is one of the --merge directories"),
+    # distill (items 4, 14)
+    ("distill ftp base url", ["distill", "--target", T, "--engine", "openai", "--base-url", "ftp://example.com/v1", "--model", "m", "--out", "{W}/d"], "--base-url 'ftp://example.com/v1' must be an http:// or https:// URL"),
+    ("distill base url without scheme", ["distill", "--target", T, "--engine", "openai", "--base-url", "localhost:8000/v1", "--model", "m", "--out", "{W}/d"], "--base-url 'localhost:8000/v1' must be an http"),
+    ("distill onto a file", ["distill", "--target", T, "--out", "{W}/file.txt/d"], "--out {W}/file.txt/d: {W}/file.txt is a file"),
+    ("distill into unrelated files", ["distill", "--target", T, "--prompts", "{W}/q3.jsonl", "--out", "{W}/junk", "--max-prompt-tokens", "64"], "{W}/junk exists, is not empty and is not a distill output"),
+    ("distill into /proc", ["distill", "--target", T, "--out", "/proc/headstart-x"], "cannot write the --out /proc/headstart-x"),
+    ("distill --num 0", ["distill", "--target", T, "--num", "0", "--out", "{W}/d"], "--num must be >= 1, got 0"),
+    ("distill no usable row", ["distill", "--target", T, "--prompts", "{W}/p-bytes.jsonl", "--out", "{W}/d", "--max-prompt-tokens", "64"], "has no usable row (line is not UTF-8: 3)"),
+    ("distill missing prompts", ["distill", "--target", T, "--prompts", "{W}/nope.jsonl", "--out", "{W}/d", "--max-prompt-tokens", "64"], "{W}/nope.jsonl"),
+    # train, tune, push
+    ("train missing recipe", ["train", "--recipe", "{W}/nope.yaml"], "recipe file not found: {W}/nope.yaml"),
+    ("train misspelt key", ["train", "--recipe", "{W}/recipe-unknown.yaml"], "unknown config key 'batch_sise'; did you mean 'batch_size'?"),
+    ("train into unrelated files", ["train", "--recipe", "{RECIPE:{W}/junk}"], "output_dir {W}/junk is not empty (notes.txt) and holds no headstart training run"),
+    ("train onto a file", ["train", "--recipe", "{RECIPE:{W}/file.txt}"], "output_dir {W}/file.txt is a file"),
+    ("train over a finished run", ["train", "--recipe", "{RECIPE:{W}/run}"], "{W}/run already holds a finished training run"),
+    ("tune missing heads", ["tune", "--target", T, "--heads", "{W}/nope"], "no trained heads at {W}/nope"),
+    ("tune --limit 0", ["tune", "--target", T, "--heads", E, "--limit", "0"], "--limit must be >= 1"),
+    ("push not heads", ["push", "{W}/junk", "org/name"], "{W}/junk is not a heads directory"),
+    ("unknown command", ["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    ("export without --output", ["export", "--format", "eagle"], "the following arguments are required: --output"),
+]  # fmt: skip
+
+
+def _fill(arg: str, w: Path, target: Path) -> str:
+    if arg.startswith("{RECIPE:"):
+        return _recipe(w, target, arg.removeprefix("{RECIPE:").removesuffix("}").replace("{W}", str(w)))
+    return arg.replace("{W}", str(w)).replace("{T}", str(target))
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int] | None]:
+    """Every entry under root (hidden ones included): a file's size and modification time; a
+    directory's existence (its time moves when a writability probe makes and removes a temp dir)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+    }
+
+
+@pytest.mark.parametrize("name, argv, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(name, argv, message, work, tiny_llama, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(work / "cwd")
+    args = [_fill(a, work, tiny_llama) for a in argv]
+    before = snapshot(work)
+    capsys.readouterr()  # what fixtures printed while loading is not this command's
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse
+        code = exit_.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert lines[0].startswith("error: ") and " -- fix: " in lines[0], lines[0]
+    assert _fill(message, work, tiny_llama) in lines[0]
+    assert snapshot(work) == before  # nothing written, nothing lost: no dir, lock or temp file left
+
+
+def test_real_process_sample(work, tiny_llama, tmp_path):
+    """The same contract through a real process: raw non-UTF-8 bytes in argv, argparse errors."""
+    env = dict(os.environ, HEADSTART_CACHE=str(tmp_path / "cache"))
+    runs = [
+        ([b"generate", b"--target", str(tiny_llama).encode(), b"--prompt", b"\xff\xfehello"], "not valid UTF-8"),
+        ([b"export", b"--format", b"eagle", b"--output", str(work / "run").encode(), str(work / "run" / "final").encode(),
+          b"--target", str(tiny_llama).encode()], "holds the input"),
+        ([b"bench", b"--limit", b"x", b"--output", b"o"], "argument --limit: invalid int value"),
+    ]  # fmt: skip
+    for argv, message in runs:
+        proc = subprocess.run([sys.executable.encode(), b"-m", b"headstart", *argv], capture_output=True, env=env,
+                              cwd=work / "cwd", timeout=300)  # fmt: skip
+        err = proc.stderr.decode(errors="replace")
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], err
+    assert (work / "run" / "final" / "config.json").is_file() and (work / "run" / "results.json").is_file()
+
+
+def test_chat_reports_a_bad_message_and_goes_on(work, tiny_llama, capsys, monkeypatch):
+    """One over-long message and one that is not UTF-8 each cost that turn, not the session."""
+    lines = b"hello\n" + b"word " * 700 + b"\n\xff\xfe\nagain\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines), encoding="utf-8"))
+    seen = []
+    import headstart.commands.chat as chat
+
+    real = chat.turn
+
+    def spy(target, decoding, messages, text):
+        seen.append([m["content"] for m in messages])
+        return real(target, decoding, messages, text)
+
+    monkeypatch.setattr(chat, "turn", spy)
+    capsys.readouterr()
+    code = main(["chat", "--target", str(tiny_llama), "--max-new-tokens", "4", "--no-heads"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "exceeds the target's context" in err and "the message is not valid UTF-8" in err
+    assert err.count("message dropped; the conversation goes on") == 2
+    assert len(seen) == 4 and seen[3][0] == "hello" and len(seen[3]) == 2  # the 4th turn follows the 1st
+
+
+def test_generate_json_gives_each_prompt_its_own_figures(work, tiny_llama, capsys):
+    """Two prompts of one batch that stop at different lengths: each object's stats are its own,
+    and the batch's figures are labelled as such."""
+    base = ["generate", "--target", str(tiny_llama), "--heads", str(work / "heads-eagle3"), "--json", "--raw"]
+    capsys.readouterr()
+    assert main([*base, "--prompt", "abc", "--max-new-tokens", "12"]) == 0
+    text = json.loads(capsys.readouterr().out)["text"]
+    stop = text[2:4]  # stops the first prompt after a few tokens
+    assert main([*base, "--prompt", "abc", "--prompt", "xyz", "--max-new-tokens", "12", "--stop", stop]) == 0
+    first, second = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    for item in (first, second):
+        assert item["stats"]["new_tokens"] == len(item["token_ids"])
+        assert item["stats"]["batch"]["batch_size"] == 2
+    assert first["stats"]["new_tokens"] < 12 or second["stats"]["new_tokens"] < 12
+    assert first["stats"]["batch"]["new_tokens"] == len(first["token_ids"]) + len(second["token_ids"])
+
+
+def test_bench_resume_of_a_finished_run_measures_nothing(work, tiny_llama, capsys):
+    report = (work / "bench-done" / "report.json").read_bytes()
+    args = ["bench", "--target", str(tiny_llama), "--heads", str(work / "heads-eagle3"), "--questions",
+            str(work / "q3.jsonl"), "--baselines", "vanilla", "--max-new-tokens", "4", "--resume",
+            "--output", str(work / "bench-done")]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "nothing to resume" in captured.err and "headstart bench" in captured.out
+    assert (work / "bench-done" / "report.json").read_bytes() == report

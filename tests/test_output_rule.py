@@ -1,0 +1,158 @@
+"""The rule every command that writes follows (headstart.io): never delete what it did not write;
+write a temporary sibling and rename it into place; refuse a non-empty target without an explicit
+flag. One test per command: export, distill, train, bench, tune. (The refusals, in one line and
+with nothing touched, are rows of tests/test_bad_inputs.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from headstart.cli import main
+from headstart.errors import HeadstartError
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, tiny_llama):
+    from headstart.heads import HeadSpec, build_head
+    from headstart.target import load_target
+
+    folder = tmp_path_factory.mktemp("rule") / "heads"
+    target = load_target(str(tiny_llama))
+    build_head(
+        HeadSpec(kind="eagle3", draft_vocab_size=60), target, token_counts=torch.arange(288.0)
+    ).save_pretrained(folder)
+    return folder
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def test_export_replaces_its_own_output_and_only_with_overwrite_anything_else(
+    heads, tiny_llama, tmp_path, capsys
+):
+    base = ["export", str(heads), "--target", str(tiny_llama), "--format", "eagle", "--dtype", "float32"]
+    out = tmp_path / "out"
+    assert main([*base, "--output", str(out)]) == 0
+    assert main([*base, "--output", str(out)]) == 0  # an earlier export of this format: replaced
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    (out / "notes.txt").write_text("mine")  # now it holds a file export did not write
+    assert main([*base, "--output", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
+    assert main([*base, "--output", str(out), "--overwrite"]) == 0  # said so: replaced whole
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or old copy left
+
+
+def test_a_failed_export_leaves_the_earlier_one_whole(heads, tiny_llama, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    base = ["export", str(heads), "--target", str(tiny_llama), "--format", "speculators", "--output"]
+    out = tmp_path / "out"
+    assert main([*base, str(out)]) == 0
+    before = _tree(out)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+    assert main([*base, str(out)]) == 2
+    assert _tree(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_atomic_dir_names_the_path_on_an_os_error(tmp_path):
+    from headstart.io import atomic_dir
+
+    def fail(tmp):
+        (tmp / "half.bin").write_bytes(b"x")
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(HeadstartError, match=f"cannot write {tmp_path / 'x'}: Input/output error"):
+        atomic_dir(tmp_path / "x", fail)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_distill_writes_into_its_own_output_only(tiny_llama, tmp_path):
+    from headstart.distill import DistillConfig
+    from headstart.distill.pipeline import run_distill
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    source = tmp_path / "p.jsonl"
+    source.write_text('{"prompt": "hello"}\n{"prompt": "count"}\n')
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    cfg = dict(prompts=str(source), num=2, max_new_tokens=4, max_prompt_tokens=64)
+    with pytest.raises(HeadstartError, match="not empty and is not a distill output"):
+        run_distill(DistillConfig(out=str(junk), **cfg), target=target, quiet=True)
+    assert _tree(junk) == {"notes.txt": b"mine"}
+    out = tmp_path / "out"
+    run_distill(DistillConfig(out=str(out), **cfg), target=target, quiet=True)
+    written = _tree(out)
+    run_distill(DistillConfig(out=str(out), **cfg), target=target, quiet=True)  # resumed: nothing to add
+    assert {k: v for k, v in _tree(out).items() if k != "summary.json"} == {
+        k: v for k, v in written.items() if k != "summary.json"
+    }
+    assert not any(Path(name).name.startswith(".tmp") for name in _tree(out))
+
+
+def test_train_refuses_a_directory_of_other_files_and_a_finished_run(tiny_llama, tmp_path):
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+    from headstart.train.loop import check_run_dir
+
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "final").mkdir()  # a name a run writes, but no run: still refused
+    (junk / "final" / "weights.bin").write_text("mine")
+    (junk / "data.csv").write_text("mine")
+    check_run_dir(tmp_path / "new", resume=False)  # new: fine
+    (tmp_path / "logs-only" / "logs").mkdir(parents=True)
+    check_run_dir(tmp_path / "logs-only", resume=False)  # a run that failed before its first step
+    cfg = load_config(TrainConfig, None, [f"target={tiny_llama}", f"output_dir={junk}", "trackers=[none]"])
+    from headstart.train.loop import train
+
+    with pytest.raises(HeadstartError, match="already holds a finished training run"):
+        train(cfg)
+    (junk / "final" / "weights.bin").unlink()
+    (junk / "final").rmdir()
+    with pytest.raises(HeadstartError, match="holds no headstart training run"):
+        train(cfg)
+    assert _tree(junk) == {"data.csv": b"mine"}
+
+
+def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"prompt": "hello"}\n')
+    out = tmp_path / "bench"
+    args = ["bench", "--target", str(tiny_llama), "--heads", str(heads), "--questions", str(questions),
+            "--baselines", "vanilla", "--max-new-tokens", "4", "-q", "--output", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert {p.name for p in out.iterdir()} <= {"report.json", "report.md", "outputs.jsonl", "speedup_by_category.png",
+                                               "accept_lengths.png"}  # fmt: skip
+    finished = _tree(out)
+    assert main(args) == 2 and _tree(out) == finished  # a finished run is never measured over
+
+
+def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path):
+    import shutil
+
+    from headstart.bench.tune import TUNED_FILE
+
+    mine = tmp_path / "heads"
+    shutil.copytree(heads, mine)
+    (mine / "notes.txt").write_text("mine")
+    before = _tree(mine)
+    args = ["tune", "--target", str(tiny_llama), "--heads", str(mine), "--limit", "1", "--max-new-tokens", "4",
+            "--candidates", "chain:1;chain:2"]  # fmt: skip
+    assert main([*args, "--dry-run"]) == 0 and _tree(mine) == before
+    assert main(args) == 0
+    after = _tree(mine)
+    assert set(after) - set(before) == {TUNED_FILE} and {k: after[k] for k in before} == before
+    assert json.loads(after[TUNED_FILE])["tree"] in ("chain:1", "chain:2")
