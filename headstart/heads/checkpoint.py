@@ -128,7 +128,7 @@ class HeadCheckpoint(
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Any = None) -> Any:
         """Load a head; with `target` (a headstart Target) also check its fingerprint and bind."""
-        from headstart.heads.formats import load_checked, read_weights
+        from headstart.heads.files import load_checked, read_weights
 
         config = HeadConfig.read(path)
         if (config.kind, config.layout) != (cls.kind, cls.layout):  # type: ignore[attr-defined]

@@ -115,7 +115,7 @@ class HeadConfig:
         key, a string where a number belongs or an unknown key is one line naming the key and
         the file (a hand-edited or damaged checkpoint must not fail later as a shape error)."""
         from headstart.config import _coerce
-        from headstart.heads.formats import read_json
+        from headstart.heads.files import read_json
 
         file = Path(path) / "config.json"
         data = read_json(file)

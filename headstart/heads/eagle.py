@@ -5,7 +5,7 @@ EAGLE-3 comes in two layouts (HeadConfig.layout):
 - "reference" (new heads): the EAGLE-3 release's layout, which vLLM, SGLang, speculators,
   SpecForge and llama.cpp read: fc (3H -> H) fuses three target layers into g; the layer's q/k/v
   read cat(input_layernorm(embed), hidden_norm(g)) (2H); the residual is g. `headstart export`
-  writes it in their formats (headstart/heads/formats.py).
+  writes it in their formats (headstart/heads/formats/).
 - "fc" (headstart's first layout, kept so older checkpoints load): fc(cat(norm(embed), norm(g)))
   (2H -> H) feeds a standard decoder layer. No serving engine reads it.
 """
@@ -140,7 +140,7 @@ class Eagle3FcHead(DraftVocab, EagleHead):
 class Eagle3Head(Eagle3FcHead):
     """EAGLE-3 in the reference layout (module docstring). Module names mirror the reference's
     (`fc`, `norm`, `lm_head`, `d2t`, `t2d`; `midlayer.layer.*` is its `midlayer.*`/`layers.0.*`),
-    so formats.py only renames. `embed_tokens` exists only for imported heads that ship their own
+    so the format adapters (headstart/heads/formats/) only rename. `embed_tokens` exists only for imported heads that ship their own
     token embeddings; otherwise the target's are bound, frozen and not saved."""
 
     layout = "reference"

@@ -156,7 +156,7 @@ def test_exports_refuse_what_the_format_cannot_hold(llama_target, tmp_path):
         export_heads(medusa, "eagle", tmp_path / "x")
     with pytest.raises(HeadstartError, match="Medusa heads"):
         export_heads(build_head(HeadSpec(kind="eagle3"), llama_target), "medusa", tmp_path / "x")
-    with pytest.raises(HeadstartError, match="unknown export format"):
+    with pytest.raises(HeadstartError, match="unknown head format"):
         export_heads(medusa, "onnx", tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

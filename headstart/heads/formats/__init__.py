@@ -1,0 +1,153 @@
+"""Heads in the serving engines' formats, both ways, one adapter module per format (as
+speculators registers one class per model type):
+
+- `speculators`: vLLM's `speculators` format (config.json with `speculators_model_type` and a
+  `transformer_layer_config`). vLLM serves the directory as it is.
+- `eagle`: the EAGLE-3 release's layout (`midlayer.*`, a LlamaForCausalLMEagle3 config.json), which
+  SGLang, SpecForge, the EAGLE repo and llama.cpp's converter read.
+- `medusa`: vLLM's Medusa layout (and, on import, the Medusa repo's `medusa_lm_head.*`).
+- `headstart`: headstart's own checkpoint at another dtype (how the shipped heads become bf16).
+
+An adapter module holds `FILES` (what its export writes), `detects(config) -> bool`,
+`export(head, verifier, dtype) -> write(directory)` (refusing, in one line, what the format
+cannot hold, before anything is written) and `load(directory, config, target) -> head` (checked
+against the target). A new format is one
+module and one line in ADAPTERS. Conventions: d2t holds offsets (target id = i + d2t[i]), t2d is a
+bool mask over the target vocabulary; aux-layer ids follow the engines (id i = the input of
+decoder layer i), i.e. headstart's feature layer id + 1.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.heads.files import read_json
+
+ADAPTERS = {
+    "headstart": "headstart.heads.formats.own",
+    "speculators": "headstart.heads.formats.speculators",
+    "medusa": "headstart.heads.formats.medusa",
+    "eagle": "headstart.heads.formats.eagle",
+}
+"""Format name -> adapter module, in the order `detect_format` asks them."""
+FORMATS = tuple(ADAPTERS)
+
+
+def adapter(fmt: str) -> ModuleType:
+    if fmt not in ADAPTERS:
+        raise HeadstartError(f"unknown head format '{fmt}'", f"use one of {', '.join(ADAPTERS)}")
+    return importlib.import_module(ADAPTERS[fmt])
+
+
+def export_heads(
+    head: Any, fmt: str, output: str | Path, *, dtype: str = "bfloat16", verifier: str | None = None
+) -> Path:
+    """Write `head` in format `fmt` to the directory `output` (atomically: a failure leaves
+    nothing). Refuses what the format cannot express, before anything is written."""
+    from headstart.io import atomic_dir, normal_permissions
+
+    torch_dtype(dtype)
+    write = adapter(fmt).export(head, verifier or default_verifier(head.config), dtype)
+
+    def publish(tmp: Path) -> None:
+        write(tmp)
+        for file in tmp.iterdir():
+            normal_permissions(file)  # readable by the serving process, as files written without headstart
+
+    return atomic_dir(output, publish)
+
+
+def writer(config: dict[str, Any], state: dict[str, torch.Tensor], dtype: str) -> Callable[[Path], None]:
+    """Writes config.json (with its `torch_dtype`) and model.safetensors (floating tensors in
+    `dtype`) into a directory: what every engine format's export is made of."""
+    from safetensors.torch import save_file
+
+    cast = torch_dtype(dtype)
+    config = {**config, "torch_dtype": dtype}
+    state = {
+        k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in state.items()
+    }
+
+    def write(directory: Path) -> None:
+        (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+    return write
+
+
+def is_export(path: Path, fmt: str) -> bool:
+    """`path` is an earlier `headstart export --format fmt`: nothing but that export's files."""
+    names = {p.name for p in Path(path).iterdir()}
+    if not names <= adapter(fmt).FILES:
+        return False
+    try:
+        return detect_format(path) == fmt
+    except HeadstartError:
+        return False
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of a head directory, from its config.json."""
+    config = read_json(Path(path) / "config.json")
+    for fmt in ADAPTERS:
+        if adapter(fmt).detects(config):
+            return fmt
+    if "speculators_model_type" in config:
+        raise HeadstartError(
+            f"{path} is a speculators '{config['speculators_model_type']}' head",
+            "headstart reads speculators eagle3 heads; convert or retrain",
+        )
+    raise HeadstartError(
+        f"{path}/config.json is not a head checkpoint headstart knows",
+        "pass a headstart, speculators (eagle3), EAGLE-3 (LlamaForCausalLMEagle3) or Medusa head directory",
+    )
+
+
+def read_foreign(path: str | Path, fmt: str, target: Any) -> Any:
+    """A published head (format `fmt`) as a headstart head for `target`: checked against the
+    target's shapes (one line naming the mismatch), bound, on its device."""
+    directory = Path(path)
+    config = read_json(directory / "config.json")
+    try:
+        head = adapter(fmt).load(directory, config, target)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a field of the wrong shape
+        raise HeadstartError(
+            f"{directory}/config.json is not a valid {fmt} head config ({type(err).__name__}: {err})",
+            "restore or re-download the checkpoint",
+        ) from None
+    head.to(target.device)
+    head.bind(target.model)
+    return head
+
+
+def default_verifier(config: Any) -> str:
+    """The target as a serving engine names it: the Hub id, else the path or name recorded."""
+    from headstart.target.gguf import EMBEDDED_NAME
+
+    name = str(config.target.get("name"))
+    # the embedded GGUF is a Q4_1 quantisation of this model: serve it with the same weights
+    return "HuggingFaceTB/SmolLM2-135M-Instruct" if name == EMBEDDED_NAME else name
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise HeadstartError(f"unknown dtype '{name}'", "use bfloat16, float16 or float32")
+    return value
+
+
+def mismatch(path: Path, what: str, head: Any, target: Any) -> None:
+    """One line when a published head's `what` differs from the target's."""
+    if head != target:
+        raise HeadstartError(
+            f"{path} was made for a target with {what} {head}, this target has {target}",
+            "load the target the head was trained for",
+        )
