@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-HEAD_KINDS = ("medusa", "eagle", "eagle3")
+HEAD_KINDS = ("medusa", "eagle", "eagle3", "dflash")
 
 
 @runtime_checkable

@@ -13,10 +13,11 @@ from headstart.target.features import check_layer_ids, eagle3_layer_ids
 
 
 def head_class(kind: str, layout: str = "fc") -> type:
+    from headstart.heads.dflash import DFlashHead
     from headstart.heads.eagle import Eagle3FcHead, Eagle3Head, EagleHead
     from headstart.heads.medusa import MedusaHeads
 
-    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3FcHead}
+    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3FcHead, "dflash": DFlashHead}
     if kind not in classes:
         raise HeadstartError(f"unknown head kind '{kind}'", f"use one of {', '.join(classes)}")
     return Eagle3Head if (kind, layout) == ("eagle3", "reference") else classes[kind]
@@ -26,7 +27,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
     """The checkpoint config for `spec` on `target`; checks the spec fits before any compute."""
     vocab = target.vocab_size
     layers: list[int] = []
-    if spec.kind == "eagle3":
+    if spec.kind in ("eagle3", "dflash"):
         layers = (
             list(spec.feature_layers)
             if spec.feature_layers is not None
@@ -35,7 +36,8 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         check_layer_ids(target.model, layers)
     elif spec.feature_layers:
         raise HeadstartError(
-            f"head.feature_layers is only used by eagle3, not {spec.kind}", "remove head.feature_layers"
+            f"head.feature_layers is only used by eagle3 and dflash, not {spec.kind}",
+            "remove head.feature_layers",
         )
     if spec.draft_vocab_size > vocab:
         raise HeadstartError(
@@ -47,6 +49,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
             "head.draft_vocab_size is not used by eagle (EAGLE-1 drafts through the target's lm_head)",
             "remove head.draft_vocab_size, or use head.kind=eagle3",
         )
+    dflash = spec.kind == "dflash"
     return HeadConfig(
         kind=spec.kind,
         hidden_size=target.hidden_size,
@@ -54,7 +57,9 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         target=dict(target.fingerprint),
         target_config=target.model.config.to_dict(),
         num_heads=spec.num_heads if spec.kind == "medusa" else 1,
-        num_layers=spec.num_layers if spec.kind == "medusa" else 1,
+        num_layers=spec.num_layers if spec.kind in ("medusa", "dflash") else 1,  # type: ignore[arg-type]
+        block_size=spec.block_size if dflash else 0,
+        mask_token_id=mask_token(spec, target) if dflash else -1,
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
         draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,
@@ -63,6 +68,26 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         input_norms=spec.input_norms
         and (spec.kind == "eagle" or (spec.kind, spec.layout) == ("eagle3", "fc")),
     )
+
+
+def mask_token(spec: HeadSpec, target: Any) -> int:
+    """DFlash's mask token: head.mask_token_id, else the tokenizer's mask, pad or end token. Any
+    fixed id works (the draft learns what its frozen embedding means in a block); every runtime
+    reads the id from the checkpoint."""
+    vocab = target.vocab_size
+    if spec.mask_token_id is not None:
+        if not 0 <= spec.mask_token_id < vocab:
+            raise HeadstartError(
+                f"head.mask_token_id={spec.mask_token_id} is not a token of the target (0..{vocab - 1})",
+                "pick an id in the vocabulary, or leave head.mask_token_id unset",
+            )
+        return spec.mask_token_id
+    tokenizer = getattr(target, "tokenizer", None)
+    for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int) and 0 <= value < vocab:
+            return value
+    return vocab - 1
 
 
 def draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:

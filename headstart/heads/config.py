@@ -14,6 +14,8 @@ from headstart.heads.base import HEAD_KINDS
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
+DFLASH_LAYERS = 2
+"""DFlash draft layers by default (head.num_layers); chosen by measurement on SmolLM2, see the README."""
 """Upper bound on a checkpoint's num_heads and num_layers (Medusa uses ~3-5 heads of 1-2 layers):
 a damaged config must not build a million modules before its weights are compared."""
 
@@ -22,21 +24,31 @@ a damaged config must not build a million modules before its weights are compare
 class HeadSpec:
     """The head to train, as written in a recipe's `head:` section."""
 
-    kind: Literal["medusa", "eagle", "eagle3"] = "medusa"
-    """medusa (Medusa-1/2), eagle (EAGLE-1/2) or eagle3."""
+    kind: Literal["medusa", "eagle", "eagle3", "dflash"] = "medusa"
+    """medusa (Medusa-1/2), eagle (EAGLE-1/2), eagle3, or dflash (a block drafter: one forward
+    drafts block_size - 1 tokens; headstart.heads.dflash)."""
     num_heads: int = 3
     """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
-    num_layers: int = 1
-    """Medusa: residual blocks `x + SiLU(Linear(x))` per head."""
+    num_layers: int | None = None
+    """Medusa: residual blocks `x + SiLU(Linear(x))` per head (default 1). DFlash: draft decoder
+    layers (default DFLASH_LAYERS)."""
+    block_size: int = 16
+    """DFlash: tokens per block, the anchor included (block_size - 1 drafted per forward)."""
+    mask_token_id: int | None = None
+    """DFlash: the token id whose (frozen, target) embedding fills the block's mask slots; None:
+    the tokenizer's mask token, else its pad token, else its end-of-sequence token."""
     shared_lm_head: bool = True
     """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
     feature_layers: list[int] | None = None
-    """EAGLE-3: three target layer ids (low, middle, high); None = the reference's taps
-    (headstart.target.eagle3_layer_ids). Ids follow headstart.target.features."""
+    """EAGLE-3: three target layer ids (low, middle, high); DFlash: one or more; None = the
+    EAGLE-3 reference's taps (headstart.target.eagle3_layer_ids), which are also speculators'
+    DFlash default. Ids follow headstart.target.features."""
     draft_vocab_size: int = 0
-    """EAGLE-3 and Medusa: size N of the draft vocabulary (the N most frequent target tokens in the
-    training data); 0 = the full target vocabulary. EAGLE-3 trains its own N-row lm_head; Medusa
-    trains over the full vocabulary and drafts over the N tokens only (a cheaper draft step)."""
+    """EAGLE-3, Medusa and DFlash: size N of the draft vocabulary (the N most frequent target
+    tokens in the training data); 0 = the full target vocabulary. EAGLE-3 trains its own N-row
+    lm_head; Medusa trains over the full vocabulary and drafts over the N tokens only (a cheaper
+    draft step); DFlash scores its training loss and drafts over those N rows of the target's
+    lm_head (its checkpoint stays full-vocabulary: other runtimes draft over every token)."""
     layout: Literal["reference", "fc"] = "reference"
     """EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
     llama.cpp load; `headstart export` writes it) or "fc" (headstart's first layout, not
@@ -49,6 +61,12 @@ class HeadSpec:
     def __post_init__(self) -> None:
         if self.num_heads < 1:
             raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
+        if self.num_layers is None:
+            self.num_layers = DFLASH_LAYERS if self.kind == "dflash" else 1
+        if not 2 <= self.block_size <= 64:
+            raise HeadstartError(
+                f"head.block_size must be in 2..64, got {self.block_size}", "set head.block_size=16"
+            )
         if self.num_layers < 1:
             raise HeadstartError(
                 f"head.num_layers must be >= 1, got {self.num_layers}", "set head.num_layers=1"
@@ -57,6 +75,11 @@ class HeadSpec:
             raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
         if self.layout not in ("reference", "fc"):
             raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
+        if self.feature_layers is not None and self.kind == "dflash" and not self.feature_layers:
+            raise HeadstartError(
+                "head.feature_layers must name at least one target layer for dflash",
+                "set head.feature_layers=[1,14,26] or leave it unset for the default taps",
+            )
         if self.feature_layers is not None and self.kind == "eagle3" and len(self.feature_layers) != 3:
             raise HeadstartError(
                 f"head.feature_layers must name 3 layers for eagle3, got {self.feature_layers}",
@@ -89,6 +112,10 @@ class HeadConfig:
     own_embeddings: bool = False
     """EAGLE-3 (imported): the checkpoint ships its own token embeddings (`embed_tokens.weight`)
     instead of sharing the target's."""
+    block_size: int = 0
+    """DFlash: tokens per block, the anchor included (0 for other kinds)."""
+    mask_token_id: int = -1
+    """DFlash: the token whose embedding fills the block's mask slots (-1 for other kinds)."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT
@@ -100,6 +127,14 @@ class HeadConfig:
             raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
         if not self.draft_vocab_size:
             self.draft_vocab_size = self.vocab_size
+        if self.kind == "dflash" and not (
+            self.block_size >= 2 and self.feature_layers and 0 <= self.mask_token_id < self.vocab_size
+        ):
+            raise HeadstartError(
+                f"a dflash head needs block_size >= 2, feature layers and a mask token in the vocabulary "
+                f"(got {self.block_size}, {self.feature_layers}, {self.mask_token_id})",
+                "rebuild the head from a recipe with head.kind=dflash",
+            )
         if self.layout not in ("reference", "fc") or (self.layout == "reference" and self.kind != "eagle3"):
             raise HeadstartError(
                 f"head layout '{self.layout}' is not valid for a {self.kind} head",

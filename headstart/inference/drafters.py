@@ -198,6 +198,69 @@ class EagleDrafter:
                 setattr(self, name, value[rows])
 
 
+class DFlashDrafter:
+    """DFlash: one block forward per step drafts every depth at once. Committed positions enter
+    the head's cache as context keys and values (from the TARGET's features); the block [root,
+    mask, ...] runs over them and its own keys are dropped at once. Like Medusa's, a node's
+    draft does not depend on its parent's token (`expand` broadcasts the depth's logits), so a
+    static tree takes the top-k per depth and a dynamic tree expands them by cumulative
+    probability; the tree verifier checks them in one target forward."""
+
+    def __init__(self, heads: Any, vocab_size: int, depth: int | None = None) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
+        self.max_depth: int | None = int(heads.max_depth)
+        self.vocab_size = vocab_size
+        # Only the depths the tree reaches go through the lm_head (a V x H matrix per row).
+        self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
+        self.cache = heads.new_cache()
+        self.visible: torch.Tensor | None = None  # (B, P) real entries of the context cache
+        self._logits: torch.Tensor | None = None  # (B, depth, V)
+        self._to_target = heads.draft_ids().to(_device(heads)) if heads.has_draft_vocab else None
+        self.packers = _packers(heads)
+
+    @torch.no_grad()
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        """Add the committed positions (B, T) to the context, then draft the block anchored at
+        the new root (the token after `last`)."""
+        batch = next_tokens.shape[0]
+        with packed(self.packers, batch * next_tokens.shape[1]):
+            self.heads.add_context(self.heads.fuse(last_hidden, layers), positions, self.cache)
+        prefix = self.visible if self.visible is not None else valid.new_zeros(batch, 0)
+        self.visible = torch.cat([prefix, valid], dim=1)
+        committed = kv.cache_length(self.cache)
+        rows = torch.arange(batch, device=last.device)
+        root, root_pos = next_tokens[rows, last], positions[rows, last] + 1
+        with packed(self.packers, batch * self.heads.block_size):
+            states = self.heads.draft_block(root, root_pos, self.visible, self.cache)  # (B, S, H)
+            logits = self.heads.logits(states[:, 1 : 1 + self.depth])  # (B, depth, Vd)
+        kv.truncate(self.cache, committed)  # the block's own keys: drafted, not committed
+        if self._to_target is not None:
+            logits = in_target_vocab(logits, self._to_target, self.vocab_size)
+        self._logits = logits
+
+    def root_logits(self) -> torch.Tensor:
+        assert self._logits is not None, "observe() first"
+        return self._logits[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth`: the block's slot depth + 1."""
+        assert self._logits is not None
+        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
+
+    def end_step(self) -> None:
+        """The block's keys were dropped in `observe`: only committed positions are cached."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        kv.select_rows(self.cache, rows)
+        if self.visible is not None:
+            self.visible = self.visible[rows]
+        if self._logits is not None:
+            self._logits = self._logits[rows]
+
+
 def _device(module: Any) -> torch.device:
     try:
         return next(module.parameters()).device
@@ -216,6 +279,8 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Any:
         return MedusaDrafter(heads, depth, vocab_size)
     if kind in ("eagle", "eagle3"):
         return EagleDrafter(heads, vocab_size)
+    if kind == "dflash":
+        return DFlashDrafter(heads, vocab_size, depth)
     raise HeadstartError(
         f"unknown head kind {kind!r}", "load heads saved by `headstart train` (medusa, eagle, eagle3)"
     )

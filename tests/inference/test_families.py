@@ -2,7 +2,7 @@
 family's own config class, with sliding windows (8) much smaller than prompt + output (~60
 tokens), mixed full/sliding layers where the family has them, MoE routing, soft-capping, sinks,
 scaled embeddings and no-RoPE layers. Greedy speculative output with freshly initialised real
-Medusa and EAGLE-3 heads, and with scripted drafts that accept long paths (the window then slides
+Medusa, EAGLE-3 and DFlash heads, and with scripted drafts that accept long paths (the window then slides
 inside a committed path), equals `model.generate(do_sample=False)` token for token, alone and
 batched with left padding."""
 
@@ -49,6 +49,9 @@ def test_family_greedy_is_exact(tiny_root, family):
         "eagle3": build_head(
             HeadSpec(kind="eagle3", draft_vocab_size=100, layout=layout), target, token_counts=counts
         ),  # fmt: skip
+        "dflash": build_head(
+            HeadSpec(kind="dflash", draft_vocab_size=100, block_size=5), target, token_counts=counts
+        ),
         "scripted": ScriptedDrafter(
             [ids + ref for ids, ref in zip(prompts, refs, strict=True)], target.vocab_size
         ),

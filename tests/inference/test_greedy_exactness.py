@@ -87,16 +87,19 @@ def make_heads(kind: str, target):
 def _real_heads(kind: str, target):
     from headstart.heads import HeadSpec, build_head
 
-    if kind == "real-medusa-vocab":  # drafts over 100 tokens only (a Medusa draft vocabulary)
+    if kind in ("real-medusa-vocab", "real-dflash-vocab"):  # drafts over 100 tokens only
         counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
-        return build_head(HeadSpec(kind="medusa", draft_vocab_size=100), target, token_counts=counts)
+        spec = HeadSpec(kind=kind.split("-")[1], draft_vocab_size=100, block_size=4)
+        return build_head(spec, target, token_counts=counts)
     spec = HeadSpec(kind=kind.removeprefix("real-"), draft_vocab_size=0)
     return build_head(spec, target)
 
 
 @pytest.mark.parametrize(
-    "kind", ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3", "real-medusa-vocab"]
-)
+    "kind",
+    ["medusa", "eagle", "eagle3", "real-medusa", "real-eagle", "real-eagle3", "real-medusa-vocab", "real-dflash",
+     "real-dflash-vocab"],
+)  # fmt: skip
 @pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("device", DEVICES)
 def test_greedy_matches_generate(request, target, prompts, kind, tree, device):

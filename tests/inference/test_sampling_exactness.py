@@ -167,6 +167,22 @@ def test_sampling_with_a_medusa_draft_vocabulary_preserves_target_distribution(t
     assert run_check(target, heads, "static", sampling, samples=12_000) > ALPHA
 
 
+@pytest.mark.parametrize(
+    ("tree", "vocab"), [("static", 0), ("dynamic:depth=3,top_k=3,total_tokens=8", 0), ("static", 8)]
+)
+def test_sampling_with_a_dflash_block_preserves_target_distribution(target, tree, vocab):
+    """A DFlash block's per-depth distributions as the tree's proposals (static: drawn without
+    replacement per depth; dynamic: top-k one-point proposals), also over a draft vocabulary of 8
+    of the 12 tokens."""
+    from headstart.heads import HeadSpec, build_head
+
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, temperature=1.0)
+    counts = torch.arange(VOCAB, dtype=torch.float64).flip(0)
+    spec = HeadSpec(kind="dflash", block_size=4, num_layers=1, draft_vocab_size=vocab)
+    heads = build_head(spec, target, token_counts=counts)
+    assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
 @pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])
