@@ -9,6 +9,7 @@ import torch
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig, HeadSpec
+from headstart.heads.dflash import derived_draft_config
 from headstart.target.features import check_layer_ids, eagle3_layer_ids
 
 
@@ -60,6 +61,11 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         num_layers=spec.num_layers if spec.kind in ("medusa", "dflash") else 1,  # type: ignore[arg-type]
         block_size=spec.block_size if dflash else 0,
         mask_token_id=mask_token(spec, target) if dflash else -1,
+        draft_config=derived_draft_config(
+            target.model.config.to_dict(), target.hidden_size, vocab, spec.num_layers
+        )
+        if dflash
+        else {},  # type: ignore[arg-type]  # fmt: skip
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
         draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,

@@ -116,6 +116,9 @@ class HeadConfig:
     """DFlash: tokens per block, the anchor included (0 for other kinds)."""
     mask_token_id: int = -1
     """DFlash: the token whose embedding fills the block's mask slots (-1 for other kinds)."""
+    draft_config: dict[str, Any] = field(default_factory=dict)
+    """DFlash: the draft layers' transformers config (model_type qwen3; sizes from the target when
+    built, as given when imported)."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT

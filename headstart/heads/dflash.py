@@ -47,32 +47,48 @@ def rope_theta(target_config: dict[str, Any]) -> float:
     return float(params.get("rope_theta") or target_config.get("rope_theta") or 10000.0)
 
 
+def derived_draft_config(
+    target_config: dict[str, Any], hidden: int, vocab: int, layers: int
+) -> dict[str, Any]:
+    """The draft layers' transformers config for a target: Qwen3 layers of the target's sizes
+    (hidden, heads, head_dim, intermediate, rms eps, rope theta), full attention."""
+    heads = int(target_config["num_attention_heads"])
+    return {
+        "model_type": DRAFT_ARCH,
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": int(target_config.get("intermediate_size") or 4 * hidden),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(target_config.get("num_key_value_heads") or heads),
+        "head_dim": int(target_config.get("head_dim") or hidden // heads),
+        "rms_norm_eps": float(target_config.get("rms_norm_eps") or 1e-6),
+        "max_position_embeddings": int(target_config.get("max_position_embeddings") or 32768),
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta(target_config)},
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "layer_types": ["full_attention"] * layers,
+    }
+
+
 def draft_layers_config(config: HeadConfig) -> Any:
-    """The draft layers' transformers config (Qwen3, full attention, sdpa) from the target's sizes."""
+    """The draft layers' transformers config object (sdpa: it passes our 4D float masks through)."""
     from transformers import AutoConfig
 
-    target = config.target_config
-    heads = int(target["num_attention_heads"])
-    hidden = config.hidden_size
-    layer = AutoConfig.for_model(
-        DRAFT_ARCH,
-        vocab_size=config.vocab_size,
-        hidden_size=hidden,
-        intermediate_size=int(target.get("intermediate_size") or 4 * hidden),
-        num_hidden_layers=config.num_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=int(target.get("num_key_value_heads") or heads),
-        head_dim=int(target.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(target.get("rms_norm_eps") or 1e-6),
-        max_position_embeddings=int(target.get("max_position_embeddings") or 32768),
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta(target)},
-        hidden_act="silu",
-        attention_bias=False,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        layer_types=["full_attention"] * config.num_layers,
+    data = dict(config.draft_config) or derived_draft_config(
+        config.target_config, config.hidden_size, config.vocab_size, config.num_layers
     )
-    layer._attn_implementation = "sdpa"  # passes the 4D float masks through unchanged
+    model_type = data.pop("model_type", DRAFT_ARCH)
+    if model_type != DRAFT_ARCH:
+        raise HeadstartError(
+            f"dflash draft layers of type {model_type!r}: headstart runs {DRAFT_ARCH} layers (q/k norms), "
+            "as speculators, z-lab and llama.cpp do",
+            "use a DFlash head with qwen3 draft layers",
+        )
+    layer = AutoConfig.for_model(model_type, **data)
+    layer._attn_implementation = "sdpa"
     return layer
 
 

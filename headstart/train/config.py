@@ -100,10 +100,26 @@ class LossConfig:
     eval_steps: int = 5
     """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses eval_ttt_steps)."""
     eval_ttt_steps: int = 0
-    """EAGLE-3 metrics: unroll this many steps on held-out data (0 = ttt_steps). Set it to compare
-    heads trained at different depths on the same held-out steps (scripts/ablate_smollm2.sh)."""
+    """EAGLE-3 and DFlash metrics: score this many draft steps on held-out data (0 = ttt_steps for
+    EAGLE-3, block_size - 1 for DFlash). Set it to compare heads trained at different depths, or
+    of different kinds, on the same held-out steps (scripts/ablate_smollm2.sh)."""
+    dflash_anchors: int = 32
+    """DFlash: blocks per conversation in a training step, anchored at random reply positions
+    (cost: anchors x block_size queries through the draft layers and the lm_head rows)."""
+    dflash_decay: float = 0.0
+    """DFlash: slot k (1..B-1) weighs exp(-(k-1)/gamma); 0 = the paper's gamma for the block size
+    (7 for 16, 5 for 10, 4 for 8)."""
+    dflash_labels: Literal["soft", "hard"] = "soft"
+    """DFlash: soft = the target's distribution at the slot (over the draft vocabulary), as EAGLE-3
+    trains here; hard = the data's token (z-lab's and SpecForge's recipe)."""
 
     def __post_init__(self) -> None:
+        if self.dflash_anchors < 1 or self.dflash_decay < 0:
+            raise HeadstartError(
+                f"loss.dflash_anchors must be >= 1 and loss.dflash_decay >= 0, got {self.dflash_anchors}, "
+                f"{self.dflash_decay}",
+                "set loss.dflash_anchors=32 and loss.dflash_decay=0 (the paper's decay)",
+            )
         if self.ttt_steps < 1 or self.eval_steps < 1 or self.eval_ttt_steps < 0:
             raise HeadstartError(
                 "loss.ttt_steps and loss.eval_steps must be >= 1, loss.eval_ttt_steps >= 0",

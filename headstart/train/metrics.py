@@ -33,6 +33,8 @@ def part_names(cfg: Any) -> list[str]:
         return [f"ce/head{k + 1}" for k in range(cfg.head.num_heads)] + (
             ["lm_loss"] if cfg.lora.enabled else []
         )
+    if cfg.head.kind == "dflash":
+        return [f"ce/slot{k}" for k in range(1, cfg.head.block_size)]
     if cfg.head.kind == "eagle":
         return ["feature_loss", "ce"]
     return [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]

@@ -6,6 +6,9 @@ speculators registers one class per model type):
 - `eagle`: the EAGLE-3 release's layout (`midlayer.*`, a LlamaForCausalLMEagle3 config.json), which
   SGLang, SpecForge, the EAGLE repo and llama.cpp's converter read.
 - `medusa`: vLLM's Medusa layout (and, on import, the Medusa repo's `medusa_lm_head.*`).
+- `dflash`: z-lab's DFlash layout (`DFlashDraftModel` with a `dflash_config`), which llama.cpp's
+  converter (`--spec-type draft-dflash`) and SGLang read; speculators' own DFlash layout is
+  `speculators`.
 - `headstart`: headstart's own checkpoint at another dtype (how the shipped heads become bf16).
 
 An adapter module holds `FILES` (what its export writes), `detects(config) -> bool`,
@@ -35,6 +38,7 @@ ADAPTERS = {
     "headstart": "headstart.heads.formats.own",
     "speculators": "headstart.heads.formats.speculators",
     "medusa": "headstart.heads.formats.medusa",
+    "dflash": "headstart.heads.formats.zlab",
     "eagle": "headstart.heads.formats.eagle",
 }
 """Format name -> adapter module, in the order `detect_format` asks them."""
@@ -103,11 +107,12 @@ def detect_format(path: str | Path) -> str:
     if "speculators_model_type" in config:
         raise HeadstartError(
             f"{path} is a speculators '{config['speculators_model_type']}' head",
-            "headstart reads speculators eagle3 heads; convert or retrain",
+            "headstart reads speculators eagle3 and dflash heads; convert or retrain",
         )
     raise HeadstartError(
         f"{path}/config.json is not a head checkpoint headstart knows",
-        "pass a headstart, speculators (eagle3), EAGLE-3 (LlamaForCausalLMEagle3) or Medusa head directory",
+        "pass a headstart, speculators (eagle3, dflash), EAGLE-3 (LlamaForCausalLMEagle3), DFlash "
+        "(DFlashDraftModel) or Medusa head directory",
     )
 
 

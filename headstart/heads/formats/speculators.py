@@ -1,7 +1,9 @@
 """vLLM's `speculators` format: config.json with `speculators_model_type`, `architectures`,
 `transformer_layer_config` (the draft layers' transformers config), the aux-layer ids and a
-`speculators_config` naming the verifier; weights as the reference release's with `midlayer.` ->
-`layers.0.`. `vllm serve DIR` takes the directory as it is. Model types: eagle3."""
+`speculators_config` naming the verifier. `vllm serve DIR` takes the directory as it is. Model
+types: eagle3 (weights as the reference release's with `midlayer.` -> `layers.0.`) and dflash
+(`fc`, `hidden_norm`, `layers.N.*`, `norm`; the block size, mask token and aux-layer ids in the
+config; full attention, so the block is bidirectional)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
-from headstart.heads.formats import eagle3
+from headstart.heads.formats import dflash, eagle3
 
 FILES = frozenset({"config.json", "model.safetensors"})
 PREFIX = "layers.0."
 LAYER_TYPES = ("llama", "qwen3")  # speculators' model_definitions.model_classes
-MODEL_TYPES = ("eagle3",)
+MODEL_TYPES = ("eagle3", "dflash")
 
 
 def detects(config: dict[str, Any]) -> bool:
@@ -25,6 +28,8 @@ def detects(config: dict[str, Any]) -> bool:
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
     from headstart.heads.formats import writer
 
+    if head.config.kind == "dflash":
+        return writer(*dflash_export(head, verifier), dtype)
     layer = eagle3.check_exportable(head, "speculators", LAYER_TYPES)
     config: HeadConfig = head.config
     state = eagle3.renamed_state(head, PREFIX)
@@ -63,6 +68,36 @@ def speculators_config(config: HeadConfig, algorithm: str, tokens: int, verifier
     }
 
 
+def dflash_export(head: Any, verifier: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    config = dflash.check_exportable(head, "speculators")
+    layer = dflash.layer_config(head)
+    speculators = {
+        "architectures": ["DFlashDraftModel"],  # what speculators' own save_pretrained writes
+        "speculators_model_type": "dflash",
+        "speculators_version": "0.9.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.vocab_size,  # full: the target's lm_head, no d2t/t2d
+        "target_hidden_size": config.hidden_size,
+        "aux_hidden_state_layer_ids": eagle3.aux_ids(config),
+        "block_size": config.block_size,
+        "mask_token_id": config.mask_token_id,
+        "sample_from_anchor": False,  # slot 0 is the anchor; slots 1.. are drafted
+        "sliding_window_non_causal": False,  # no sliding layers: every layer is full attention
+        "tie_word_embeddings": False,
+        "speculators_config": speculators_config(config, "dflash", config.block_size - 1, verifier),
+    }
+    return speculators, dflash.state(head)
+
+
 def load(directory: Path, config: dict[str, Any], target: Any) -> Any:
     layer = dict(config["transformer_layer_config"])
+    if config.get("speculators_model_type") == "dflash":
+        if config.get("sample_from_anchor"):
+            raise HeadstartError(
+                f"{directory} samples from its anchor slot (DSpark-style): headstart runs DFlash blocks",
+                "use a dflash head with sample_from_anchor false",
+            )
+        aux = [int(i) - 1 for i in config.get("aux_hidden_state_layer_ids") or []]
+        return dflash.load_dflash(directory, "speculators", layer, int(config.get("block_size") or 8),
+                                  int(config.get("mask_token_id", -1)), aux, target)  # fmt: skip
     return eagle3.load_eagle3(directory, "speculators", config, layer, PREFIX, target)

@@ -1,0 +1,97 @@
+"""What the two DFlash formats (speculators' `dflash`, z-lab's `DFlashDraftModel`) share: the
+draft layers' transformers config as engines read it, the check that a head is a DFlash head,
+and the import of either into a headstart DFlashHead. Weight names are the same in both and in
+headstart (`fc`, `hidden_norm`, `layers.N.*`, `norm`): no renaming. Layer ids: z-lab's
+`target_layer_ids` are headstart's (the OUTPUT of decoder layer i); speculators' aux ids, like
+EAGLE-3's, are one more (the INPUT of layer i + 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from headstart.errors import HeadstartError
+from headstart.heads.config import HeadConfig
+
+CONFIG_JUNK = ("architectures", "transformers_version", "_name_or_path", "auto_map", "_commit_hash", "dtype",
+               "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id")  # fmt: skip
+
+
+def check_exportable(head: Any, fmt: str) -> HeadConfig:
+    config: HeadConfig = head.config
+    if config.kind != "dflash":
+        raise HeadstartError(
+            f"the {fmt} format holds DFlash block drafters, not {config.kind} heads",
+            "export EAGLE-3 heads with --format speculators or eagle, Medusa heads with --format medusa",
+        )
+    return config
+
+
+def layer_config(head: Any) -> dict[str, Any]:
+    """The draft layers' transformers config (qwen3, full attention), every field written out."""
+    data = head.layer_config.to_dict()
+    for key in CONFIG_JUNK:
+        data.pop(key, None)
+    data["model_type"] = "qwen3"
+    return data
+
+
+def state(head: Any) -> dict[str, torch.Tensor]:
+    """The weights every DFlash runtime reads: full vocabulary (a headstart draft vocabulary is a
+    drafting choice over the target's lm_head rows, not part of the checkpoint)."""
+    return {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
+
+
+def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: int, mask_token_id: int,
+                feature_layers: list[int], target: Any) -> Any:  # fmt: skip
+    """A published DFlash head (its draft `layer` config and weights) as a DFlashHead for
+    `target`, every shape checked."""
+    from headstart.heads.dflash import DRAFT_ARCH, DFlashHead
+    from headstart.heads.files import load_checked, read_weights
+    from headstart.heads.formats import mismatch
+
+    layer = {k: v for k, v in layer.items() if k not in CONFIG_JUNK}
+    if layer.get("model_type", DRAFT_ARCH) != DRAFT_ARCH:
+        raise HeadstartError(
+            f"{directory} has {layer.get('model_type')} draft layers: headstart runs {DRAFT_ARCH} DFlash layers",
+            "use a DFlash head with qwen3 draft layers (speculators', z-lab's and llama.cpp's)",
+        )
+    mismatch(directory, "hidden size", int(layer.get("hidden_size", 0)), target.hidden_size)
+    mismatch(directory, "vocabulary", int(layer.get("vocab_size", 0)), target.vocab_size)
+    count = target.num_layers
+    if not feature_layers or any(not 0 <= i < count for i in feature_layers):
+        raise HeadstartError(
+            f"{directory} reads target layers {feature_layers} (output ids), this target has {count} layers",
+            "load the target the head was trained for",
+        )
+    if not (2 <= block_size <= 64 and 0 <= mask_token_id < target.vocab_size):
+        raise HeadstartError(
+            f"{directory}: block size {block_size} or mask token {mask_token_id} is out of range",
+            "restore or re-download the checkpoint",
+        )
+    weights = {k: v for k, v in read_weights(directory).items() if not k.startswith("verifier_")}
+    if "d2t" in weights or "lm_head.weight" in weights:
+        raise HeadstartError(
+            f"{directory} has its own draft vocabulary (lm_head, d2t): headstart runs DFlash heads over the "
+            "target's lm_head",
+            "use a full-vocabulary DFlash head",
+        )
+    layers = int(layer.get("num_hidden_layers", 0))
+    config = HeadConfig(
+        kind="dflash",
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        target=dict(target.fingerprint),
+        target_config=target.model.config.to_dict(),
+        num_layers=layers,
+        feature_layers=list(feature_layers),
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        draft_config=layer | {"model_type": DRAFT_ARCH},
+        training={"imported_from": f"{directory} ({fmt})"},
+    )
+    head = DFlashHead(config)
+    load_checked(head, weights, directory)
+    return head

@@ -1,0 +1,118 @@
+"""DFlash heads out to speculators' and z-lab's layouts and back: every field a reader needs,
+the same weights, the same drafts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from headstart.errors import HeadstartError
+from headstart.heads import HeadSpec, build_head, load_heads
+from headstart.heads.dflash import DFlashHead
+from headstart.heads.formats import detect_format, export_heads
+from headstart.inference.decoder import SpeculativeDecoder
+
+
+def _trained_like(target, vocab: int = 0, seed: int = 0):
+    counts = torch.arange(target.vocab_size, dtype=torch.float32)
+    head = build_head(HeadSpec(kind="dflash", block_size=6, num_layers=2, draft_vocab_size=vocab), target,
+                      token_counts=counts, seed=seed)  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return head
+
+
+def _decode(target, head, tree="chain:4"):
+    prompts = [target.chat.user_prompt_ids(p) for p in ("hello there", "count to ten")]
+    out = SpeculativeDecoder(target, head, tree=tree).generate(prompts, max_new_tokens=16, eos_token_id=None)
+    return out.token_ids, dict(out.stats.accept_lengths)
+
+
+@pytest.mark.parametrize("fmt", ["speculators", "dflash"])
+def test_dflash_export_import_round_trip(llama_target, tmp_path, fmt):
+    head = _trained_like(llama_target)
+    out = export_heads(head, fmt, tmp_path / fmt, dtype="float32", verifier="org/tiny-llama")
+    assert detect_format(out) == fmt
+    config = json.loads((out / "config.json").read_text())
+    weights = load_file(str(out / "model.safetensors"))
+    hidden, layers = llama_target.hidden_size, head.feature_layers
+    assert weights["fc.weight"].shape == (hidden, len(layers) * hidden)
+    assert {"hidden_norm.weight", "norm.weight", "layers.1.self_attn.k_norm.weight"} <= set(weights)
+    assert not any(k.startswith(("embed", "lm_head", "d2t", "t2d")) for k in weights)  # the target's, shared
+    if fmt == "speculators":
+        assert config["speculators_model_type"] == "dflash" and config["block_size"] == 6
+        assert config["aux_hidden_state_layer_ids"] == [i + 1 for i in layers]  # input of layer i + 1
+        assert config["mask_token_id"] == head.mask_token_id and config["draft_vocab_size"] == 288
+        assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
+        assert config["speculators_config"]["verifier"]["name_or_path"] == "org/tiny-llama"
+        layer = config["transformer_layer_config"]
+    else:
+        assert config["architectures"] == ["DFlashDraftModel"] and "speculators_model_type" not in config
+        assert config["dflash_config"] == {"mask_token_id": head.mask_token_id,
+                                           "target_layer_ids": list(layers), "block_size": 6}  # fmt: skip
+        assert config["num_target_layers"] == 2 and "is_causal" not in config  # bidirectional block
+        layer = config
+    assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == 2
+    assert set(layer["layer_types"]) == {"full_attention"} and layer["use_sliding_window"] is False
+    loaded = load_heads(out, llama_target)
+    assert isinstance(loaded, DFlashHead) and loaded.feature_layers == layers
+    assert loaded.block_size == 6 and loaded.mask_token_id == head.mask_token_id
+    for key, value in head.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+    assert _decode(llama_target, loaded) == _decode(llama_target, head)
+
+
+def test_a_draft_vocabulary_is_not_exported(llama_target, tmp_path):
+    """Every runtime drafts over the target's lm_head: the export is full-vocabulary, and the
+    imported head drafts over every token (identical greedy output either way)."""
+    head = _trained_like(llama_target, vocab=60)
+    out = export_heads(head, "dflash", tmp_path / "x", dtype="float32")
+    assert "d2t" not in load_file(str(out / "model.safetensors"))
+    loaded = load_heads(out, llama_target)
+    assert not loaded.has_draft_vocab
+    reference = llama_target.model.generate(
+        torch.tensor([llama_target.chat.user_prompt_ids("hello there")]), max_new_tokens=16, do_sample=False
+    )
+    got = SpeculativeDecoder(llama_target, loaded).generate(
+        [llama_target.chat.user_prompt_ids("hello there")], max_new_tokens=16, eos_token_id=None
+    )
+    assert got.token_ids[0] == reference[0, -16:].tolist()
+
+
+def test_dflash_formats_refuse_other_heads_and_other_heads_refuse_dflash(llama_target, tmp_path):
+    eagle3 = build_head(HeadSpec(kind="eagle3"), llama_target)
+    with pytest.raises(HeadstartError, match="holds DFlash block drafters, not eagle3"):
+        export_heads(eagle3, "dflash", tmp_path / "x")
+    head = _trained_like(llama_target)
+    for fmt in ("eagle", "medusa"):
+        with pytest.raises(HeadstartError):
+            export_heads(head, fmt, tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c, w: c["dflash_config"].update(target_layer_ids=[0, 7]), "reads target layers"),
+        (lambda c, w: c.update(hidden_size=32), "hidden size 32"),
+        (lambda c, w: c.update(model_type="llama"), "llama draft layers"),
+        (lambda c, w: w.pop("layers.1.mlp.up_proj.weight"), "missing"),
+        (lambda c, w: w.update(d2t=torch.zeros(3, dtype=torch.long)), "own draft vocabulary"),
+        (lambda c, w: c["dflash_config"].update(mask_token_id=10**6), "mask token"),
+    ],
+)
+def test_damaged_dflash_checkpoints_fail_in_one_line(llama_target, tmp_path, edit, message):
+    out = export_heads(_trained_like(llama_target), "dflash", tmp_path / "x", dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    weights = load_file(str(out / "model.safetensors"))
+    edit(config, weights)
+    (out / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(out / "model.safetensors"))
+    with pytest.raises(HeadstartError, match=message) as err:
+        load_heads(out, llama_target)
+    assert "\n" not in err.value.one_line()
