@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""An outside reader for `headstart export --format eagle|speculators`: llama.cpp.
+"""An outside reader for `headstart export --format eagle|speculators|dflash`: llama.cpp.
 
 Converts the export with llama.cpp's own `convert_hf_to_gguf.py` (the target's HF directory as
-`--target-model-dir`), drafts with it in `llama-speculative-simple --spec-type draft-eagle3` on
+`--target-model-dir`), drafts with it in `llama-speculative-simple --spec-type draft-eagle3` (an
+EAGLE-3 export) or `draft-dflash` (a DFlash export in z-lab's layout, `--format dflash`) on
 held-out prompts (greedy, a chain of K drafts per step), and decodes the same prompts with
 headstart's import of the same directory on the chain tree `chain:K`. Both sides print how many
 drafted tokens the target accepted: a head that llama.cpp reads as headstart does accepts at about
@@ -46,11 +47,21 @@ def convert(args: argparse.Namespace, target_dir: Path, out: Path) -> None:
     print(f"converted {args.export} -> {out} ({out.stat().st_size / 2**20:.1f} MiB)")
 
 
+def spec_type(export: str) -> str:
+    """llama.cpp's draft type for the export: draft-dflash for z-lab's DFlash layout, else draft-eagle3."""
+    config = json.loads((Path(export) / "config.json").read_text())
+    if "dflash_config" in config:
+        return "draft-dflash"
+    if config.get("speculators_model_type") == "dflash":
+        sys.exit("llama.cpp's converter reads DFlash in z-lab's layout: export with --format dflash")
+    return "draft-eagle3"
+
+
 def llama_side(args: argparse.Namespace, draft: Path, prompts: list[str]) -> dict[str, float]:
     binary = Path(args.llama_cpp) / "build" / "bin" / "llama-speculative-simple"
     totals = {"drafted": 0, "accepted": 0, "tokens": 0, "seconds": 0.0}
     for prompt in prompts:
-        cmd = [str(binary), "-m", args.gguf, "-md", str(draft), "--spec-type", "draft-eagle3",
+        cmd = [str(binary), "-m", args.gguf, "-md", str(draft), "--spec-type", spec_type(args.export),
                "--spec-draft-n-max", str(args.k), "-p", prompt, "-n", str(args.max_new_tokens),
                "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(args.threads),
                "-td", str(args.threads)]  # fmt: skip
@@ -97,7 +108,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--export", required=True, help="an `eagle` or `speculators` export directory")
+    parser.add_argument(
+        "--export", required=True, help="an `eagle`, `speculators` (EAGLE-3) or `dflash` export"
+    )
     parser.add_argument("--llama-cpp", required=True, help="llama.cpp source tree with build/bin")
     parser.add_argument("--gguf", required=True, help="the target as GGUF, for llama.cpp")
     parser.add_argument("--target", default="smollm2", help="the same target for headstart")
@@ -116,12 +129,11 @@ def main() -> None:
     questions = [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]
     prompts = [target.tokenizer.decode(target.chat.user_prompt_ids(q)) for q in questions]
     with tempfile.TemporaryDirectory() as tmp:
-        draft = Path(tmp) / "eagle3.gguf"
+        draft = Path(tmp) / "draft.gguf"
         convert(args, Path(target.model.name_or_path), draft)
         sides = {"llama.cpp": llama_side(args, draft, prompts), "headstart": headstart_side(args, questions)}
-    print(
-        f"{len(questions)} prompts, {args.max_new_tokens} new tokens, greedy, chain of {args.k}, {args.threads} threads"
-    )
+    print(f"{len(questions)} prompts, {args.max_new_tokens} new tokens, greedy, chain of {args.k}, "
+          f"{args.threads} threads, {spec_type(args.export)}")  # fmt: skip
     print("| decoder | drafted | accepted | accept rate | tokens/s |\n|---|---:|---:|---:|---:|")
     for name, t in sides.items():
         rate = t["accepted"] / max(t["drafted"], 1)
