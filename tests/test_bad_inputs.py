@@ -134,6 +134,8 @@ CASES = [
     ("train into unrelated files", ["train", "--recipe", "{RECIPE:{W}/junk}"], "output_dir {W}/junk is not empty (notes.txt) and holds no headstart training run"),
     ("train onto a file", ["train", "--recipe", "{RECIPE:{W}/file.txt}"], "output_dir {W}/file.txt is a file"),
     ("train over a finished run", ["train", "--recipe", "{RECIPE:{W}/run}"], "{W}/run already holds a finished training run"),
+    ("train --time-budget abc", ["train", "--recipe", "{W}/recipe-unknown.yaml", "--time-budget", "abc"], "argument --time-budget: invalid duration value: 'abc'"),
+    ("train --time-budget 0", ["train", "--recipe", "{W}/recipe-unknown.yaml", "--time-budget", "0"], "argument --time-budget: invalid duration value: '0'"),
     ("tune missing heads", ["tune", "--target", T, "--heads", "{W}/nope"], "no trained heads at {W}/nope"),
     ("tune --limit 0", ["tune", "--target", T, "--heads", E, "--limit", "0"], "--limit must be >= 1"),
     ("push not heads", ["push", "{W}/junk", "org/name"], "{W}/junk is not a heads directory"),

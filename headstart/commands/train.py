@@ -27,13 +27,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--accelerate-config", default=None, help="with --dry-run: an accelerate config file to validate"
     )
+    parser.add_argument(
+        "--time-budget",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="stop cleanly (a checkpoint for --resume) before this much wall time, start-up included: "
+        "540, 540s, 9m or 1.5h",
+    )
+
+
+def duration(text: str) -> float:
+    """'540', '540s', '9m', '1.5h' -> seconds (argparse reports a ValueError as a bad value)."""
+    import math
+
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], None)
+    value = float(text[:-1] if scale else text) * (scale or 1.0)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     from headstart.config import load_config
     from headstart.train.config import TrainConfig
 
-    cfg = load_config(TrainConfig, args.recipe, args.overrides)  # misspelt keys fail here, before any compute
+    budget = [f"time_budget_s={args.time_budget}"] if args.time_budget else []
+    cfg = load_config(TrainConfig, args.recipe, [*args.overrides, *budget])  # misspelt keys fail here
     if args.dry_run:
         from headstart.train.dryrun import dry_run
 
@@ -48,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if summary.get("final"):
         keep = ("steps", "wall_s", "tokens_per_s", "peak_rss_mb", "processes", "final")
         print(json.dumps({k: summary[k] for k in keep} | {"final_eval": summary["final_eval"]}, indent=2))
+    elif summary.get("stopped"):
+        keep = ("steps", "wall_s", "tokens_per_s", "processes", "stopped", "checkpoint")
+        print(json.dumps({k: summary[k] for k in keep}, indent=2))
     return 0
 
 

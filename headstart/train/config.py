@@ -196,6 +196,11 @@ class TrainConfig:
     """accelerate mixed precision."""
     cpu: bool = False
     """Force CPU even when a GPU is present."""
+    time_budget_s: float = 0.0
+    """Stop cleanly before this many seconds of the run (start-up included): the steps done are
+    saved as a checkpoint and `--resume` continues exactly where the run stopped, so several short
+    runs give the heads one long run would (a GPU lent for ~10 minutes at a time). 0 = no budget.
+    `headstart train --time-budget 9m` sets it."""
     heap_trim_every: int = 4
     """On CPU (Linux, glibc): return the C heap's free pages to the OS every N optimizer steps
     (0 = never). Without it RSS climbs for hours (an EAGLE-3 run: 11 GB for a ~3 GB working set);
@@ -212,6 +217,10 @@ class TrainConfig:
                 raise HeadstartError(
                     f"{name} must be >= 1, got {getattr(self, name)}", f"set {name}=1 or more"
                 )
+        if not self.time_budget_s >= 0:
+            raise HeadstartError(
+                f"time_budget_s must be >= 0, got {self.time_budget_s}", "e.g. --time-budget 9m (0 = none)"
+            )
         if self.heap_trim_every < 0:
             raise HeadstartError(
                 f"heap_trim_every must be >= 0, got {self.heap_trim_every}",

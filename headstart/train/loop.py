@@ -87,6 +87,7 @@ def train(
 
     from headstart.io import check_writable, lock_dir
 
+    started = time.perf_counter()  # the time budget counts start-up too
     check_writable(cfg.output_dir, "output_dir")  # before any data or model loads
     check_run_dir(Path(cfg.output_dir), resume)
     # one run per output_dir (the main process of a launch holds it; the others share its files)
@@ -95,7 +96,7 @@ def train(
     lock = lock_dir(out, "headstart train") if os.environ.get("RANK", "0") == "0" else None
     try:
         with stop_signals_interrupt():
-            return _train(cfg, data, resume, target, tqdm, command)
+            return _train(cfg, data, resume, target, tqdm, command, Budget(cfg.time_budget_s, started))
     finally:
         if lock is not None:
             lock.close()
@@ -132,9 +133,39 @@ def check_run_dir(out: Path, resume: bool) -> None:
         )
 
 
+class Budget:
+    """When a time-budgeted run must stop: before the next step (with an evaluation or a
+    checkpoint due then, their last cost too) and the checkpoint that ends the run would pass
+    the deadline. Costs are the longest seen so far (start-up noise makes the first step slow)."""
+
+    def __init__(self, seconds: float, started: float) -> None:
+        self.started = started
+        self.deadline = started + seconds if seconds > 0 else None
+        self.step_s = self.eval_s = self.save_s = 0.0
+        self.last = time.perf_counter()
+
+    def stepped(self) -> None:
+        now = time.perf_counter()
+        self.step_s, self.last = max(self.step_s, now - self.last), now
+
+    def timed(self, kind: str, since: float) -> None:
+        """Record how long an evaluation or a checkpoint took (and restart the step clock)."""
+        now = time.perf_counter()
+        setattr(self, f"{kind}_s", max(getattr(self, f"{kind}_s"), now - since))
+        self.last = now
+
+    def exhausted(self, evaluates_next: bool) -> bool:
+        if self.deadline is None:
+            return False
+        # a 10% margin on the estimate: step times wander on a shared machine
+        need = 1.1 * (self.step_s + (self.eval_s if evaluates_next else 0.0)) + 2 * self.save_s + 1.0
+        return time.perf_counter() + need > self.deadline
+
+
 def _train(
-    cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None
-) -> dict[str, Any]:
+    cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None,
+    budget: Budget,
+) -> dict[str, Any]:  # fmt: skip
     if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
         from headstart.errors import HeadstartError
 
@@ -232,16 +263,36 @@ def _train(
                     bar.set_postfix(loss=f"{logged['loss']:.4f}")
                     check_finite(logged["loss"], step, ckpt_root)
                     window, parts_window = [], []
+                budget.stepped()
                 if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                    since = time.perf_counter()
                     history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
                     model.train()
-                if cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps:
+                    budget.timed("eval", since)
+                due = eval_loader is not None and (
+                    (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps
+                )
+                out_of_time = (  # cost: with a budget, one tiny gather and host sync per step
+                    budget.deadline is not None
+                    and step < cfg.max_steps
+                    and bool(
+                        accelerator.gather(
+                            torch.tensor([budget.exhausted(due)], device=accelerator.device)
+                        ).any()
+                    )
+                )  # every process stops at the same step
+                if (cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps) or out_of_time:
+                    since = time.perf_counter()
                     extra = {
                         "tokens": accelerator.reduce(tokens.clone(), "sum").item()
                         / accelerator.num_processes,
                         "history": history,
                     }
-                    checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
+                    saved_at = checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
+                    budget.timed("save", since)
+                if out_of_time:
+                    bar.close()
+                    return stopped_summary(accelerator, cfg, step, history, tokens, state, budget, saved_at)
                 if step >= cfg.max_steps:
                     break
             epoch += 1
@@ -283,6 +334,34 @@ def _train(
     if accelerator.is_main_process:
         summary["final"] = str(save_final(accelerator.unwrap_model(model), cfg, p, summary, out))
         metrics.write_json(out / "results.json", summary)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return summary
+
+
+def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list[dict[str, Any]],
+                    tokens: torch.Tensor, state: dict[str, Any], budget: Budget, saved: Path) -> dict[str, Any]:  # fmt: skip
+    """A run that reached its time budget: its checkpoint, and how to go on."""
+    import logging
+
+    total = accelerator.reduce(tokens.clone(), "sum").item()
+    wall = time.perf_counter() - budget.started
+    run_tokens = total - float(state.get("tokens", 0.0)) * accelerator.num_processes
+    summary = {
+        "steps": step,
+        "wall_s": round(wall, 2),
+        "tokens": int(total),
+        "tokens_per_s": round(run_tokens / wall, 1) if wall > 0 else None,
+        "processes": accelerator.num_processes,
+        "resumed_from": int(state.get("step", 0)),
+        "stopped": f"time budget of {cfg.time_budget_s:g} s reached at step {step} of {cfg.max_steps}",
+        "checkpoint": str(saved),
+        "history": history,
+    }
+    if accelerator.is_main_process:
+        logging.getLogger("headstart.train").info(
+            "%s; checkpoint %s -- rerun the same command with --resume to continue", summary["stopped"], saved
+        )
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary

@@ -69,3 +69,42 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_llama, tmp_path):
         h["loss"] for h in ref_res["history"] if h["kind"] == "train"
     ]
     assert cut_res["final_eval"] == ref_res["final_eval"]
+
+
+@pytest.mark.timeout(600)
+def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path):
+    """`--time-budget`: each run stops cleanly before its budget with a checkpoint, and resumed
+    budgeted runs give the weights and losses of one uninterrupted run (the GPU's ~10-minute loans)."""
+    sys.path.insert(0, str(RUNNER.parent))
+    from tiny_data import self_distilled
+
+    from headstart.config import load_config
+    from headstart.target import load_target
+    from headstart.train.config import TrainConfig
+    from headstart.train.loop import train
+
+    target = load_target(str(tiny_llama))
+    data = self_distilled(target)
+    base = [f"target={tiny_llama}", "trackers=[none]", *ARGS, "save_every=0", "max_steps=40"]
+    torch.set_num_threads(1)
+    ref = train(
+        load_config(TrainConfig, None, [*base, f"output_dir={tmp_path / 'ref'}"]), data=data, target=target
+    )
+    pieces = []
+    for run in range(20):
+        cfg = load_config(TrainConfig, None, [*base, f"output_dir={tmp_path / 'cut'}", "time_budget_s=1.5"])
+        started = time.perf_counter()
+        summary = train(cfg, data=data, target=target, resume=run > 0)
+        assert time.perf_counter() - started < 1.5 + 0.5  # stopped before its budget (+ clock slack)
+        pieces.append(summary["steps"])
+        if "stopped" not in summary:
+            break
+        assert Path(summary["checkpoint"]).name == f"step-{summary['steps']:08d}"
+    assert len(pieces) >= 2 and pieces[-1] == 40, pieces  # it took several budgeted runs
+    a = load_file(str(tmp_path / "ref" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+    assert [h["loss"] for h in summary["history"] if h["kind"] == "train"] == [
+        h["loss"] for h in ref["history"] if h["kind"] == "train"
+    ]
