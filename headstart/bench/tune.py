@@ -49,7 +49,7 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
 
     max_depth: how deep the heads can draft (Medusa: its number of heads; None for EAGLE heads,
     which draft autoregressively to any depth: chains then go up to 6)."""
-    deepest = max_depth or 6
+    deepest = min(max_depth or 6, 8)  # a DFlash block drafts 15: deeper chains rarely pay on a CPU
     chains = [f"chain:{d}" for d in range(1, deepest + 1)]
     forks = [forked(d, f) for d in range(2, min(deepest, 5) + 1) for f in (1, 2) if f < d]
     # a prompt-lookup branch beside the small trees: verified in the same forward, it pays where
@@ -61,6 +61,8 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
         f"dynamic:depth={d},top_k={k},total_tokens={n}"
         for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
     ]
+    if kind == "dflash":  # one block drafts every depth at once: deeper trees cost no extra draft pass
+        dynamic += [f"dynamic:depth={d},top_k={k},total_tokens={n}" for d, k, n in ((8, 2, 12), (10, 4, 20))]
     # small dynamic trees with a lookup branch: exact under sampling too (unlike static + lookup)
     looked += [f"{dynamic[i]}+lookup:4" for i in (0, 1)]
     return chains + forks + looked + dynamic

@@ -67,6 +67,8 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "medusa": "Medusa-2 (joint LoRA)" if cfg.lora.enabled else "Medusa-1 (per-head CE)",
         "eagle": "EAGLE-1 (SmoothL1 features + CE)",
         "eagle3": f"EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)",
+        "dflash": f"DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, "
+        f"{cfg.loss.dflash_labels} CE, slot decay)",
     }[cfg.head.kind]
     return {
         "target": cfg.target,
