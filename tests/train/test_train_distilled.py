@@ -68,16 +68,18 @@ def _recipe(tmp_path, target, data, **extra):
     return path
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 @pytest.mark.parametrize("mode", ["online", "offline"])
-def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, capsys):
+def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, kind, capsys):
     from headstart.target import load_target
 
-    recipe = _recipe(tmp_path, tiny_llama, distilled, head={"kind": "eagle3", "draft_vocab_size": 64})
+    head_spec = {"kind": kind, "draft_vocab_size": 64} | ({"block_size": 4} if kind == "dflash" else {})
+    recipe = _recipe(tmp_path, tiny_llama, distilled, head=head_spec)
     assert main(["train", "--recipe", str(recipe), f"data.mode={mode}", "loss.ttt_steps=2"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["steps"] == 4 and summary["final_eval"]["eval/predictions"] > 0
     head = load_heads(tmp_path / "run" / "final", load_target(str(tiny_llama)))
-    assert head.kind == "eagle3" and head.draft_vocab_size == 64
+    assert head.kind == kind and head.draft_vocab_size == 64
     card = (tmp_path / "run" / "final" / "README.md").read_text()
     assert "(10 conversations)" in card
     # how to rebuild it, and the prompts by file name (not a path on the machine that distilled)
