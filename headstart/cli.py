@@ -86,6 +86,47 @@ def _add_verbosity(parser: argparse.ArgumentParser, default: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command: its exit status, 2 with one line for an error the user can fix, 130 when
+    interrupted (Ctrl-C at any moment, imports included), 141 when stdout's reader went away."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except HeadstartError as err:
+        if debug:
+            raise
+        print(err.one_line(), file=sys.stderr)
+        return err.status
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `headstart ... | head`: the reader is gone, as for any Unix tool
+        _silence_stdout()
+        return 141
+    except OSError as err:  # stdout on a full disk, a vanished directory: the environment, not a bug
+        if debug:
+            raise
+        from headstart.errors import printable
+
+        where = err.filename or "the output (stdout)"
+        _silence_stdout()
+        print(printable(f"error: {err.strerror or err} ({where}) -- fix: check the disk, the paths and "
+                        "their permissions"), file=sys.stderr)  # fmt: skip
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's own flush at exit does not fail again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _main(argv: list[str] | None) -> int:
     from headstart.logs import configure, verbosity
 
     parser = build_parser()
@@ -94,16 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    try:
-        return int(importlib.import_module(args._module).run(args) or 0)
-    except HeadstartError as err:
-        if args.debug:
-            raise
-        print(err.one_line(), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    status = int(importlib.import_module(args._module).run(args) or 0)
+    sys.stdout.flush()  # a failing stdout (full, closed) fails here, inside the handlers above
+    return status
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -100,6 +101,10 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         except ValueError:
             pass
     if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):  # no setting means anything at nan or inf
+            raise HeadstartError(
+                f"'{flag}' must be a finite number, got {value!r}", f"fix the value of {flag}"
+            )
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -142,10 +147,14 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
         node = tree
         parts = key.split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise HeadstartError(f"override '{item}' conflicts with an earlier one", "give each key once")
+                section = ".".join(parts[: depth + 1])
+                raise HeadstartError(
+                    f"override '{item}': '{section}' was given a value, so it has no key '{parts[depth + 1]}'",
+                    f"give {section} one value, or set keys under it only",
+                )
         node[parts[-1]] = value
     return tree
 
@@ -162,10 +171,19 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise HeadstartError(
+            f"recipe {path} is a directory", "pass a YAML file, e.g. recipes/train_smollm2_medusa.yaml"
+        )
     if not path.is_file():
         raise HeadstartError(f"recipe file not found: {path}", "pass an existing YAML file, e.g. recipes/")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise HeadstartError(
+            f"recipe {path} is not UTF-8 text (byte {err.object[err.start : err.start + 1].hex()} at {err.start})",
+            "save the recipe as UTF-8 YAML",
+        ) from None
     except yaml.YAMLError as err:
         raise HeadstartError(
             f"recipe {path} is not valid YAML: {err}".replace("\n", " "), "fix the YAML syntax"

@@ -10,6 +10,9 @@ class HeadstartError(Exception):
     traceback only appears with `--debug`.
     """
 
+    status = 2
+    """The CLI's exit status for it."""
+
     def __init__(self, what: str, fix: str | None = None) -> None:
         self.what = what
         self.fix = fix
@@ -23,3 +26,10 @@ def printable(text: str) -> str:
     """`text` on one line, safe for any stream: newlines folded, and the lone surrogates that
     Python makes of argv or stdin bytes that are not UTF-8 written as escapes (\\udcff)."""
     return " ".join(text.splitlines()).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class Interrupted(HeadstartError):
+    """Ctrl-C or SIGTERM stopped a long command after it kept its work: one line saying what was
+    kept and how to go on, exit status 130 (the shell's convention for an interrupt)."""
+
+    status = 130

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import torch
 from headstart.cli import main
 
 NOT_UTF8 = b"\xff\xfehello".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+PROGRESS = re.compile(r"\d+%\|")  # a tqdm bar's line
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +51,14 @@ def work(tmp_path_factory, tiny_llama):
     (w / "magicless.gguf").write_bytes(b"not a gguf file at all")
     (w / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
     (w / "recipe-unknown.yaml").write_text(f"target: {tiny_llama}\nbatch_sise: 2\n")
+    (w / "recipe-bytes.yaml").write_bytes(b"target: \xff\xfe\n")
+    (w / "accelerate-bad.yaml").write_text("compute_environment: [unclosed\n")
+    (w / "bad-syntax.jinja").write_text("{% for m in messages %}{{ m.content")
+    (w / "raises.jinja").write_text('{{ raise_exception("boom") }}')
+    (w / "bytes.jinja").write_bytes(b"{{ \xff\xfe }}")
+    (w / "bytes.json").write_bytes(b"[[0], \xff]")
+    shutil.copytree(w / "heads-eagle3", w / "heads-broken-weights")
+    (w / "heads-broken-weights" / "model.safetensors").write_bytes(b"")
     for name, edit in {
         "no-hidden": lambda c: c.pop("hidden_size"),
         "no-target": lambda c: c.pop("target"),
@@ -62,6 +72,9 @@ def work(tmp_path_factory, tiny_llama):
     args = ["bench", "--target", str(tiny_llama), "--heads", str(w / "heads-eagle3"), "--questions"]
     assert main([*args, str(w / "q3.jsonl"), "--baselines", "vanilla", "--max-new-tokens", "4", "-q",
                  "--output", str(w / "bench-done")]) == 0  # fmt: skip
+    shutil.copytree(w / "bench-done", w / "bench-copy")
+    shutil.copytree(w / "bench-done", w / "bench-bad")
+    (w / "bench-bad" / "report.json").write_text("{bad")
     return w
 
 
@@ -89,7 +102,7 @@ CASES = [
     ("export heads without target", ["export", "{W}/bad-no-target", "--target", T, "--format", "eagle", "--output", "{W}/x"], "config.json lacks 'target'"),
     ("export heads with a string size", ["export", "{W}/bad-string-number", "--target", T, "--format", "eagle", "--output", "{W}/x"], "'hidden_size in {W}/bad-string-number/config.json' expects int"),
     ("export heads without feature_layers", ["export", "{W}/bad-no-layers", "--target", T, "--format", "eagle", "--output", "{W}/x"], "feature_layers in {W}/bad-no-layers/config.json"),
-    ("export missing heads", ["export", "{W}/nope", "--target", T, "--format", "eagle", "--output", "{W}/x"], "--heads {W}/nope: no such directory"),
+    ("export missing heads", ["export", "{W}/nope", "--target", T, "--format", "eagle", "--output", "{W}/x"], "heads directory {W}/nope: no such directory"),
     ("export unknown format", ["export", E, "--format", "gguf", "--output", "{W}/x"], "argument --format: invalid choice"),
     # devices, text, contexts, GGUF files (items 7, 8, 10, 11)
     ("generate --device gpu", ["generate", "--target", T, "--device", "gpu", "--prompt", "hi"], "unknown --device 'gpu'"),
@@ -140,6 +153,44 @@ CASES = [
     ("tune --limit 0", ["tune", "--target", T, "--heads", E, "--limit", "0"], "--limit must be >= 1"),
     ("push not heads", ["push", "{W}/junk", "org/name"], "{W}/junk is not a heads directory"),
     ("unknown command", ["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
+    # a new user's probes of the same classes (issue 34, second pass)
+    ("generate --threads 100000", ["generate", "--target", T, "--prompt", "hi", "--threads", "100000"], "--threads must be in 0.."),
+    ("generate --seed 2**80", ["generate", "--target", T, "--prompt", "hi", "--seed", str(2**80)], "--seed must be in 0..2**63-1"),
+    ("chat template that does not compile", ["generate", "--target", T, "--prompt", "hi", "--chat-template", "{W}/bad-syntax.jinja"], "--chat-template {W}/bad-syntax.jinja failed"),
+    ("chat template that raises", ["info", "--target", T, "--chat-template", "{W}/raises.jinja"], "TemplateError: boom"),
+    ("chat template not UTF-8", ["generate", "--target", T, "--prompt", "hi", "--chat-template", "{W}/bytes.jinja"], "is not UTF-8 text"),
+    ("tree file not UTF-8", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", "{W}/bytes.json"], "tree file {W}/bytes.json is not valid UTF-8 JSON"),
+    ("tree file missing", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", "{W}/nope.json"], "tree file not found: {W}/nope.json"),
+    ("empty tree", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", "[]"], "--tree has no draft node"),
+    ("--tree ''", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", ""], "--tree is empty"),
+    ("--heads ''", ["generate", "--target", T, "--prompt", "hi", "--heads", ""], "--heads is empty"),
+    ("--heads with --no-heads", ["generate", "--target", T, "--prompt", "hi", "--heads", E, "--no-heads"], "--no-heads decodes without drafts: --heads would be ignored"),
+    ("--typical when greedy", ["generate", "--target", T, "--prompt", "hi", "--typical"], "--typical only changes sampling"),
+    ("--revision of a local target", ["generate", "--target", T, "--prompt", "hi", "--revision", "v1"], "--revision v1 only applies to Hub ids"),
+    ("--tree without heads", ["generate", "--target", T, "--prompt", "hi", "--tree", "chain:2"], "--tree chain:2 needs heads"),
+    ("--target ''", ["info", "--target", ""], "--target is empty"),
+    ("heads given as the target", ["info", "--target", E], "holds draft heads, not a target model"),
+    ("recipe not UTF-8", ["train", "--recipe", "{W}/recipe-bytes.yaml"], "recipe {W}/recipe-bytes.yaml is not UTF-8 text"),
+    ("recipe is a directory", ["train", "--recipe", "{W}/junk"], "recipe {W}/junk is a directory"),
+    ("train optim.lr=nan", ["train", "--recipe", "{RECIPE:{W}/new-run}", "optim.lr=nan"], "'optim.lr' must be a finite number"),
+    ("train optim.lr=-1", ["train", "--recipe", "{RECIPE:{W}/new-run}", "optim.lr=-1"], "optim.lr is out of range"),
+    ("train the same data twice", ["train", "--recipe", "{RECIPE:{W}/new-run}", "data.path=[a,a]"], "name a more than once"),
+    ("train data.holdout=1.5", ["train", "--recipe", "{RECIPE:{W}/new-run}", "data.holdout=1.5"], "data.holdout must be a fraction < 1 or a whole number"),
+    ("train missing data", ["train", "--recipe", "{RECIPE:{W}/new-run}"], "distilled data {W}/nodata does not exist"),
+    ("accelerate config not YAML", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--dry-run", "--accelerate-config", "{W}/accelerate-bad.yaml"], "accelerate cannot read {W}/accelerate-bad.yaml"),
+    ("accelerate config without --dry-run", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--accelerate-config", "{W}/accelerate-bad.yaml"], "--accelerate-config only goes with --dry-run"),
+    ("bench two heads one label", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--heads", E, "--heads", E, "--output", "{W}/b"], "--heads gives the label heads-eagle3 twice"),
+    ("bench merge over a measured run", ["bench", "--merge", "{W}/bench-done", "--output", "{W}/bench-copy"], "--output {W}/bench-copy holds a measured bench run"),
+    ("bench merge of a damaged shard", ["bench", "--merge", "{W}/bench-done", "{W}/bench-bad", "--output", "{W}/m"], "{W}/bench-bad/report.json is damaged"),
+    ("bench merge with measuring flags", ["bench", "--merge", "{W}/bench-done", "--limit", "0", "--output", "{W}/m"], "--merge measures nothing: --limit would be ignored"),
+    ("bench questions a directory", ["bench", "--target", T, "--questions", "{W}/junk", "--output", "{W}/b"], "questions {W}/junk is a directory"),
+    ("distill datafree.temperature=nan", ["distill", "--target", T, "--out", "{W}/d", "datafree.temperature=nan"], "'datafree.temperature' must be a finite number"),
+    ("distill dataset engine without replies", ["distill", "--target", T, "--prompts", "{W}/q3.jsonl", "--engine", "dataset", "--out", "{W}/d", "--max-prompt-tokens", "64"], "no record written (no reply in the data: 3)"),
+    ("distill data-free prompts all rejected", ["distill", "--target", T, "--out", "{W}/d", "--num", "2", "--max-new-tokens", "4", "--max-prompt-tokens", "200", "datafree.max_attempts=1"], "the target wrote no usable prompt"),
+    ("tune empty candidates", ["tune", "--target", T, "--heads", E, "--candidates", ";;;"], "--candidates names no tree"),
+    ("export --kind with heads", ["export", E, "--kind", "eagle3", "--format", "eagle", "--output", "{W}/x"], "--kind picks among the shipped heads"),
+    ("export shipped kind in a wrong format", ["export", "--kind", "medusa", "--format", "eagle", "--output", "{W}/x"], "medusa heads cannot be written as --format eagle"),
+    ("push damaged weights", ["push", "{W}/heads-broken-weights", "org/name"], "{W}/heads-broken-weights/model.safetensors is damaged"),
     ("export without --output", ["export", "--format", "eagle"], "the following arguments are required: --output"),
 ]  # fmt: skip
 
@@ -171,7 +222,8 @@ def test_bad_input(name, argv, message, work, tiny_llama, tmp_path, capsys, monk
     except SystemExit as exit_:  # argparse
         code = exit_.code
     err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
+    # a command that failed after its work began may have drawn a progress bar (its own lines)
+    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
     assert code == 2, err
     assert len(lines) == 1, err
     assert "Traceback" not in err
@@ -247,3 +299,84 @@ def test_bench_resume_of_a_finished_run_measures_nothing(work, tiny_llama, capsy
     captured = capsys.readouterr()
     assert "nothing to resume" in captured.err and "headstart bench" in captured.out
     assert (work / "bench-done" / "report.json").read_bytes() == report
+
+
+def test_a_damaged_tuned_tree_is_said_and_ignored(work, tiny_llama, tmp_path, capsys):
+    """tuned_tree.json is an optimisation: damaged, it is named in a warning, and decoding goes on."""
+    heads = tmp_path / "heads"
+    shutil.copytree(work / "heads-eagle3", heads)
+    base = [
+        "generate",
+        "--target",
+        str(tiny_llama),
+        "--heads",
+        str(heads),
+        "--prompt",
+        "hi",
+        "--max-new-tokens",
+        "4",
+    ]
+    for content in (b"{bad", b"[1, 2]", b'{"tree": "foo"}', b"\xff\xfe"):
+        (heads / "tuned_tree.json").write_bytes(content)
+        capsys.readouterr()
+        assert main(base) == 0
+        err = capsys.readouterr().err
+        assert "tuned_tree.json is damaged" in err or "is not a tree" in err, err
+
+
+def test_push_takes_an_export(work, tiny_llama, tmp_path, monkeypatch, capsys):
+    """An engine-format export (what vLLM serves) is pushed with its own files."""
+    import huggingface_hub
+
+    out = tmp_path / "spec"
+    assert main(["export", str(work / "heads-eagle3"), "--target", str(tiny_llama), "--format", "speculators",
+                 "--output", str(out)]) == 0  # fmt: skip
+    sent = {}
+
+    class Api:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, *args, **kwargs):
+            pass
+
+        def upload_folder(self, **kwargs):
+            sent.update(kwargs)
+            return "https://hub/commit"
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Api)
+    assert main(["push", str(out), "org/name"]) == 0
+    assert sent["allow_patterns"] == ["config.json", "model.safetensors"]
+    assert "pushed speculators export of heads" in capsys.readouterr().out
+
+
+def test_distill_keeps_finished_records_on_sigterm(tiny_llama, tmp_path):
+    """SIGTERM (a scheduler, `timeout`) ends distill as Ctrl-C does: the records finished so far
+    are published, one line says so, exit 130; the same command then completes the set."""
+    import signal
+    import time
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"question {i} please"}) + "\n" for i in range(400)))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "headstart", "distill", "--target", str(tiny_llama), "--prompts", str(prompts),
+           "--out", str(out), "--num", "400", "--max-new-tokens", "48", "--batch-size", "4", "--shard-size",
+           "1000", "--threads", "1", "--max-prompt-tokens", "64"]  # fmt: skip
+    env = dict(os.environ, HEADSTART_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, text=True)
+    deadline = time.time() + 120
+    while not (out / "distill_meta.json").is_file() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    time.sleep(3)  # some records finish; none is a whole shard (shard size 1000)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=120)[1]
+    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
+    assert proc.returncode == 130, err
+    assert len(lines) == 1 and "distill interrupted:" in lines[0] and "rerun the same command" in lines[0], (
+        err
+    )
+    kept = int(lines[0].split("distill interrupted: ")[1].split()[0])
+    records = [
+        line for path in (out / "data").glob("shard-*.jsonl") for line in path.read_text().splitlines()
+    ]
+    assert kept == len(records) > 0

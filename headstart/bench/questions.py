@@ -43,6 +43,8 @@ def resolve_questions(spec: str) -> Path:
     path = Path(spec).expanduser()
     if path.is_file():
         return path
+    if path.is_dir():
+        raise HeadstartError(f"questions {spec} is a directory", "pass a JSONL file of questions")
     if spec in BUILTIN:
         return BUILTIN[spec]
     if spec in NAMED:

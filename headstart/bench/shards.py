@@ -64,8 +64,26 @@ def read_shard(folder: Path) -> tuple[dict[str, Any], list[Record]]:
             f"{folder} is not a finished bench run (report.json or outputs.jsonl missing)",
             "merge directories written by `headstart bench --shard K/N`",
         )
-    config = json.loads(report.read_text())["config"]
-    records = [Record(**json.loads(line)) for line in outputs.read_text().splitlines() if line.strip()]
+    try:
+        config = json.loads(report.read_text(encoding="utf-8"))["config"]
+        if not isinstance(config, dict):
+            raise TypeError("config is not an object")
+    except (ValueError, KeyError, TypeError) as err:
+        raise HeadstartError(
+            f"{report} is damaged ({type(err).__name__}: {err})",
+            "measure that shard again into a new directory",
+        ) from None
+    records = []
+    for number, line in enumerate(outputs.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(Record(**json.loads(line)))
+        except (ValueError, TypeError) as err:
+            raise HeadstartError(
+                f"{outputs}:{number} is damaged ({type(err).__name__})",
+                "measure that shard again into a new directory",
+            ) from None
     return config, records
 
 

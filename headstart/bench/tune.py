@@ -97,7 +97,16 @@ def _stored(heads_path: str | Path) -> dict[str, Any] | None:
     first, then the file next to them), if any."""
     for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE):
         if path.is_file():  # neither for Hub ids: tune after downloading
-            return json.loads(path.read_text())
+            try:
+                stored = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:  # not JSON, not UTF-8
+                stored = err
+            if isinstance(stored, dict) and isinstance(stored.get("tree"), str):
+                return stored
+            # an optimisation only: a damaged file must not stop decoding, but it is said
+            log.warning(
+                f"warning: {path} is damaged (not a tuned-tree report): ignored; rerun `headstart tune`"
+            )
     return None
 
 
@@ -130,13 +139,31 @@ def tree_for_run(
     with a note on stderr when that one was tuned for another device or thread count. Sampling
     drops a tuned tree's lookup branch (exact acceptance cannot mix a static tree's drawn drafts
     with looked-up tokens); an explicit `--tree` is taken as given and refused by the decoder."""
+    if explicit is not None and not explicit.strip():
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            "--tree is empty", "leave it out for the tuned or default tree, or e.g. --tree chain:3"
+        )
     if explicit or heads_path is None:
         return explicit
     warning = tuned_elsewhere(heads_path, device, threads)
     if warning:
         log.warning(f"note: {warning}")
     tree = tuned_tree(heads_path)
-    if not greedy:
+    if tree is not None:
+        from headstart.errors import HeadstartError
+        from headstart.inference.lookup import split_lookup
+        from headstart.inference.tree_spec import parse_tree
+
+        try:
+            parse_tree(split_lookup(tree)[0])
+        except HeadstartError as err:
+            log.warning(
+                f"warning: the tuned tree stored with {heads_path} is not a tree ({err.what}): ignored"
+            )
+            tree = None
+    if tree is not None and not greedy:
         from headstart.inference.lookup import split_lookup
 
         tree = split_lookup(tree)[0]

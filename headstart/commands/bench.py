@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _baselines(spec: str) -> list[str]:
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))  # once each, in order
     unknown = [n for n in names if n not in BASELINES]
     if unknown:
         raise HeadstartError(f"unknown baseline(s) {unknown}", f"choose from {','.join(BASELINES)}")
@@ -124,6 +124,15 @@ def check_bench_output(args: argparse.Namespace) -> None:
         raise HeadstartError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}", "use e.g. 128")
     if args.warmup < 0:
         raise HeadstartError(f"--warmup must be >= 0, got {args.warmup}", "use --warmup 1 (or 0)")
+    labels = [_label(spec)[0] for spec in args.heads]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise HeadstartError(
+            f"--heads gives the label {', '.join(twice)} twice",
+            "label each: --heads NAME=DIR (names must differ)",
+        )
+    if any(not spec.strip() or not _label(spec)[1].strip() for spec in args.heads):
+        raise HeadstartError("--heads is empty", "pass a heads directory or Hub id, or leave --heads out")
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
@@ -192,6 +201,19 @@ def merge_run(args: argparse.Namespace) -> int:
         raise HeadstartError(
             f"--output {out} is not empty and holds no bench report", "merge into a new --output"
         )
+    if (out / "outputs.jsonl").is_file():  # a measured run, not an earlier merge: never replaced
+        raise HeadstartError(
+            f"--output {out} holds a measured bench run: merging would replace its report",
+            "merge into a new --output",
+        )
+    measuring = [flag for flag, given in (("--questions", args.questions), ("--heads", args.heads),
+                 ("--limit", args.limit is not None), ("--shard", args.shard), ("--resume", args.resume),
+                 ("--tree", args.tree)) if given]  # fmt: skip
+    if measuring:
+        raise HeadstartError(
+            f"--merge measures nothing: {', '.join(measuring)} would be ignored",
+            f"drop {', '.join(measuring)}",
+        )
     config, records = merge(folders)
     write_report(build_report(config, records, greedy=float(config["temperature"]) == 0.0), out)
     print((out / "report.md").read_text())
@@ -204,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.questions:
         raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
     check_bench_output(args)  # before the target loads
+    fresh = not Path(args.output).exists() or not any(Path(args.output).iterdir())
     if (Path(args.output) / "report.json").is_file():  # --resume of a finished run
         return nothing_to_resume(args)
     import torch
@@ -262,7 +285,14 @@ def run(args: argparse.Namespace) -> int:
         "trees": trees,
     }
     done = _resumed(args, out, config, methods, questions)
-    records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
+    try:
+        records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
+    except HeadstartError:  # e.g. a later turn past the context: --resume could not fix it
+        if fresh:  # this run made the directory: leave nothing half-written (Ctrl-C keeps it to resume)
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
     (out / RUN_CONFIG).unlink(missing_ok=True)

@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             reply, stats = turn(target, decoding, messages, text)
         except HeadstartError as err:  # this message only: the conversation so far is kept
-            print(f"{err.one_line()} (message dropped; the conversation goes on)", file=sys.stderr)
+            hint = "; /reset starts a new one" if len(messages) > len(system) else ""
+            print(f"{err.one_line()} (message dropped; the conversation goes on{hint})", file=sys.stderr)
             continue
         messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
         sys.stdout.flush()

@@ -47,12 +47,45 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_generation_args(args: argparse.Namespace) -> None:
-    """Refuse bad sampling/stop arguments before any model loads (a first GGUF load takes ~30 s)."""
+    """Refuse bad sampling/stop/heads arguments, and flags that would be silently ignored, before
+    any model loads (a first GGUF load takes ~30 s)."""
     from headstart.errors import HeadstartError
 
-    sampling_from_args(args)
+    sampling = sampling_from_args(args)
     if any(stop == "" for stop in getattr(args, "stop", None) or []):
         raise HeadstartError("--stop '' would stop after the first token", "pass a non-empty stop string")
+    heads = getattr(args, "heads", None)
+    if heads is not None and not heads.strip():
+        raise HeadstartError("--heads is empty", "pass a heads directory or Hub id, or --no-heads")
+    if getattr(args, "no_heads", False):
+        given = [flag for flag, value in (("--heads", heads), ("--tree", getattr(args, "tree", None)),
+                                          ("--typical", getattr(args, "typical", False))) if value]  # fmt: skip
+        if given:
+            raise HeadstartError(f"--no-heads decodes without drafts: {', '.join(given)} would be ignored",
+                                 f"drop {' or '.join(given)}, or --no-heads")  # fmt: skip
+    if getattr(args, "typical", False) and sampling.greedy:
+        raise HeadstartError(
+            "--typical only changes sampling; at --temperature 0 decoding is greedy and exact",
+            "add --temperature 0.7 (for example), or drop --typical",
+        )
+    check_target_args(args)
+
+
+def check_target_args(args: argparse.Namespace) -> None:
+    """--target and --revision before the load: an empty target, a revision for a local model."""
+    from headstart.errors import HeadstartError
+
+    target = getattr(args, "target", None)
+    if target is not None and not str(target).strip():
+        raise HeadstartError("--target is empty", "pass a Hub id, a model directory, a .gguf file or smollm2")
+    if getattr(args, "revision", None) and target is not None:
+        from pathlib import Path
+
+        if target == "smollm2" or str(target).endswith(".gguf") or Path(target).expanduser().exists():
+            raise HeadstartError(
+                f"--revision {args.revision} only applies to Hub ids; --target {target} is a local model",
+                "drop --revision",
+            )
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:
@@ -87,16 +120,25 @@ def quiet_transformers() -> Iterator[None]:
         logging.enable_progress_bar()
 
 
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """0 (torch's default) up to this machine's CPUs: more only oversubscribes the cores, and torch
+    fails far beyond (it cannot start the threads)."""
+    from headstart.errors import HeadstartError
+
+    cpus = os.cpu_count() or 1
+    if not 0 <= threads <= cpus:
+        raise HeadstartError(
+            f"{flag} must be in 0..{cpus} (this machine's CPUs), got {threads}",
+            f"use {flag} 1, or 0 for torch's default",
+        )
+
+
 def load_target_from_args(args: argparse.Namespace) -> Any:
     from headstart.target import load_target
 
     threads = getattr(args, "threads", 0) or 0
-    if threads < 0:
-        from headstart.errors import HeadstartError
-
-        raise HeadstartError(
-            f"--threads must be >= 0, got {threads}", "use --threads 1, or 0 for the default"
-        )
+    check_threads(threads)
+    check_target_args(args)
     if threads:
         import torch
 

@@ -30,15 +30,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="replace a non-empty --output that is not an earlier export of this format (its files are deleted)",
     )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--target", default="smollm2", help="the target the heads were trained for (checked)")
     parser.add_argument(
-        "--kind", default=None, choices=["eagle3", "medusa"], help="which shipped heads (default: by format)"
+        "--target",
+        default=None,
+        help="the target the heads were trained for (checked; default: the one their config records, else smollm2)",
+    )
+    parser.add_argument(
+        "--kind",
+        default=None,
+        choices=["eagle3", "medusa"],
+        help="which shipped heads (default: by format); not with a heads directory",
     )
     parser.add_argument(
         "--verifier",
         default=None,
         help="the target's name for the serving engine (default: its Hub id; smollm2 -> HuggingFaceTB/SmolLM2-135M-Instruct)",
     )
+
+
+FORMATS_OF = {"medusa": ("medusa", "headstart"), "eagle3": ("speculators", "eagle", "headstart"),
+              "dflash": ("speculators", "dflash", "headstart")}  # fmt: skip
+"""The formats each kind of head can be written in."""
+
+
+def recorded_target(path: object) -> str:
+    """The target a headstart heads directory says it was trained for (its load spec: a Hub id,
+    a path, smollm2), else smollm2 (the published formats name a verifier, not a loadable spec)."""
+    from pathlib import Path
+
+    from headstart.heads.config import HeadConfig
+
+    try:
+        name = HeadConfig.read(Path(str(path))).target.get("name")
+    except HeadstartError:
+        return "smollm2"
+    return name if isinstance(name, str) and name else "smollm2"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,15 +76,29 @@ def run(args: argparse.Namespace) -> int:
     from headstart.io import check_output
     from headstart.target import load_target
 
+    if args.heads is not None and not args.heads.strip():
+        raise HeadstartError("the heads directory is empty ('')", "pass a heads directory, or leave it out")
+    if args.heads and args.kind:
+        raise HeadstartError(
+            f"--kind picks among the shipped heads; the heads {args.heads} are exported as they are",
+            "drop --kind",
+        )
     if args.heads:
-        path = resolve_heads(args.heads)
+        path = resolve_heads(args.heads, flag="heads directory")
     else:
         kind = args.kind or ("medusa" if args.format == "medusa" else "eagle3")
-        path = shipped_heads(args.target).get(f"smollm2-{kind}")  # type: ignore[assignment]
+        if args.format not in FORMATS_OF[kind]:
+            raise HeadstartError(
+                f"{kind} heads cannot be written as --format {args.format}",
+                f"use --format {' or '.join(FORMATS_OF[kind])}, or another --kind",
+            )
+        target = args.target or "smollm2"
+        path = shipped_heads(target).get(f"smollm2-{kind}")  # type: ignore[assignment]
         if path is None:
             raise HeadstartError(
-                f"no shipped {kind} heads for target '{args.target}'", "pass a heads directory or Hub id"
+                f"no shipped {kind} heads for target '{target}'", "pass a heads directory or Hub id"
             )
+    target_spec = args.target or recorded_target(path)
     # before anything loads: an output that would destroy files or cannot be written is refused
     output = check_output(
         args.output,
@@ -69,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         inputs=[path],
     )
     with quiet_transformers():
-        target = load_target(args.target)
+        target = load_target(target_spec)
     heads = load_heads(path, target)  # checked against the target before anything is written
     out = export_heads(heads, args.format, output, dtype=args.dtype, verifier=args.verifier)
     print(f"exported {heads.kind} heads from {path} as {args.format} ({args.dtype}) -> {out}")

@@ -116,6 +116,11 @@ class Decoding:
         self.args, self.target = args, target
         self.sampling = sampling_from_args(args)
         self.heads, path = load_heads_from_args(args, target)
+        if self.heads is None and args.tree:
+            raise HeadstartError(
+                f"--tree {args.tree} needs heads: {target.spec} has no shipped heads",
+                "pass --heads DIR (trained heads), or drop --tree for plain decoding",
+            )
         self.decoder = None
         self.tree = args.tree
         if self.heads is not None:

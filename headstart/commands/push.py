@@ -8,7 +8,7 @@ from pathlib import Path
 from headstart.errors import HeadstartError
 
 UPLOADED = ("config.json", "model.safetensors", "README.md", "tuned_tree.json")
-"""What a heads directory publishes; training checkpoints and logs stay local."""
+"""What a heads directory publishes (and an export's own files); training checkpoints and logs stay local."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,16 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from huggingface_hub import HfApi
 
-    from headstart.heads import HeadConfig
-
     folder = Path(args.heads)
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise HeadstartError(
-            f"{folder} is not a heads directory (needs config.json and model.safetensors)",
-            "pass the `final` directory written by headstart train",
-        )
-    config = HeadConfig.read(folder)  # refuses anything that is not a headstart heads config
-    files = [name for name in UPLOADED if (folder / name).is_file()]
+    fmt, files = checked_upload(folder)
     api = HfApi(token=args.token)
     try:
         api.create_repo(args.repo_id, private=args.private or None, exist_ok=True, repo_type="model")
@@ -47,5 +39,37 @@ def run(args: argparse.Namespace) -> int:
             f"cannot push to '{args.repo_id}': {str(err).splitlines()[0]}",
             "check the repo id, your network and HF_TOKEN (huggingface-cli login)",
         ) from None
-    print(f"pushed {config.kind} heads ({', '.join(files)}) -> {getattr(info, 'commit_url', info)}")
+    print(f"pushed {fmt} heads ({', '.join(files)}) -> {getattr(info, 'commit_url', info)}")
     return 0
+
+
+def checked_upload(folder: Path) -> tuple[str, list[str]]:
+    """(what it is, files to upload) of a heads directory: headstart's own (from `train`) or an
+    export in an engine's format (`headstart export`), its config read and its weights' header
+    checked, so damaged heads are refused here rather than published."""
+    from safetensors import SafetensorError, safe_open
+
+    from headstart.heads.formats import adapter, detect_format
+
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise HeadstartError(
+            f"{folder} is not a heads directory (needs config.json and model.safetensors)",
+            "pass the `final` directory written by headstart train, or a `headstart export` directory",
+        )
+    fmt = detect_format(folder)
+    label = f"{fmt} export of"
+    if fmt == "headstart":
+        from headstart.heads import HeadConfig
+
+        label = HeadConfig.read(folder).kind  # every field checked
+    try:
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+            names = list(handle.keys())
+    except (SafetensorError, OSError) as err:
+        raise HeadstartError(
+            f"{folder}/model.safetensors is damaged ({err})", "re-save or re-export the heads before pushing"
+        ) from None
+    if not names:
+        raise HeadstartError(f"{folder}/model.safetensors holds no tensor", "re-save or re-export the heads")
+    wanted = set(UPLOADED) | set(adapter(fmt).FILES)
+    return label, sorted(name for name in wanted if (folder / name).is_file())

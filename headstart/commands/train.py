@@ -52,7 +52,16 @@ def duration(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from headstart.config import load_config
+    from headstart.errors import HeadstartError
     from headstart.train.config import TrainConfig
+
+    if args.accelerate_config and not args.dry_run:
+        raise HeadstartError(
+            "--accelerate-config only goes with --dry-run (it checks a config; it does not launch)",
+            f"accelerate launch --config_file {args.accelerate_config} -m headstart train --recipe {args.recipe}",
+        )
+    if args.dry_run and args.time_budget:
+        raise HeadstartError("--dry-run trains nothing: --time-budget would be ignored", "drop --time-budget")
 
     budget = [f"time_budget_s={args.time_budget}"] if args.time_budget else []
     cfg = load_config(TrainConfig, args.recipe, [*args.overrides, *budget])  # misspelt keys fail here

@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
         raise HeadstartError(
             f"no trained heads at {args.heads}", "pass the directory written by headstart train"
         )
+    if args.candidates is not None and not [c for c in args.candidates.split(";") if c.strip()]:
+        raise HeadstartError(
+            "--candidates names no tree", "e.g. --candidates 'chain:2;chain:3', or leave it out"
+        )
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise HeadstartError(f"{flag} must be >= 1, got {value}", f"use e.g. {flag} 6")

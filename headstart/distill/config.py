@@ -37,9 +37,10 @@ class DatafreeConfig:
     """Candidate prompts sampled per target call."""
 
     def __post_init__(self) -> None:
-        if self.temperature <= 0:
+        if not 0 < self.temperature < float("inf"):  # nan too
             raise HeadstartError(
-                f"datafree.temperature must be > 0, got {self.temperature}", "use datafree.temperature=1.0"
+                f"datafree.temperature must be a finite number > 0, got {self.temperature}",
+                "use datafree.temperature=1.0",
             )
         if not 0 < self.top_p <= 1:
             raise HeadstartError(
@@ -156,8 +157,11 @@ class DistillConfig:
                 )
         if self.skip_rows < 0:
             raise HeadstartError(f"skip_rows must be >= 0, got {self.skip_rows}", "use skip_rows=0")
-        if self.threads < 0:
-            raise HeadstartError(f"--threads must be >= 0, got {self.threads}", "use 0 for torch's default")
+        from headstart.commands.common import check_threads
+        from headstart.inference.plain import check_seed
+
+        check_threads(self.threads)
+        check_seed(self.seed)
         if self.max_turns < 0:
             raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
         if not math.isfinite(self.temperature) or self.temperature < 0:

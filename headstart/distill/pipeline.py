@@ -26,8 +26,9 @@ from headstart.distill.store import (
     open_output,
     shard_paths,
 )
-from headstart.errors import HeadstartError
+from headstart.errors import HeadstartError, Interrupted
 from headstart.inference.continuous import Reply, Request
+from headstart.interrupts import stop_signals_interrupt
 from headstart.io import check_writable
 from headstart.target import Target
 
@@ -120,9 +121,21 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
     lock = lock_output(cfg.out)  # released when the process exits (or below)
     failed = True
     try:
-        result = _distill(target, cfg, names, quiet, start)
+        with stop_signals_interrupt():  # SIGTERM keeps the finished records, as Ctrl-C does
+            result = _distill(target, cfg, names, quiet, start)
+        if new_output and not result["records_total"]:  # e.g. --engine dataset on rows without replies
+            reasons = ", ".join(f"{k}: {v}" for k, v in result["skipped"].items()) or "no row answered"
+            raise HeadstartError(
+                f"no record written ({reasons})",
+                "check --prompts and --engine (dataset needs rows with the assistant's replies)",
+            )
         failed = False
         return result
+    except KeyboardInterrupt:
+        kept = len(done_indices(cfg.out)) if shard_paths(cfg.out) else 0
+        raise Interrupted(
+            f"distill interrupted: {kept} records kept in {cfg.out}", "rerun the same command to continue"
+        ) from None
     finally:
         lock.close()
         if failed and new_output and not shard_paths(cfg.out):  # nothing written: leave no output

@@ -103,17 +103,19 @@ def datafree_prompts(
         bar.set_postfix(rejected=f"{now.rejection_rate:.0%}")
 
     existing = list(prompts)
-    write_prompts(
-        target,
-        missing,
-        cfg.datafree,
-        system=cfg.system,
-        seed=cfg.seed,
-        existing=existing,
-        stats=stats,
-        on_batch=save,
-    )
-    bar.close()
+    try:
+        write_prompts(
+            target,
+            missing,
+            cfg.datafree,
+            system=cfg.system,
+            seed=cfg.seed,
+            existing=existing,
+            stats=stats,
+            on_batch=save,
+        )
+    finally:
+        bar.close()  # before any error line: it must not land on the bar's line
     return prompts, stats
 
 

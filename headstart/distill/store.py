@@ -52,6 +52,10 @@ def atomic_write_bytes(path: Path, payload: bytes) -> None:
 def read_meta(out: str | Path) -> dict[str, Any]:
     """The meta of a distilled output directory: fingerprint, settings, feature layers."""
     path = Path(out) / META
+    if not Path(out).exists():
+        raise HeadstartError(
+            f"distilled data {out} does not exist", "check the path, or run `headstart distill --out DIR`"
+        )
     if not path.is_file():
         raise HeadstartError(
             f"{out} is not a distilled data set (no {META})", "run `headstart distill --out DIR` first"
@@ -166,12 +170,13 @@ def forget_output(out: str | Path, remove_dir: bool = False) -> None:
     """Undo `open_output` for a run that wrote nothing (no record, no data-free prompt: those are
     kept for the rerun): its meta file, lock and empty directories; `out` itself when this run
     created it and nothing else is there."""
-    from headstart.distill.plan import DATAFREE_PROMPTS
+    from headstart.distill.plan import DATAFREE_PROMPTS, DATAFREE_STATS
 
     out = Path(out)
-    if (out / DATAFREE_PROMPTS).is_file():
+    prompts = out / DATAFREE_PROMPTS
+    if prompts.is_file() and prompts.stat().st_size:
         return
-    for name in (META, ".lock"):
+    for name in (META, ".lock", DATAFREE_PROMPTS, DATAFREE_STATS, "summary.json"):
         (out / name).unlink(missing_ok=True)
     for directory in (data_dir(out), features_dir(out), *([out] if remove_dir else [])):
         if directory.is_dir() and not any(directory.iterdir()):

@@ -8,7 +8,7 @@ from headstart.errors import HeadstartError
 from headstart.target.load import HUB_ID
 
 
-def resolve_heads(spec: str | Path) -> Path:
+def resolve_heads(spec: str | Path, flag: str = "--heads") -> Path:
     """The local directory of heads named by `spec`. A path that exists must be a directory; a
     name that looks like a path (its parent directory exists here, or it starts with . / ~) is
     reported as missing locally rather than looked up on the Hub."""
@@ -17,12 +17,12 @@ def resolve_heads(spec: str | Path) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise HeadstartError(f"--heads {text} is a file", f"pass the directory that holds it: {path.parent}")
+        raise HeadstartError(f"{flag} {text} is a file", f"pass the directory that holds it: {path.parent}")
     parent = path.parent
     local = text.startswith((".", "/", "~")) or (str(parent) not in ("", ".") and parent.is_dir())
     if local or not HUB_ID.match(text):
         raise HeadstartError(
-            f"--heads {text}: no such directory",
+            f"{flag} {text}: no such directory",
             "pass a directory written by `headstart train`/`export`, or a Hub id",
         )
     from huggingface_hub import snapshot_download

@@ -42,10 +42,22 @@ class SamplingConfig:
             raise HeadstartError(f"--top-p must be in (0, 1], got {self.top_p}", "use --top-p 1.0 to disable")
         if self.top_k < 0:
             raise HeadstartError(f"--top-k must be >= 0, got {self.top_k}", "use --top-k 0 to disable")
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+SEED_LIMIT = 2**63
+"""Seeds torch takes: 0 .. 2**63 - 1."""
+
+
+def check_seed(seed: int | None, flag: str = "--seed") -> None:
+    from headstart.errors import HeadstartError
+
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        raise HeadstartError(f"{flag} must be in 0..2**63-1, got {seed}", f"use e.g. {flag} 0")
 
 
 @dataclass

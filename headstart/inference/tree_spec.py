@@ -32,6 +32,10 @@ def _paths_from_json(data: Any, source: str) -> TreeBuffers:
         raise HeadstartError(
             f"{source} is not a list of index paths", 'write e.g. [[0], [1], [0, 0]] or {"paths": [...]}'
         )
+    if not any(data):
+        raise HeadstartError(
+            f"{source} has no draft node", "give at least one path, e.g. [[0]] (or --no-heads)"
+        )
     return build_tree(data)
 
 
@@ -52,6 +56,10 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
     except the default tree, which is cut to fit."""
     if spec is None or spec == "static":
         return default_tree(max_depth)
+    if isinstance(spec, str) and not spec.strip():
+        raise HeadstartError(
+            "--tree is empty", "leave it out for the tuned or default tree, or e.g. --tree chain:3"
+        )
     if isinstance(spec, TreeBuffers | DynamicTree):
         tree = spec
     elif spec == "dynamic" or spec.startswith("dynamic:"):
@@ -71,9 +79,11 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
             ) from None
     elif Path(spec).is_file():
         try:
-            tree = _paths_from_json(json.loads(Path(spec).read_text()), spec)
-        except json.JSONDecodeError as err:
-            raise HeadstartError(f"tree file {spec} is not valid JSON: {err}", "fix the file") from None
+            tree = _paths_from_json(json.loads(Path(spec).read_text(encoding="utf-8")), spec)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise HeadstartError(f"tree file {spec} is not valid UTF-8 JSON: {err}", "fix the file") from None
+    elif spec.endswith(".json"):
+        raise HeadstartError(f"tree file not found: {spec}", "check the path, or pass the paths inline")
     else:
         raise HeadstartError(
             f"unknown tree '{spec}'",

@@ -23,16 +23,31 @@ class Chat:
     def has_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The template's text for `messages` (a list of {role, content})."""
+    def render(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = True,
+        where: str = "the chat template",
+    ) -> str:
+        """The template's text for `messages` (a list of {role, content}); a template that does
+        not compile or raises while rendering (raise_exception, an undefined name, ...) is one line."""
         if not self.has_template:
             raise HeadstartError(
                 "this target's tokenizer has no chat template",
                 "pass --raw to feed the prompt as plain text, or use a tokenizer with a chat_template",
             )
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except (
+            Exception
+        ) as err:  # jinja2 raises many types (TemplateError, UndefinedError, ZeroDivisionError...)
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise HeadstartError(
+                f"{where} failed on a {len(messages)}-message conversation ({type(err).__name__}: {reason})",
+                "fix the template (a Jinja file rendering `messages`), or pass --raw for plain text",
+            ) from None
 
     def prompt_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation (the template supplies any BOS itself)."""

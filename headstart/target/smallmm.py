@@ -253,7 +253,11 @@ def calibrated_rows(kernel: SmallMatmul, record: Path) -> int:
     loss, and a 0 it stored under another job had turned the kernel off for good."""
     override = os.environ.get("HEADSTART_SMALLMM_ROWS")
     if override:
-        return max(0, min(MAX_ROWS, int(override)))
+        if override.strip().isdigit() and int(override) <= MAX_ROWS:
+            return int(override)
+        log.warning(
+            "warning: HEADSTART_SMALLMM_ROWS=%s is not a row count in 0..%d: ignored", override, MAX_ROWS
+        )
     threads = str(torch.get_num_threads())
     try:
         saved = json.loads(record.read_text())

@@ -50,8 +50,20 @@ class DataConfig:
             raise HeadstartError(
                 f"data.max_length must be >= 8, got {self.max_length}", "set data.max_length=1024"
             )
-        if self.holdout < 0:
-            raise HeadstartError("data.holdout must be >= 0", "set data.holdout=0.05")
+        if self.holdout < 0 or (self.holdout >= 1 and self.holdout != int(self.holdout)):
+            raise HeadstartError(
+                f"data.holdout must be a fraction < 1 or a whole number of conversations, got {self.holdout}",
+                "set data.holdout=0.05 (5%) or data.holdout=96 (96 conversations)",
+            )
+        repeated = sorted(
+            {p for p in self.path + self.eval_path if (self.path + self.eval_path).count(p) > 1}
+        )
+        if repeated:
+            raise HeadstartError(
+                f"data.path/data.eval_path name {', '.join(repeated)} more than once: its conversations would "
+                "count twice (or be trained on and held out)",
+                "name each distilled directory once",
+            )
         if self.max_records < 0:
             raise HeadstartError(
                 f"data.max_records must be >= 0, got {self.max_records}", "set data.max_records=0 (all)"
@@ -81,6 +93,18 @@ class OptimConfig:
     """Head parameters that keep their initial values: names or name prefixes of the head's
     state dict, e.g. [lm_head] keeps EAGLE-3's draft lm_head at the target's rows (and skips its
     weight gradient, the largest matrix multiply of a step). Empty: everything trains."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "optim.lr": (self.lr >= 0, "set optim.lr=1e-3"),  # 0: evaluate and re-save (init_from)
+            "optim.weight_decay": (self.weight_decay >= 0, "set optim.weight_decay=0"),
+            "optim.warmup_steps": (self.warmup_steps >= 0, "set optim.warmup_steps=0"),
+            "optim.max_grad_norm": (self.max_grad_norm >= 0, "set optim.max_grad_norm=1.0 (0 = no clipping)"),
+            "optim.betas": (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "set optim.betas=[0.9,0.95]"),
+        }  # fmt: skip
+        for name, (ok, fix) in checks.items():
+            if not ok:
+                raise HeadstartError(f"{name} is out of range: {getattr(self, name.split('.')[1])}", fix)
 
 
 @dataclass
@@ -114,6 +138,11 @@ class LossConfig:
     trains here; hard = the data's token (z-lab's and SpecForge's recipe)."""
 
     def __post_init__(self) -> None:
+        for name in ("medusa_decay", "eagle_feature_weight", "eagle_ce_weight", "eagle_noise", "ttt_decay"):
+            if getattr(self, name) < 0:
+                raise HeadstartError(
+                    f"loss.{name} must be >= 0, got {getattr(self, name)}", f"set loss.{name}=0.8"
+                )
         if self.dflash_anchors < 1 or self.dflash_decay < 0:
             raise HeadstartError(
                 f"loss.dflash_anchors must be >= 1 and loss.dflash_decay >= 0, got {self.dflash_anchors}, "
@@ -217,6 +246,9 @@ class TrainConfig:
                 raise HeadstartError(
                     f"{name} must be >= 1, got {getattr(self, name)}", f"set {name}=1 or more"
                 )
+        from headstart.inference.plain import check_seed
+
+        check_seed(self.seed, "seed")
         if not self.time_budget_s >= 0:
             raise HeadstartError(
                 f"time_budget_s must be >= 0, got {self.time_budget_s}", "e.g. --time-budget 9m (0 = none)"

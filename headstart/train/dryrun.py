@@ -18,11 +18,20 @@ def accelerate_plan(path: str | Path) -> dict[str, Any]:
 
     if not Path(path).is_file():
         raise HeadstartError(f"accelerate config not found: {path}", "pass a file from recipes/accelerate/")
+    import yaml
+
     try:
         config = load_config_from_file(str(path))
-    except (ValueError, TypeError, KeyError) as err:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        AttributeError,
+        yaml.YAMLError,
+    ) as err:  # not YAML, not UTF-8 too
+        reason = " ".join(str(err).split())[:200]
         raise HeadstartError(
-            f"accelerate cannot read {path}: {err}", "fix the accelerate config (see `accelerate config`)"
+            f"accelerate cannot read {path}: {reason}", "fix the accelerate config (see `accelerate config`)"
         ) from None
     plan = {
         "distributed_type": str(config.distributed_type).split(".")[-1],

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import resource
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from headstart.config import to_dict
+from headstart.interrupts import stop_signals_interrupt
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
@@ -52,25 +49,6 @@ def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last
         collate_fn=lambda items: collate(items, pad),
         generator=torch.Generator().manual_seed(p.cfg.seed),
     )
-
-
-@contextlib.contextmanager
-def stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler's preemption, `timeout`, `kill`) ends training the way Ctrl-C does: the
-    steps done are saved as a checkpoint for --resume. (SIGINT is Python's KeyboardInterrupt
-    already, unless a shell started us in the background and left it ignored, on purpose.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # handlers can only be set from the main thread
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    before = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
 
 
 def train(
@@ -302,10 +280,10 @@ def _train(
         if step and not (saved and saved[-1].name == f"step-{step:08d}"):
             extra = {"tokens": tokens.item(), "history": history}  # single process: no collective
             saved = [checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)]
-        from headstart.errors import HeadstartError
+        from headstart.errors import Interrupted
 
         where = f"; checkpoint {saved[-1]}" if saved else " (no step finished: nothing to keep)"
-        raise HeadstartError(
+        raise Interrupted(
             f"training interrupted at step {step}{where}", "rerun the same command with --resume to continue"
         ) from None
     bar.close()

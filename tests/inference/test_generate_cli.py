@@ -62,17 +62,9 @@ def test_generate_streams_and_reports_tau(tiny_llama, heads_dir, capsys):
     assert captured.out.strip()
 
 
-def test_no_heads_is_plain_decoding(tiny_llama, heads_dir, capsys):
-    args = [
-        "generate",
-        "--target",
-        str(tiny_llama),
-        "--heads",
-        str(heads_dir),
-        "--no-heads",
-        "--prompt",
-        "hello",
-    ]
+def test_no_heads_is_plain_decoding(tiny_llama, capsys):
+    """(--no-heads beside --heads is refused: tests/test_bad_inputs.py)"""
+    args = ["generate", "--target", str(tiny_llama), "--no-heads", "--prompt", "hello"]
     assert main([*args, "--max-new-tokens", "10", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["token_ids"] == _reference(tiny_llama, "hello", 10) and result["stats"]["tau"] == 1.0

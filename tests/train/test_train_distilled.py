@@ -68,6 +68,15 @@ def _recipe(tmp_path, target, data, **extra):
     return path
 
 
+@pytest.fixture(scope="module")
+def twin(distilled, tmp_path_factory):
+    """A copy of the distilled directory: a second source with the same conversations (one
+    directory named twice is refused: its conversations would count twice)."""
+    import shutil
+
+    return shutil.copytree(distilled, tmp_path_factory.mktemp("twin") / "data")
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 @pytest.mark.parametrize("mode", ["online", "offline"])
 def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, kind, capsys):
@@ -96,7 +105,7 @@ def test_distilled_data_from_another_target_is_refused(distilled, tiny_root, tmp
     assert not (tmp_path / "run").exists()  # nothing was computed or written
 
 
-def test_train_joins_several_distilled_dirs(distilled, tiny_llama, tmp_path, capsys):
+def test_train_joins_several_distilled_dirs(distilled, twin, tiny_llama, tmp_path, capsys):
     from headstart.config import load_config
     from headstart.train.config import TrainConfig
     from headstart.train.data import load_distilled_data
@@ -104,7 +113,7 @@ def test_train_joins_several_distilled_dirs(distilled, tiny_llama, tmp_path, cap
     cfg = load_config(
         TrainConfig,
         None,
-        [f"target={tiny_llama}", f"data.path=[{distilled},{distilled}]", "data.mode=offline"],
+        [f"target={tiny_llama}", f"data.path=[{distilled},{twin}]", "data.mode=offline"],
     )
     joined = load_distilled_data(cfg.data)
     single = load_distilled_data(
@@ -114,12 +123,12 @@ def test_train_joins_several_distilled_dirs(distilled, tiny_llama, tmp_path, cap
     last = len(joined) - 1
     torch.testing.assert_close(joined.features(last)["last"], single.features(len(single) - 1)["last"])
     recipe = _recipe(tmp_path, tiny_llama, distilled, head={"kind": "medusa", "num_heads": 2})
-    assert main(["train", "--recipe", str(recipe), f"data.path=[{distilled},{distilled}]"]) == 0
+    assert main(["train", "--recipe", str(recipe), f"data.path=[{distilled},{twin}]"]) == 0
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["data"].count("(10 conversations)") == 2
 
 
-def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled, tiny_llama, tmp_path):
+def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled, twin, tiny_llama, tmp_path):
     from headstart.config import load_config
     from headstart.target import load_target
     from headstart.train.config import TrainConfig
@@ -128,7 +137,7 @@ def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled
     cfg = load_config(
         TrainConfig,
         None,
-        [f"target={tiny_llama}", f"data.path={distilled}", f"data.eval_path={distilled}",
+        [f"target={tiny_llama}", f"data.path={distilled}", f"data.eval_path={twin}",
          "data.mode=offline", "data.max_records=7", "batch_size=2"],
     )  # fmt: skip
     assert cfg.data.holdout == 0.0  # eval_path replaces the default 5% split
@@ -139,7 +148,7 @@ def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled
     torch.testing.assert_close(p.data.features(7)["last"], p.data.features(0)["last"])
     assert "held out:" in p.data.description
     both = load_config(TrainConfig, None, [f"target={tiny_llama}", f"data.path={distilled}",
-                                           f"data.eval_path={distilled}", "data.holdout=2", "batch_size=2"])  # fmt: skip
+                                           f"data.eval_path={twin}", "data.holdout=2", "batch_size=2"])  # fmt: skip
     p = plan(both, target=p.target)
     assert len(p.train_idx) == 8 and len(p.eval_idx) == 12 and set(p.train_idx).isdisjoint(p.eval_idx)
 
@@ -182,12 +191,12 @@ def test_max_records_from_each_keeps_the_mix_of_sources_and_nests():
     assert _record_counts(sizes, DataConfig(path=["x"], max_records=10**6, max_records_from="each")) == sizes
 
 
-def test_max_records_from_each_on_joined_directories(distilled, tiny_llama):
+def test_max_records_from_each_on_joined_directories(distilled, twin, tiny_llama):
     from headstart.config import load_config
     from headstart.train.config import TrainConfig
     from headstart.train.data import load_distilled_data
 
-    cfg = load_config(TrainConfig, None, [f"target={tiny_llama}", f"data.path=[{distilled},{distilled}]",
+    cfg = load_config(TrainConfig, None, [f"target={tiny_llama}", f"data.path=[{distilled},{twin}]",
                                           "data.max_records=6", "data.max_records_from=each"])  # fmt: skip
     data = load_distilled_data(cfg.data)
     assert len(data) == 6 and data.input_ids[:3] == data.input_ids[3:]  # 3 of each, the first 3
