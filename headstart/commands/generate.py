@@ -166,8 +166,11 @@ class Decoding:
             )
             stats = {"new_tokens": result.new_tokens, "tau": 1.0, "tokens_per_s": round(result.tokens_per_s, 2),
                      "target_forwards": result.target_forwards}  # fmt: skip
-            # plain decoding runs each prompt alone: its batch is itself
-            results.append((result.token_ids, stats | {"batch": stats | {"batch_size": 1}}))
+            # plain decoding runs each prompt alone: its batch is itself, with the same fields
+            # as a speculative batch's (one token per forward after the prefill's)
+            whole = stats | {"batch_size": 1, "wall_s": round(result.wall_s, 3),
+                             "accept_length_histogram": {"1": max(result.target_forwards - 1, 0)}}  # fmt: skip
+            results.append((result.token_ids, stats | {"batch": whole}))
         return results
 
 

@@ -67,7 +67,13 @@ def model_card(config: HeadConfig) -> Any:
         "",
         f"- target: `{target}` ({config.target.get('architecture')}, hidden {config.hidden_size}, vocab {config.vocab_size})",
         f"- head: {config.kind}, heads {config.num_heads}, layers {config.num_layers}, "
-        f"feature layers {list(config.feature_layers) or 'last hidden'}, draft vocab {config.draft_vocab_size}",
+        f"feature layers {list(config.feature_layers) or 'last hidden'}, draft vocab {config.draft_vocab_size}"
+        + (
+            f", block {config.block_size} (one forward drafts {config.block_size - 1} tokens), mask token "
+            f"{config.mask_token_id}"
+            if config.kind == "dflash"
+            else ""
+        ),  # fmt: skip
         f"- training data: {train.pop('data', 'not recorded')}",
         f"- prompt sources: {', '.join(sources) or 'not recorded'}",
         f"- training steps: {train.pop('steps', 'not recorded')}",

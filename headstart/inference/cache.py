@@ -78,3 +78,42 @@ def select_rows(cache: Any, rows: torch.Tensor) -> None:
     for layer in _layers(cache):
         layer.keys = layer.keys[rows]
         layer.values = layer.values[rows]
+
+
+def stack_rows(cache: Any, other: Any) -> None:
+    """Append `other`'s rows under `cache`'s (in place), both left-padded with zero entries to the
+    wider one's width: the caller's `visible` masks hide the padding (rows joining a live batch)."""
+    mine, theirs = _layers(cache), _layers(other)
+    if not mine:  # nothing cached yet on this side: take the other's layers as they are
+        for layer, src in zip(getattr(cache, "layers", []), getattr(other, "layers", []), strict=False):
+            if getattr(src, "keys", None) is not None:
+                layer.lazy_initialization(src.keys, src.values)
+                layer.keys, layer.values = src.keys, src.values
+        return
+    if len(mine) != len(theirs):
+        raise HeadstartError("cannot stack caches of different depth", "build both with the same model")
+    width = max(mine[0].keys.shape[-2], theirs[0].keys.shape[-2])
+    for layer, src in zip(mine, theirs, strict=True):
+        for name in ("keys", "values"):
+            stacked = torch.cat(
+                [_pad_entries(getattr(layer, name), width), _pad_entries(getattr(src, name), width)]
+            )
+            setattr(layer, name, stacked)  # a fresh tensor: a growing layer starts a new buffer
+        for buffer in ("_key_buffer", "_value_buffer"):
+            if hasattr(layer, buffer):
+                setattr(layer, buffer, None)
+
+
+def _pad_entries(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, H, n, D) -> (B, H, width, D) with zero entries on the left."""
+    missing = width - x.shape[-2]
+    if missing <= 0:
+        return x
+    return torch.cat([x.new_zeros(*x.shape[:-2], missing, x.shape[-1]), x], dim=-2)
+
+
+def drop_left(cache: Any, count: int) -> None:
+    """Forget every layer's first `count` entries (columns no row sees any more)."""
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, count:]
+        layer.values = layer.values[:, :, count:]

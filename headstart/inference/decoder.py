@@ -22,14 +22,14 @@ from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
 from headstart.inference.drafters import make_drafter
-from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static, static_plan
+from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import Prompts, prepare_prompts
-from headstart.inference.results import DecodeState, DecodeStats, GenerateOutput
-from headstart.inference.sampling import probabilities, sample
+from headstart.inference.results import DecodeState, GenerateOutput
+from headstart.inference.sampling import Generator, probabilities, sample
 from headstart.inference.stops import StopRule
-from headstart.inference.tree import TreeBuffers
+from headstart.inference.tree import TreeBuffers, build_tree
 from headstart.inference.tree_spec import TreeSpec, parse_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
@@ -49,13 +49,14 @@ class SpeculativeDecoder:
         self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False
     ) -> None:
         self.target = target
-        self.heads = heads
-        heads.bind(target.model)
+        self.heads = heads  # None: plain decoding (each tree is the root, plus any lookup branch)
+        if heads is not None:
+            heads.bind(target.model)
         self.max_depth = make_drafter(heads, target.vocab_size).max_depth
         base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
-        self.tree = parse_tree(base, self.max_depth)
+        self.tree = parse_tree(base, self.max_depth) if heads is not None else build_tree([])
         self.typical = typical
-        self.generator: torch.Generator | None = None
+        self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
         # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See target/packing.py.
         self.packed = PackedLinears.for_model(target.model)
@@ -221,74 +222,31 @@ class SpeculativeDecoder:
                 "from the draft distribution, and exact acceptance cannot mix those with looked-up tokens)",
                 "use --tree dynamic+lookup:4, or decode greedily",
             )
-        stats = DecodeStats(batch_size=prompts.batch, lossy=self.typical and not sampling.greedy)
-        emitted: list[list[int]] = [[] for _ in range(prompts.batch)]
-        drafter = make_drafter(self.heads, self.target.vocab_size, self._tree_depth())
+        from headstart.inference.engine import Engine, Job
+
+        rows = [row[m].tolist() for row, m in zip(prompts.host_ids, prompts.host_valid, strict=True)]
         if streamer is not None:
             streamer.put(prompts.host_ids[0, prompts.host_valid[0]])
-        if isinstance(self.tree, TreeBuffers):  # the tree's device buffers, built once, off the loop
-            static_plan(self.tree, device)
+        jobs = [Job(key=i, prompt=row, rule=rule) for i, row in enumerate(rows)]
+        if streamer is not None:
+            jobs[0].on_tokens = lambda tokens: streamer.put(torch.tensor(tokens))
+        # the one continuous engine, every prompt admitted at once (a server admits as they come)
+        engine = Engine(self, sampling)
         start = time.perf_counter()
-        state = self.prefill(prompts, sampling, drafter)
-        stats.target_forwards += 1
-        first = [[token] for token in state.root.tolist()]  # host sync: the prefill's read
-        done = self._take(state, first, [1] * len(first), rule, emitted, streamer)
-        # the lookup branch matches on the host: the prompt's tokens, read once
-        prompt_rows = (
-            [row[m].tolist() for row, m in zip(prompts.host_ids, prompts.host_valid, strict=True)]
-            if self.lookup
-            else []
-        )
-        # Steady state: the only device-to-host read per step is in `commit`
-        # (tests/inference/test_host_syncs.py counts them).
-        while True:
-            live = [i for i, d in enumerate(done) if not d]
-            if not live:
-                break
-            if len(live) < len(done):  # rows finished: a host-to-device copy, only then
-                keep = torch.tensor(live, dtype=torch.long, device=device)
-                state.select_rows(keep, live)
-                drafter.select_rows(keep)
-            contexts = self._contexts(prompt_rows, state, emitted) if self.lookup else None
-            tree = self.draft(state, sampling, drafter, contexts)
-            feats = self.verify(state, tree, drafter)
-            drafter.end_step()
-            stats.target_forwards += 1
-            acc = self.accept(tree, feats, sampling)
-            committed, counts = self.commit(state, tree, feats, acc, drafter)
-            done = self._take(state, committed, counts, rule, emitted, streamer, stats)
+        engine.add(jobs)
+        while engine.live:
+            engine.step()
+        stats = engine.stats
+        stats.batch_size, stats.target_forwards = prompts.batch, engine.target_forwards
         stats.wall_s = time.perf_counter() - start
         if streamer is not None:
             streamer.end()
+        emitted = [job.emitted for job in jobs]
         stats.per_row_tokens = [len(row) for row in emitted]
+        stats.per_row_steps = [job.steps for job in jobs]
+        stats.per_row_committed = [job.committed for job in jobs]
         stats.new_tokens = sum(stats.per_row_tokens)
         return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
-
-    @staticmethod
-    def _contexts(
-        prompt_rows: list[list[int]], state: DecodeState, emitted: list[list[int]]
-    ) -> list[list[int]]:
-        """Each live row's committed tokens (prompt, then output; the root is the last), on the
-        host: the step's one read already brought the output back."""
-        return [prompt_rows[row] + emitted[row] for row in state.rows]
-
-    def _take(self, state: DecodeState, rows: list[list[int]], counts: list[int], rule: StopRule,
-              emitted: list[list[int]], streamer: Any, stats: DecodeStats | None = None) -> list[bool]:  # fmt: skip
-        """Append each live row's committed tokens (host lists) up to its stop."""
-        done = []
-        for live, (row, count) in enumerate(zip(rows, counts, strict=True)):
-            out = emitted[state.rows[live]]
-            before = len(out)
-            done.append(rule.take(out, row[:count]))
-            if stats is not None:
-                stats.row_steps += 1
-                stats.committed += len(out) - before
-                stats.accept_lengths[count] += 1
-                stats.per_row_steps[state.rows[live]] += 1
-                stats.per_row_committed[state.rows[live]] += len(out) - before
-            if streamer is not None and len(out) > before:
-                streamer.put(torch.tensor(out[before:]))
-        return done
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

@@ -94,6 +94,11 @@ class MedusaDrafter:
         if self._logits is not None:
             self._logits = self._logits[rows]
 
+    def merge(self, other: MedusaDrafter) -> None:
+        """Append `other`'s rows (requests joining a running batch)."""
+        assert self._logits is not None and other._logits is not None
+        self._logits = torch.cat([self._logits, other._logits])
+
 
 class EagleDrafter:
     """EAGLE-1/2/3: an autoregressive head with its own KV cache. Committed positions enter the
@@ -197,6 +202,17 @@ class EagleDrafter:
             if value is not None:
                 setattr(self, name, value[rows])
 
+    def merge(self, other: EagleDrafter) -> None:
+        """Append `other`'s rows between steps (requests joining a running batch): the head's
+        caches stack, left-padded to one width with entries no row sees."""
+        assert self.visible is not None and other.visible is not None and not self.entries
+        self.visible = _stack_visible(self.visible, other.visible)
+        kv.stack_rows(self.cache, other.cache)
+        self.committed = kv.cache_length(self.cache)
+        assert self.g is not None and other.g is not None and self.root_pos is not None
+        self.g = torch.cat([self.g[:, :1], other.g[:, :1]])  # the root's g: all a step starts from
+        self.root_pos = torch.cat([self.root_pos, other.root_pos])
+
 
 class DFlashDrafter:
     """DFlash: one block forward per step drafts every depth at once. Committed positions enter
@@ -260,6 +276,21 @@ class DFlashDrafter:
         if self._logits is not None:
             self._logits = self._logits[rows]
 
+    def merge(self, other: DFlashDrafter) -> None:
+        """Append `other`'s rows between steps: the context caches stack, left-padded."""
+        assert self.visible is not None and other.visible is not None
+        assert self._logits is not None and other._logits is not None
+        self.visible = _stack_visible(self.visible, other.visible)
+        kv.stack_rows(self.cache, other.cache)
+        self._logits = torch.cat([self._logits, other._logits])
+
+
+def _stack_visible(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
+    """Two (B, P) visibility masks stacked, the narrower left-padded with False (kv.stack_rows)."""
+    width = max(mine.shape[1], theirs.shape[1])
+    pad = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (mine, theirs)]
+    return torch.cat(pad)
+
 
 def _device(module: Any) -> torch.device:
     try:
@@ -268,10 +299,43 @@ def _device(module: Any) -> torch.device:
         return torch.device("cpu")
 
 
+class PlainDrafter:
+    """No heads: every tree is the root alone, so a step is one token of plain decoding (or a
+    prompt-lookup branch, `--tree +lookup:K`) through the same engine and verifier."""
+
+    feature_layers: tuple[int, ...] = ()
+    max_depth: int | None = 0
+
+    def __init__(self) -> None:
+        self.batch = 0
+
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        self.batch = next_tokens.shape[0]
+
+    def root_logits(self) -> torch.Tensor:
+        return torch.zeros(self.batch, 1)  # never ranked: the tree has no level to fill
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        raise AssertionError("a root-only tree has nothing to expand")
+
+    def end_step(self) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.batch = int(rows.shape[0])
+
+    def merge(self, other: PlainDrafter) -> None:
+        self.batch += other.batch
+
+
 def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Any:
     """The drafter for `heads`; an object that already is a drafter (observe/root_logits/expand,
     e.g. a scripted test drafter) is used as is. `depth`: how deep the tree drafts (None: as deep
     as the heads can)."""
+    if heads is None:  # plain decoding
+        return PlainDrafter()
     if all(hasattr(heads, name) for name in ("observe", "root_logits", "expand", "end_step")):
         return heads
     kind = getattr(heads, "kind", None)

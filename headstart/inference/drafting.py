@@ -17,7 +17,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference.draft_tree import DraftTree, children_from_parents
 from headstart.inference.plain import SamplingConfig
-from headstart.inference.sampling import order_without_replacement, probabilities, warp_logits
+from headstart.inference.sampling import Generator, order_without_replacement, probabilities, warp_logits
 from headstart.inference.tree import TreeBuffers
 
 
@@ -99,7 +99,7 @@ def static_plan(tree: TreeBuffers, device: torch.device) -> StaticPlan:
 
 
 def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> DraftTree:  # fmt: skip
+                 generator: Generator = None) -> DraftTree:  # fmt: skip
     """Fill a static tree level by level; each level's frontier is one batched drafter call.
     Shapes come from the tree (StaticPlan), never from the drafted data: no host sync."""
     batch, n, device = root.shape[0], tree.size, root.device

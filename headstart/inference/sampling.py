@@ -8,6 +8,8 @@ speculative decoder sample from the same p.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from headstart.inference.plain import SamplingConfig
@@ -42,14 +44,55 @@ def probabilities(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tenso
     return warp_logits(logits, sampling).softmax(dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+class RowGenerators:
+    """One torch.Generator per batch row: every random draw is made row by row from the row's own
+    generator, so a seeded row's draws do not depend on which rows share its batch (a server's
+    requests join and leave). The number of draws a row makes per step is fixed by the tree's
+    shape, never by other rows. cost: one small call per row per draw."""
+
+    def __init__(self, generators: list[torch.Generator]) -> None:
+        self.generators = list(generators)
+
+    def __len__(self) -> int:
+        return len(self.generators)
+
+    def select(self, rows: list[int]) -> RowGenerators:
+        return RowGenerators([self.generators[i] for i in rows])
+
+    def merge(self, other: RowGenerators) -> RowGenerators:
+        return RowGenerators(self.generators + other.generators)
+
+    def rand(self, shape: tuple[int, ...], device: Any) -> torch.Tensor:
+        assert shape[0] == len(self.generators), (shape, len(self.generators))
+        return torch.stack([torch.rand(shape[1:], generator=g, device=device) for g in self.generators])
+
+    def multinomial(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs (B, ..., V) -> one draw per (row, ...) with the row's generator, (B, ...)."""
+        rows = [torch.multinomial(p.reshape(-1, p.shape[-1]), 1, generator=g).reshape(p.shape[:-1])
+                for p, g in zip(probs, self.generators, strict=True)]  # fmt: skip
+        return torch.stack(rows)
+
+
+Generator = torch.Generator | RowGenerators | None
+
+
+def uniform(shape: tuple[int, ...], generator: Generator, device: Any) -> torch.Tensor:
+    """U(0, 1) draws of `shape`, from one generator or per row (RowGenerators)."""
+    if isinstance(generator, RowGenerators):
+        return generator.rand(shape, device)
+    return torch.rand(shape, generator=generator, device=device)
+
+
+def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
     """One token per row of probs (..., V) -> (...,) long."""
+    if isinstance(generator, RowGenerators):
+        return generator.multinomial(probs)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
 def order_without_replacement(
-    probs: torch.Tensor, count: int, generator: torch.Generator | None = None
+    probs: torch.Tensor, count: int, generator: Generator = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`count` tokens per row drawn WITHOUT replacement from probs (..., V), in draw order.
 
@@ -57,7 +100,7 @@ def order_without_replacement(
     draws without replacement. Returns (tokens (..., count), valid (..., count)); a draw is invalid
     once the row's support is exhausted (fewer than `count` tokens with p > 0).
     """
-    uniform = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_(1e-20, 1.0)
-    keys = probs.log() - (-uniform.log()).log()  # log p + Gumbel(0, 1); -inf where p == 0
+    draws = uniform(tuple(probs.shape), generator, probs.device).clamp_(1e-20, 1.0)
+    keys = probs.log() - (-draws.log()).log()  # log p + Gumbel(0, 1); -inf where p == 0
     values, tokens = torch.topk(keys, count, dim=-1)
     return tokens, values > float("-inf")

@@ -19,7 +19,7 @@ import torch
 
 from headstart.inference.draft_tree import DraftTree, path_to
 from headstart.inference.plain import SamplingConfig
-from headstart.inference.sampling import probabilities, sample, warp_logits
+from headstart.inference.sampling import Generator, probabilities, sample, uniform, warp_logits
 
 
 @dataclass
@@ -57,7 +57,7 @@ def accept_typical(
     sampling: SamplingConfig,
     epsilon: float = 0.09,
     alpha: float = 0.3,
-    generator: torch.Generator | None = None,
+    generator: Generator = None,
 ) -> Acceptance:
     """LOSSY typical acceptance (Medusa): output is NOT distributed as the target's."""
     probs = warp_logits(logits, sampling).softmax(-1)  # (B, n, V)
@@ -78,7 +78,7 @@ def _renormalise(x: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
 
 
 def accept_sampling(
-    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None = None
+    tree: DraftTree, logits: torch.Tensor, sampling: SamplingConfig, generator: Generator = None
 ) -> Acceptance:
     """Exact tree rejection sampling (see the module docstring). Loops over depth and sibling
     slots only; every operation is batched over rows."""
@@ -106,7 +106,7 @@ def accept_sampling(
                 q_x = q.gather(1, token)[:, 0]
                 ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(1e-30), torch.zeros_like(p_x)).clamp(max=1.0)
                 rejected_residual = _renormalise((residual - q).clamp_min(0), residual)
-            u = torch.rand(batch, generator=generator, device=device)
+            u = uniform((batch,), generator, device)
             accepted = tries & (u < ratio)
             rejected = tries & ~accepted
             if q is not None:  # the next sibling was drawn from q without x

@@ -1,0 +1,251 @@
+"""The one continuous speculative engine: requests join the running batch between steps and leave
+it when they stop, and every step is the decoder's [draft -> verify -> accept -> commit] over all
+live rows in ONE target forward. `SpeculativeDecoder.generate` runs it with every prompt admitted
+at once; `headstart serve` admits requests as they arrive.
+
+Joining: newcomers are prefilled together (one left-padded target forward, their own drafter),
+then merged into the live batch: their KV caches and the drafter's are left-padded to a common
+width with entries no row sees (`visible` False) and stacked under the live rows, so every
+row keeps its own positions. Leaving: finished rows are dropped (`select_rows`), and columns no
+remaining row sees are cut off the left (a wide prompt that left does not tax the others).
+
+Sampling is per row: each job may carry its own seeded generator (`RowGenerators`), so a seeded
+reply does not depend on which requests shared its steps (up to float rounding in attention,
+as any batching); rows of one engine share the warping (temperature, top-p, top-k): a server
+keeps one engine per setting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from headstart.inference import cache as kv
+from headstart.inference.drafters import make_drafter
+from headstart.inference.drafting import static_plan
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.prompts import prepare_prompts
+from headstart.inference.results import DecodeState, DecodeStats
+from headstart.inference.sampling import RowGenerators
+from headstart.inference.stops import StopRule
+from headstart.inference.tree import TreeBuffers
+
+
+@dataclass
+class Job:
+    """One request in flight: its prompt ids, when it stops, where its tokens go."""
+
+    key: Any
+    prompt: list[int]
+    rule: StopRule
+    seed: int | None = None
+    on_tokens: Callable[[list[int]], None] | None = None
+    """Called with each step's new tokens (streaming)."""
+    emitted: list[int] = field(default_factory=list)
+    finish: str | None = None
+    """Why it stopped: "stop" (an end-of-sequence id or a stop string), "length", "cancelled"."""
+    cancelled: bool = False
+    """Set from any thread (a client went away): the row leaves at the next step."""
+    steps: int = 0  # verify forwards the row took part in
+    committed: int = 0  # tokens those forwards committed (its tau = committed / steps)
+    admitted_s: float = 0.0
+    first_token_s: float | None = None
+
+
+class Engine:
+    """Continuous speculative decoding of jobs that share one SamplingConfig's warping."""
+
+    def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False) -> None:
+        self.decoder = decoder
+        self.sampling = sampling
+        self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
+        self.jobs: list[Job] = []  # aligned with the state's rows
+        self.lead: list[int] = []  # per row: leading cache columns it does not see (padding)
+        self.state: DecodeState | None = None
+        self.drafter: Any = None
+        self.stats = DecodeStats(batch_size=0, lossy=decoder.typical and not sampling.greedy)
+        self.target_forwards = 0
+        self.prefills = 0
+        if isinstance(decoder.tree, TreeBuffers):  # the tree's device buffers, built once
+            static_plan(decoder.tree, decoder.target.device)
+
+    @property
+    def live(self) -> int:
+        return len(self.jobs)
+
+    # ---- joining ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def add(self, jobs: list[Job]) -> list[Job]:
+        """Prefill `jobs` (one forward) and merge them into the live batch; their first token comes
+        from the prefill. Returns the jobs that already finished on that token."""
+        if not jobs:
+            return []
+        decoder, device = self.decoder, self.decoder.target.device
+        if self.state is not None and decoder.heads is not None and not _fresh_drafters(decoder.heads):
+            from headstart.errors import HeadstartError
+
+            raise HeadstartError(
+                "this drafter object keeps its own rows and cannot take requests joining a running batch",
+                "pass heads (a head module), not a drafter",
+            )
+        pad = decoder.target.tokenizer.pad_token_id or 0
+        prompts = prepare_prompts([j.prompt for j in jobs], None, pad, 1, None, False, device)
+        drafter = make_drafter(decoder.heads, decoder.target.vocab_size, decoder._tree_depth())
+        generators = self._generators(jobs)
+        decoder.generator = generators
+        start = time.perf_counter()
+        state = decoder.prefill(prompts, self.sampling, drafter)
+        self.target_forwards += 1
+        self.prefills += 1
+        first = state.root.tolist()  # host sync: the prefill's read
+        state.rows = list(range(len(self.jobs), len(self.jobs) + len(jobs)))
+        for job in jobs:
+            job.admitted_s = start
+        width = state.visible.shape[1]  # the newcomers' leading columns they do not see, known on the host
+        lead = [width - len(job.prompt) for job in jobs]
+        if self.state is None:
+            self.state, self.drafter = state, drafter
+        else:
+            grown = max(self.state.visible.shape[1], width)
+            self.lead = [n + grown - self.state.visible.shape[1] for n in self.lead]
+            lead = [n + grown - width for n in lead]
+            self._merge(state, drafter)
+        self.jobs += jobs
+        self.lead += lead
+        self._set_generators(generators, len(jobs))
+        return self._take([[t] for t in first], [1] * len(first), rows=range(len(self.jobs) - len(jobs), len(self.jobs)),
+                          counted=False)  # fmt: skip
+
+    def _merge(self, state: DecodeState, drafter: Any) -> None:
+        """Stack the newcomers' rows under the live ones (caches left-padded to one width)."""
+        assert self.state is not None
+        live = self.state
+        width = max(live.visible.shape[1], state.visible.shape[1])
+        kv.stack_rows(live.cache, state.cache)
+        live.visible = torch.cat([_pad_left(live.visible, width), _pad_left(state.visible, width)])
+        live.lengths = torch.cat([live.lengths, state.lengths])
+        live.root = torch.cat([live.root, state.root])
+        live.rows = list(range(len(self.jobs) + len(state.rows)))
+        self.drafter.merge(drafter)
+
+    def _generators(self, jobs: list[Job]) -> Any:
+        if self.sampling.greedy:
+            return None
+        device = self.decoder.target.device
+        if not self.row_seeds:  # one generator for the batch, seeded by the config (generate)
+            seed = self.sampling.seed
+            return torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        gens = []
+        for job in jobs:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(job.seed if job.seed is not None else int(torch.seed()))
+            gens.append(gen)
+        return RowGenerators(gens)
+
+    def _set_generators(self, newcomers: Any, count: int) -> None:
+        """The decoder's generator for the merged batch: per-row generators stack; a batch one
+        (generate admits every row at once) is kept."""
+        current = getattr(self, "_rows_gen", None)
+        if isinstance(newcomers, RowGenerators):
+            self._rows_gen = (
+                newcomers if current is None or len(self.jobs) == count else current.merge(newcomers)
+            )
+            self.decoder.generator = self._rows_gen
+        else:
+            self._rows_gen = None
+            self.decoder.generator = newcomers
+
+    # ---- one step -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[Job]:
+        """Drop cancelled rows, then one draft/verify/accept/commit over every live row; returns
+        the jobs that finished in it."""
+        done = self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
+        if not self.jobs:
+            return done
+        decoder, state, drafter = self.decoder, self.state, self.drafter
+        assert state is not None
+        contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup else None
+        tree = decoder.draft(state, self.sampling, drafter, contexts)
+        feats = decoder.verify(state, tree, drafter)
+        drafter.end_step()
+        self.target_forwards += 1
+        acc = decoder.accept(tree, feats, self.sampling)
+        committed, counts = decoder.commit(state, tree, feats, acc, drafter)
+        return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
+
+    def _take(self, committed: list[list[int]], counts: list[int], rows: range, counted: bool) -> list[Job]:
+        """Each row's tokens up to its stop; streams them; finished rows leave."""
+        now = time.perf_counter()
+        finished = []
+        for row, tokens, count in zip(rows, committed, counts, strict=True):
+            job = self.jobs[row]
+            before = len(job.emitted)
+            done = job.rule.take(job.emitted, tokens[:count])
+            new = job.emitted[before:]
+            if counted:
+                job.steps += 1
+                job.committed += len(new)
+                self.stats.row_steps += 1
+                self.stats.committed += len(new)
+                self.stats.accept_lengths[count] += 1
+            if new and job.first_token_s is None:
+                job.first_token_s = now
+            if new and job.on_tokens is not None:
+                job.on_tokens(new)
+            if done:
+                last = job.emitted[-1] if job.emitted else None
+                job.finish = "length" if len(job.emitted) >= job.rule.max_new_tokens and last not in \
+                    job.rule.eos_token_ids else "stop"  # fmt: skip
+                finished.append(row)
+        return self._leave(finished, None)
+
+    def _leave(self, rows: list[int], reason: str | None) -> list[Job]:
+        """Drop `rows` from the batch (a host-to-device copy of the kept indices, only then)."""
+        if not rows:
+            return []
+        gone = set(rows)
+        left = [self.jobs[i] for i in rows]
+        for job in left:
+            if reason is not None:
+                job.finish = reason
+        keep = [i for i in range(len(self.jobs)) if i not in gone]
+        self.jobs = [self.jobs[i] for i in keep]
+        self.lead = [self.lead[i] for i in keep]
+        if not keep:
+            self.state, self.drafter, self._rows_gen = None, None, None
+            return left
+        assert self.state is not None
+        index = torch.tensor(keep, dtype=torch.long, device=self.state.root.device)
+        self.state.select_rows(index, list(range(len(keep))))
+        self.drafter.select_rows(index)
+        if self._rows_gen is not None:
+            self._rows_gen = self._rows_gen.select(keep)
+            self.decoder.generator = self._rows_gen
+        self._trim()
+        return left
+
+    def _trim(self) -> None:
+        """Cut the left columns no live row sees: padding of a wider prompt that left (its width
+        is tracked on the host: no device read)."""
+        assert self.state is not None
+        first = min(self.lead)
+        if first:
+            kv.drop_left(self.state.cache, first)
+            self.state.visible = self.state.visible[:, first:]
+            self.lead = [n - first for n in self.lead]
+
+
+def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
+    if mask.shape[1] == width:
+        return mask
+    return torch.cat([mask.new_zeros(mask.shape[0], width - mask.shape[1]), mask], dim=1)
+
+
+def _fresh_drafters(heads: Any) -> bool:
+    """make_drafter builds a new drafter per call for head modules (not for a drafter object)."""
+    return not all(hasattr(heads, name) for name in ("observe", "root_logits", "expand", "end_step"))
