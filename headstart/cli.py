@@ -34,6 +34,10 @@ COMMANDS = {
         "write heads in a serving engine's format (speculators/vLLM, EAGLE-3/SGLang/llama.cpp, Medusa)",
     ),
     "bench": ("headstart.commands.bench", "measure speed-up vs vanilla and PLD on a question set"),
+    "serve": (
+        "headstart.commands.serve",
+        "an OpenAI-compatible server (chat and text completions, streaming), speculative and continuously batched",
+    ),
     "train": (
         "headstart.commands.train",
         "train draft heads (Medusa-1/2, EAGLE-1, EAGLE-3) on a frozen target",

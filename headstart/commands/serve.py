@@ -1,0 +1,128 @@
+"""`headstart serve`: the target (and its heads) behind an OpenAI-compatible HTTP API, decoding
+speculatively with continuous batching. Greedy replies are exactly `headstart generate`'s."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+
+from headstart.commands.common import add_target_arguments, load_target_from_args
+from headstart.commands.generate import add_decoding_arguments
+from headstart.errors import HeadstartError
+
+log = logging.getLogger("headstart.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    add_decoding_arguments(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument(
+        "--served-model-name", default=None, help="the model id clients use (default: --target)"
+    )
+    group.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` (compared in constant time)"
+    )
+    group.add_argument(
+        "--max-batch", type=int, default=8, help="requests decoded together per sampling setting"
+    )
+    group.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429")
+    group.add_argument("--max-tokens", type=int, default=None, help="the most tokens a request may ask for "
+                       "(default: the target's context)")  # fmt: skip
+    group.add_argument("--default-max-tokens", type=int, default=512,
+                       help="a chat request without max_tokens gets at most this many")  # fmt: skip
+    group.add_argument("--grace", type=float, default=30.0, help="seconds running requests get on SIGTERM")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    for flag, value, least in (("--port", args.port, 0), ("--max-batch", args.max_batch, 1),
+                               ("--max-queue", args.max_queue, 1), ("--default-max-tokens", args.default_max_tokens, 1),
+                               ("--max-tokens", args.max_tokens or 1, 1)):  # fmt: skip
+        if value < least:
+            raise HeadstartError(f"{flag} must be >= {least}, got {value}", f"fix {flag}")
+    if args.port > 65535:
+        raise HeadstartError(f"--port must be <= 65535, got {args.port}", "use e.g. --port 8000")
+    if not args.grace >= 0:
+        raise HeadstartError(f"--grace must be >= 0, got {args.grace}", "use e.g. --grace 30")
+    if args.api_key is not None and not args.api_key.strip():
+        raise HeadstartError("--api-key is empty", "pass a key, or leave --api-key out")
+    if args.stop:
+        raise HeadstartError("--stop is per request in a server", "send `stop` in the request body")
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise HeadstartError(
+            f"headstart serve needs {' and '.join(missing)}", "pip install 'headstart[serve]'"
+        )
+
+
+def graceful_server_class() -> type:
+    import contextlib
+    import signal
+
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn's server, but SIGTERM/SIGINT end it with status 0 after the graceful shutdown
+        (uvicorn re-raises the signal afterwards, so the process would die of it)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # noqa: ANN202 - uvicorn's signature
+            before = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in before.items():
+                    signal.signal(sig, handler)
+
+    return GracefulServer
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from headstart.commands.common import check_generation_args
+    from headstart.commands.generate import Decoding
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.serve.app import Served, build_app
+    from headstart.serve.metrics import Metrics
+    from headstart.serve.scheduler import Scheduler
+
+    check_arguments(args)
+    args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed = 1, 0.0, 1.0, 0, None
+    check_generation_args(args)
+    target = load_target_from_args(args)
+    if not target.chat.has_template:
+        log.warning(
+            "warning: %s has no chat template: /v1/chat/completions will refuse requests", target.spec
+        )
+    decoding = Decoding(args, target)  # the heads and tree `generate` would take (the tuned one)
+    heads, tree = decoding.heads, decoding.tree if decoding.heads is not None else None
+    context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
+    metrics = Metrics()
+    scheduler = Scheduler(lambda: SpeculativeDecoder(target, heads, tree=tree, typical=False), metrics,
+                          max_batch=args.max_batch, max_queue=args.max_queue)  # fmt: skip
+    served = Served(target=target, scheduler=scheduler, metrics=metrics, model=args.served_model_name or args.target,
+                    context=context, max_tokens=min(args.max_tokens or context, context),
+                    default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode)  # fmt: skip
+    app = build_app(served)
+    GracefulServer = graceful_server_class()  # noqa: N806 - a class
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=max(1, int(args.grace)), access_log=False)  # fmt: skip
+    server = GracefulServer(config)
+    scheduler.start()
+    log.info("serving %s as '%s' (%s) on http://%s:%d/v1", target.spec, served.model, decoding.mode, args.host,
+             args.port)  # fmt: skip
+    try:
+        server.run()
+    except OSError as err:  # the port is taken, the address is not ours
+        raise HeadstartError(f"cannot listen on {args.host}:{args.port}: {err.strerror or err}",
+                             "choose another --port or --host") from None  # fmt: skip
+    finally:
+        scheduler.stop(args.grace)
+    if not server.started:
+        raise HeadstartError(f"cannot listen on {args.host}:{args.port}", "choose another --port or --host")
+    log.info("stopped")
+    return 0 if server.should_exit else 1

@@ -1,0 +1,158 @@
+"""The server's decode loop: one worker thread owns the target and every engine; HTTP handlers
+hand it jobs and read their tokens back through an asyncio queue.
+
+Requests with the same warping (greedy, or one temperature/top-p/top-k) share one continuous
+engine (headstart.inference.engine): a newcomer is prefilled and joins the running batch between
+two steps, a finished or abandoned row leaves at once. Engines with live rows take turns, one
+step each. Limits: at most `max_batch` rows a lane (newcomers wait for a row to leave) and
+`max_queue` requests waiting in all (then `submit` refuses: the caller answers 429).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from headstart.inference.engine import Engine, Job
+from headstart.inference.plain import SamplingConfig
+
+log = logging.getLogger("headstart.serve")
+
+
+class QueueFull(Exception):
+    """Too many requests waiting: answer 429."""
+
+
+class Closing(Exception):
+    """The server is shutting down: answer 503."""
+
+
+@dataclass
+class Ticket:
+    """A request between its handler (asyncio) and the worker thread."""
+
+    job: Job
+    warp: tuple[float, float, int]  # (temperature, top_p, top_k): the lane
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queued_s: float = field(default_factory=time.perf_counter)
+
+    def post(self, kind: str, value: Any) -> None:
+        """From the worker thread: an event for the handler ("tokens", "done", "error")."""
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class Scheduler:
+    def __init__(self, make_decoder: Any, metrics: Any, max_batch: int = 8, max_queue: int = 64) -> None:
+        self.make_decoder = make_decoder  # () -> SpeculativeDecoder (one per lane: its own generators)
+        self.metrics = metrics
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.waiting: deque[Ticket] = deque()
+        self.lanes: dict[tuple[float, float, int], Engine] = {}
+        self.tickets: dict[int, Ticket] = {}  # id(job) -> its ticket, while in a lane
+        self.wake = threading.Condition()
+        self.closing = False
+        self.thread = threading.Thread(target=self._loop, name="headstart-decode", daemon=True)
+
+    # ---- handlers' side -----------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, ticket: Ticket) -> None:
+        with self.wake:
+            if self.closing:
+                raise Closing
+            if len(self.waiting) >= self.max_queue:
+                raise QueueFull
+            self.waiting.append(ticket)
+            self.metrics.queue_depth = len(self.waiting)
+            self.wake.notify()
+
+    def stop(self, grace: float) -> None:
+        """Admit nothing more; let running rows finish within `grace` seconds, then cancel them."""
+        with self.wake:
+            self.closing = True
+            for ticket in self.waiting:
+                ticket.post("error", Closing())
+            self.waiting.clear()
+            self.wake.notify()
+        deadline = time.perf_counter() + grace
+        while self.thread.is_alive() and time.perf_counter() < deadline:
+            self.thread.join(0.05)
+        with self.wake:
+            for ticket in list(self.tickets.values()):
+                ticket.job.cancelled = True
+            self.wake.notify()
+        self.thread.join(5.0)
+
+    # ---- the worker ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.wake:
+                while not self.waiting and not self._live() and not self.closing:
+                    self.wake.wait()
+                if self.closing and not self._live():
+                    return
+                admit = self._admissible()
+            try:
+                self._admit(admit)
+                for engine in [e for e in self.lanes.values() if e.live]:
+                    self._finish(engine.step())
+            except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
+                log.exception("decode step failed: %s", err)
+                self._fail_all(err)
+
+    def _live(self) -> bool:
+        return any(engine.live for engine in self.lanes.values())
+
+    def _admissible(self) -> list[Ticket]:
+        """Waiting tickets that fit in their lane now, in arrival order (under the lock)."""
+        taken, room = [], {key: self.max_batch - e.live for key, e in self.lanes.items()}
+        for ticket in list(self.waiting):
+            if ticket.job.cancelled:  # the client left while it waited
+                self.waiting.remove(ticket)
+                ticket.post("done", "cancelled")
+                continue
+            free = room.get(ticket.warp, self.max_batch)
+            if free > 0:
+                room[ticket.warp] = free - 1
+                taken.append(ticket)
+                self.waiting.remove(ticket)
+        self.metrics.queue_depth = len(self.waiting)
+        return taken
+
+    def _admit(self, tickets: list[Ticket]) -> None:
+        by_lane: dict[tuple[float, float, int], list[Ticket]] = {}
+        for ticket in tickets:
+            by_lane.setdefault(ticket.warp, []).append(ticket)
+        for warp, group in by_lane.items():
+            engine = self.lanes.get(warp)
+            if engine is None or not engine.live:  # a fresh engine per wave: state starts small
+                temperature, top_p, top_k = warp
+                sampling = SamplingConfig(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
+                engine = Engine(self.make_decoder(), sampling, row_seeds=temperature > 0)
+                self.lanes[warp] = engine
+            for ticket in group:
+                self.tickets[id(ticket.job)] = ticket
+                self.metrics.observe_wait(time.perf_counter() - ticket.queued_s)
+            self._finish(engine.add([t.job for t in group]))
+
+    def _finish(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            ticket = self.tickets.pop(id(job), None)
+            if ticket is not None:
+                self.metrics.finished(job)
+                ticket.post("done", job.finish)
+
+    def _fail_all(self, err: Exception) -> None:
+        """After an unexpected error the lanes' state is unknown: fail their requests, start over."""
+        for ticket in list(self.tickets.values()):
+            ticket.post("error", err)
+        self.tickets.clear()
+        self.lanes.clear()

@@ -1,0 +1,263 @@
+"""`headstart serve` as a real process on a loopback port, driven by the official `openai`
+client (no mock of the HTTP layer): chat and text completions, streaming, concurrency, bad
+requests, a client leaving mid-stream, keys, a full queue and shutdown while busy. Greedy replies
+equal `headstart generate`'s."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+PROMPTS = ["hello there", "count to ten", "a", "Write a poem about the sea", "what is two plus two?", "bye"]
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 30) -> tuple[int, str]:
+    """(status, body text) of a plain HTTP request (stdlib: the raw bytes a client may send)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=body, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, target: Path, heads: Path | None, tmp: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.model = str(target)
+        cmd = [sys.executable, "-m", "headstart", "serve", "--target", str(target), "--port", str(self.port),
+               "--threads", "1", *(["--heads", str(heads)] if heads else ["--no-heads"]), *extra]  # fmt: skip
+        env = dict(os.environ, HEADSTART_CACHE=str(tmp / "cache"), TOKENIZERS_PARALLELISM="false")
+        self.log = (tmp / f"serve-{self.port}.log").open("w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.output()
+            try:
+                if http("GET", f"{self.url}/health", timeout=1)[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError(f"server did not start:\n{self.output()}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str = "none", **kwargs) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, **kwargs)
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            self.log.close()
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory, tiny_llama):
+    from headstart.heads import HeadSpec, build_head
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    folder = tmp_path_factory.mktemp("serve-heads") / "eagle3"
+    counts = torch.arange(288.0)
+    build_head(HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=counts).save_pretrained(
+        folder
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, heads, tmp_path_factory):
+    srv = Server(tiny_llama, heads, tmp_path_factory.mktemp("serve"), "--max-batch", "4")
+    yield srv
+    assert srv.stop() == 0, srv.output()
+
+
+def generate_text(tiny_llama, heads, prompt: str, max_tokens: int, raw: bool = False) -> str:
+    """What `headstart generate` says for the prompt (same target, heads and tree)."""
+    from headstart.cli import main
+
+    args = ["generate", "--target", str(tiny_llama), "--heads", str(heads), "--prompt", prompt, "--max-new-tokens",
+            str(max_tokens), "--json", "-q", *(["--raw"] if raw else [])]  # fmt: skip
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(args) == 0
+    return json.loads(out.getvalue())["text"]
+
+
+def test_chat_and_completions_equal_generate(server, tiny_llama, heads):
+    client = server.client()
+    reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hello there"}],
+                                           max_tokens=20, temperature=0)  # fmt: skip
+    assert reply.choices[0].message.content == generate_text(tiny_llama, heads, "hello there", 20)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 20
+    text = client.completions.create(
+        model=server.model, prompt="Once upon a time", max_tokens=12, temperature=0
+    )
+    assert text.choices[0].text == generate_text(tiny_llama, heads, "Once upon a time", 12, raw=True)
+    assert [m.id for m in client.models.list().data] == [server.model]
+
+
+def test_streaming_sends_the_same_text_and_usage_last(server):
+    client = server.client()
+    kwargs = dict(model=server.model, messages=[{"role": "user", "content": "count to ten"}], max_tokens=24,
+                  temperature=0)  # fmt: skip
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs)
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
+
+
+def test_concurrent_requests_each_get_their_own_reply(server, tiny_llama, heads):
+    client = server.client()
+    got: dict[str, str] = {}
+
+    def ask(prompt: str) -> None:
+        reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
+                                               max_tokens=16, temperature=0)  # fmt: skip
+        got[prompt] = reply.choices[0].message.content
+
+    threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert set(got) == set(PROMPTS)
+    for prompt in PROMPTS:
+        assert got[prompt] == generate_text(tiny_llama, heads, prompt, 16), prompt
+
+
+def test_seeded_sampling_is_reproducible(server):
+    client = server.client()
+    kwargs = dict(model=server.model, messages=[{"role": "user", "content": "tell me a story"}], max_tokens=16,
+                  temperature=0.8, top_p=0.9, seed=7)  # fmt: skip
+    first = client.chat.completions.create(**kwargs).choices[0].message.content
+    assert client.chat.completions.create(**kwargs).choices[0].message.content == first
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_token": 5}), 400, "unknown field 'max_token'"),
+        (json.dumps({"model": "M", "messages": []}), 400, "messages"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}), 400, "temperature"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "n": 2}), 400, "n"),
+        (json.dumps({"model": "other", "messages": [{"role": "user", "content": "hi"}]}), 404, "is not served here"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 600}]}), 413, "context of 512"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 90}], "max_tokens": 100}), 413, "exceeds the context"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}), 400, "max_tokens"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_openai_errors(server, body, status, words):
+    data = body if isinstance(body, bytes) else body.replace('"M"', json.dumps(server.model)).encode()
+    code, text = http("POST", f"{server.url}/v1/chat/completions", data)
+    assert code == status, text
+    error = json.loads(text)["error"]
+    assert words in error["message"] and error["type"]
+    assert http("GET", f"{server.url}/health")[0] == 200  # still serving
+
+
+def test_a_client_leaving_mid_stream_frees_its_row(server):
+    client = server.client()
+    stream = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "go on"}],
+                                            max_tokens=400, temperature=0, stream=True)  # fmt: skip
+    for n, _ in enumerate(stream):
+        if n == 3:
+            break
+    stream.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        text = http("GET", f"{server.url}/metrics")[1]
+        if "headstart_running_requests 0" in text:
+            break
+        time.sleep(0.2)
+    assert "headstart_running_requests 0" in text
+    assert (
+        "headstart_tau" in text
+        and 'headstart_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    )
+    reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=4, temperature=0)  # fmt: skip
+    assert reply.usage.completion_tokens == 4
+
+
+def test_api_key_and_a_full_queue(tiny_llama, tmp_path):
+    srv = Server(tiny_llama, None, tmp_path, "--api-key", "sesame", "--max-batch", "1", "--max-queue", "1")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            srv.client("wrong").models.list()
+        client = srv.client("sesame")
+        assert client.models.list().data[0].id == srv.model
+        outcomes: list[str] = []
+
+        def ask() -> None:
+            try:
+                client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "go on"}],
+                                               max_tokens=200, temperature=0)  # fmt: skip
+                outcomes.append("ok")
+            except openai.RateLimitError:
+                outcomes.append("429")
+
+        threads = [threading.Thread(target=ask) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert "429" in outcomes and "ok" in outcomes, outcomes  # one runs, one waits, the rest are refused
+    finally:
+        assert srv.stop() == 0, srv.output()
+
+
+def test_sigterm_while_busy_finishes_running_requests_and_exits_0(tiny_llama, tmp_path):
+    srv = Server(tiny_llama, None, tmp_path, "--grace", "60")
+    client = srv.client()
+    stream = client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "go on"}],
+                                            max_tokens=120, temperature=0, stream=True)  # fmt: skip
+    first = next(iter(stream))
+    srv.proc.send_signal(signal.SIGTERM)
+    rest = list(stream)  # the running request is finished, not cut
+    assert first.choices[0].delta.role == "assistant" and rest[-1].usage.completion_tokens == 120
+    assert srv.proc.wait(timeout=60) == 0, srv.output()
+    srv.log.close()
