@@ -261,3 +261,26 @@ def test_sigterm_while_busy_finishes_running_requests_and_exits_0(tiny_llama, tm
     assert first.choices[0].delta.role == "assistant" and rest[-1].usage.completion_tokens == 120
     assert srv.proc.wait(timeout=60) == 0, srv.output()
     srv.log.close()
+
+
+def test_distill_through_headstart_serve_writes_the_in_process_records(server, tiny_llama, tmp_path):
+    """`distill --engine openai` against `headstart serve` (greedy) and headstart's own engine
+    give the same conversations, token for token."""
+    from headstart.cli import main
+    from headstart.distill import load_distilled
+
+    source = tmp_path / "p.jsonl"
+    source.write_text(
+        "".join(json.dumps({"prompt": f"question number {i}, please"}) + "\n" for i in range(8))
+    )
+    base = ["-q", "distill", "--target", str(tiny_llama), "--prompts", str(source), "--num", "8",
+            "--max-new-tokens", "16", "--max-prompt-tokens", "64"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "local")]) == 0
+    assert main([*base, "--out", str(tmp_path / "served"), "--engine", "openai", "--base-url", f"{server.url}/v1",
+                 "--model", server.model, "--concurrency", "3"]) == 0  # fmt: skip
+    local = {r["index"]: r for r in load_distilled(tmp_path / "local")}
+    served = {r["index"]: r for r in load_distilled(tmp_path / "served")}
+    assert set(local) == set(served) == set(range(8))
+    for index in local:
+        assert served[index]["input_ids"] == local[index]["input_ids"], index
+        assert served[index]["messages"] == local[index]["messages"]
