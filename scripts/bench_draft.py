@@ -73,7 +73,7 @@ def main() -> None:
             decoder.draft = timed(spent, "draft", decoder.draft)
             decoder.verify = timed(spent, "verify", decoder.verify)
             try:
-                import headstart.inference.decoder as module
+                import headstart.inference.engine as module
 
                 module.make_drafter = instrumented
                 decoder.generate([prompt], max_new_tokens=8, eos_token_id=None)  # warm-up

@@ -14,7 +14,7 @@ from headstart.heads.base import HEAD_KINDS
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
-DFLASH_LAYERS = 2
+DFLASH_LAYERS = 1
 """DFlash draft layers by default (head.num_layers); chosen by measurement on SmolLM2, see the README."""
 """Upper bound on a checkpoint's num_heads and num_layers (Medusa uses ~3-5 heads of 1-2 layers):
 a damaged config must not build a million modules before its weights are compared."""

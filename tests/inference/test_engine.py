@@ -110,3 +110,35 @@ def test_seeded_sampled_requests_do_not_depend_on_their_batch(target):
     together = run([0, 1, 2, 3], join_late=(2, 3))
     assert together[1] == solo
     assert len({tuple(v) for v in together.values()}) > 1  # different seeds, different replies
+
+
+def test_the_engine_batcher_answers_a_request_stream_like_the_plain_batcher(target):
+    """Distillation's interface on the engine: the same greedy replies as the plain continuous
+    batcher, follow-up turns first, with and without heads."""
+    from headstart.inference.continuous import ContinuousBatcher, Request
+    from headstart.inference.engine import EngineBatcher
+
+    prompts = [target.chat.user_prompt_ids(f"question {i} " + "x" * (i % 7)) for i in range(12)]
+
+    def run(batcher):
+        got = {}
+
+        def on_reply(request, reply):
+            got[request.key] = (reply.token_ids, reply.finished)
+            if isinstance(request.key, int) and request.key % 4 == 0:  # a second turn, answered first
+                return [Request(key=(request.key, 2), prompt=request.prompt + reply.token_ids[:3],
+                                sampling=SamplingConfig(max_new_tokens=9))]  # fmt: skip
+            return None
+
+        requests = [
+            Request(key=i, prompt=p, sampling=SamplingConfig(max_new_tokens=20 + i))
+            for i, p in enumerate(prompts)
+        ]
+        stats = batcher.run(requests, on_reply)
+        return got, stats
+
+    reference, _ = run(ContinuousBatcher(target, max_batch=5, admit_every=2))
+    for heads in (None, heads_of("dflash", target)):
+        got, stats = run(EngineBatcher(target, heads=heads, max_batch=5, admit_every=2))
+        assert got == reference
+        assert stats.replies == len(reference) and stats.decode_steps > 0
