@@ -86,6 +86,7 @@ def headstart_side(args: argparse.Namespace, questions: list[str]) -> dict[str, 
         if run.returncode:
             sys.exit(f"headstart generate failed:\n{run.stderr[-3000:]}")
         stats = json.loads(run.stdout.splitlines()[-1])["stats"]
+        stats = stats.get("batch", stats)  # one prompt: its batch's figures are its own
         histogram = {int(n): c for n, c in stats["accept_length_histogram"].items()}
         totals["drafted"] += sum(histogram.values()) * args.k
         totals["accepted"] += sum((n - 1) * c for n, c in histogram.items())

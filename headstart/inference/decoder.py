@@ -36,6 +36,9 @@ from headstart.target import Features, Target, forward, new_cache, tree_attentio
 from headstart.target.layer_kinds import check_tree_verifiable
 from headstart.target.packing import PackedLinears, packed
 
+ROOT_ONLY = build_tree([])
+"""The tree of a plain step: the root, nothing drafted."""
+
 
 class SpeculativeDecoder:
     """Target + heads -> exactly the target's output, faster. `generate` feels like transformers'.
@@ -54,7 +57,7 @@ class SpeculativeDecoder:
             heads.bind(target.model)
         self.max_depth = make_drafter(heads, target.vocab_size).max_depth
         base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
-        self.tree = parse_tree(base, self.max_depth) if heads is not None else build_tree([])
+        self.tree = parse_tree(base, self.max_depth) if heads is not None else ROOT_ONLY
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
@@ -93,9 +96,12 @@ class SpeculativeDecoder:
         return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
-              contexts: list[list[int]] | None = None) -> DraftTree:  # fmt: skip
+              contexts: list[list[int]] | None = None, plain: bool = False) -> DraftTree:  # fmt: skip
         """The heads' tree; with a lookup branch, plus the tokens that followed the latest earlier
-        match of each row's context (`contexts`: committed tokens per live row, root last)."""
+        match of each row's context (`contexts`: committed tokens per live row, root last).
+        `plain`: the root alone (a plain step: the drafter still observes what is committed)."""
+        if plain:
+            return draft_static(ROOT_ONLY, drafter, state.root, sampling, self.generator)
         if isinstance(self.tree, DynamicTree):
             tree = draft_dynamic(self.tree, drafter, state.root, sampling, self.max_depth)
         else:

@@ -112,7 +112,9 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
     visible = plan.buffers["visible"].expand(batch, n, n)
     parents = plan.buffers["parents"]
     draft_probs = None
-    logits = drafter.root_logits()[:, None]  # (B, 1, V)
+    # a root-only tree (a plain step) asks the drafter for nothing (EAGLE-3's root logits are a
+    # draft lm_head per row and a scatter to the target vocabulary)
+    logits = drafter.root_logits()[:, None] if plan.levels else None  # (B, 1, V)
     for depth, (frontier, into, width) in enumerate(plan.levels):
         if sampling.greedy:
             cand = logits.topk(width, dim=-1).indices  # (B, m, C)

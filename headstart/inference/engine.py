@@ -59,8 +59,13 @@ class Job:
 class Engine:
     """Continuous speculative decoding of jobs that share one SamplingConfig's warping."""
 
-    def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False) -> None:
+    def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False,
+                 speculate_up_to: int | None = None) -> None:  # fmt: skip
         self.decoder = decoder
+        # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
+        # a step is plain (the root alone; the drafter still observes). On a CPU a verify's cost
+        # grows with its tokens, so a big batch decodes faster plainly; None: always speculate.
+        self.speculate_up_to = speculate_up_to
         self.sampling = sampling
         self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
         self.jobs: list[Job] = []  # aligned with the state's rows
@@ -70,6 +75,7 @@ class Engine:
         self.stats = DecodeStats(batch_size=0, lossy=decoder.typical and not sampling.greedy)
         self.target_forwards = 0
         self.prefills = 0
+        self.plain_steps = 0
         if isinstance(decoder.tree, TreeBuffers):  # the tree's device buffers, built once
             static_plan(decoder.tree, decoder.target.device)
 
@@ -169,8 +175,12 @@ class Engine:
             return done
         decoder, state, drafter = self.decoder, self.state, self.drafter
         assert state is not None
-        contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup else None
-        tree = decoder.draft(state, self.sampling, drafter, contexts)
+        plain = (
+            self.speculate_up_to is not None and len(self.jobs) * decoder.verify_nodes > self.speculate_up_to
+        )
+        contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
+        tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
+        self.plain_steps += int(plain)
         feats = decoder.verify(state, tree, drafter)
         drafter.end_step()
         self.target_forwards += 1

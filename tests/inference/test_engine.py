@@ -142,3 +142,26 @@ def test_the_engine_batcher_answers_a_request_stream_like_the_plain_batcher(targ
         got, stats = run(EngineBatcher(target, heads=heads, max_batch=5, admit_every=2))
         assert got == reference
         assert stats.replies == len(reference) and stats.decode_steps > 0
+
+
+def test_a_big_batch_steps_plainly_and_a_small_one_speculates(target):
+    """`speculate_up_to`: past that many verify tokens a step is plain (the drafter still
+    observes); the output is the same either way, and speculation resumes when rows leave."""
+    from scripted import ScriptedDrafter
+
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:3]]
+    lengths = [40, 8, 12]
+    refs = [ids + alone(target, None, None, ids, 60) for ids in prompts]
+    heads = ScriptedDrafter(refs, target.vocab_size)  # drafts mostly right: long accepted paths
+    decoder = SpeculativeDecoder(target, heads, tree="static")
+    engine = Engine(decoder, SamplingConfig(max_new_tokens=64), speculate_up_to=decoder.verify_nodes)
+    jobs = [
+        Job(key=i, prompt=p, rule=StopRule(n)) for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    engine.add(jobs)
+    while engine.live:
+        engine.step()
+    assert 0 < engine.plain_steps < engine.target_forwards - 1  # plain with 3 rows, speculative with 1
+    assert jobs[0].committed > jobs[0].steps  # the lone row committed more than one token a step
+    for job, ids, n in zip(jobs, prompts, lengths, strict=True):
+        assert job.emitted == alone(target, None, None, ids, n)
