@@ -125,6 +125,9 @@ def main() -> None:
     parser.add_argument("--url", action="append", default=[], help="an already running server's /v1 URL")
     parser.add_argument("--questions", required=True)
     parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument(
+        "--first", action="store_true", help="the file's first N questions (default: spread over it)"
+    )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--output", default=None)
@@ -133,7 +136,10 @@ def main() -> None:
     from headstart.bench.questions import load_questions
 
     questions = [q.turns[0] for q in load_questions(args.questions)]
-    prompts = [questions[i % len(questions)] for i in range(args.requests)]
+    if args.first or args.requests >= len(questions):
+        prompts = [questions[i % len(questions)] for i in range(args.requests)]
+    else:  # evenly spread over the file: every category of an MT-bench-ordered file, not the first few
+        prompts = [questions[i * len(questions) // args.requests] for i in range(args.requests)]
     rows = []
     servers = [("serve " + s, s) for s in args.serve] + [(u, None) for u in args.url]
     for label, serve_args in servers:

@@ -190,6 +190,12 @@ CASES = [
     ("tune empty candidates", ["tune", "--target", T, "--heads", E, "--candidates", ";;;"], "--candidates names no tree"),
     ("export --kind with heads", ["export", E, "--kind", "eagle3", "--format", "eagle", "--output", "{W}/x"], "--kind picks among the shipped heads"),
     ("export shipped kind in a wrong format", ["export", "--kind", "medusa", "--format", "eagle", "--output", "{W}/x"], "medusa heads cannot be written as --format eagle"),
+    ("serve --port 70000", ["serve", "--target", T, "--port", "70000"], "--port must be <= 65535"),
+    ("serve --max-batch 0", ["serve", "--target", T, "--max-batch", "0"], "--max-batch must be >= 1"),
+    ("serve --api-key ''", ["serve", "--target", T, "--api-key", ""], "--api-key is empty"),
+    ("serve --stop", ["serve", "--target", T, "--stop", "x"], "--stop is per request in a server"),
+    ("serve --grace nan", ["serve", "--target", T, "--grace", "nan"], "--grace must be >= 0"),
+    ("serve --threads 100000", ["serve", "--target", T, "--threads", "100000"], "--threads must be in 0.."),
     ("push damaged weights", ["push", "{W}/heads-broken-weights", "org/name"], "{W}/heads-broken-weights/model.safetensors is damaged"),
     ("export without --output", ["export", "--format", "eagle"], "the following arguments are required: --output"),
 ]  # fmt: skip

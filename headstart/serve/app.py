@@ -190,6 +190,12 @@ def build_app(served: Served) -> FastAPI:
         build = protocol.chat_response if chat else protocol.completion_response
         return JSONResponse(build(job.key, served.model, text, reason, len(prompt), len(job.emitted)))
 
+    def failure(err: Exception) -> tuple[int, str]:
+        """The status and message of a request the decode loop failed."""
+        if isinstance(err, Closing):
+            return 503, str(err)
+        return 500, f"generation failed: {str(err) or type(err).__name__}"
+
     async def drain(ticket: Ticket, stream: TextStream) -> str:
         while True:
             kind, value = await ticket.events.get()
@@ -198,7 +204,7 @@ def build_app(served: Served) -> FastAPI:
             elif kind == "done":
                 return value
             else:
-                raise Refused(503 if isinstance(value, Closing) else 500, f"generation failed: {value}")
+                raise Refused(*failure(value))
 
     async def sse(job: Job, ticket: Ticket, stream: TextStream, chat: bool, prompt: int,
                   started: float) -> AsyncIterator[str]:  # fmt: skip
@@ -218,7 +224,7 @@ def build_app(served: Served) -> FastAPI:
                 elif kind == "done":
                     finish = value
                 else:
-                    yield event(protocol.error_body(f"generation failed: {value}", "server_error"))
+                    yield event(protocol.error_body(failure(value)[1], "server_error"))
                     return
             rest = stream.finish()
             reason = "stop" if stream.stopped or finish == "stop" else "length"

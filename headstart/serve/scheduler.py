@@ -33,6 +33,9 @@ class QueueFull(Exception):
 class Closing(Exception):
     """The server is shutting down: answer 503."""
 
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message)
+
 
 @dataclass
 class Ticket:
@@ -75,17 +78,22 @@ class Scheduler:
             self.wake.notify()
 
     def close(self) -> None:
-        """Admit nothing more (SIGTERM): waiting requests get 503; running ones go on."""
+        """Accept nothing more (SIGTERM): new requests get 503. Requests already accepted, running
+        or waiting, go on (a streaming client may already hold its first chunk); `cancel_running`
+        ends them when the grace period is over."""
         with self.wake:
             self.closing = True
-            for ticket in self.waiting:
-                ticket.post("error", Closing())
-            self.waiting.clear()
             self.wake.notify()
 
     def cancel_running(self) -> None:
-        """The grace period is over: every running row leaves at the next step."""
+        """The grace period is over: waiting requests fail (503), running rows leave at the next step."""
         with self.wake:
+            for ticket in self.waiting:
+                ticket.post(
+                    "error", Closing("the server shut down before this request started (--grace ran out)")
+                )
+            self.waiting.clear()
+            self.metrics.queue_depth = 0
             for ticket in list(self.tickets.values()):
                 ticket.job.cancelled = True
             self.wake.notify()

@@ -250,15 +250,18 @@ def test_api_key_and_a_full_queue(tiny_llama, tmp_path):
         assert srv.stop() == 0, srv.output()
 
 
-def test_sigterm_while_busy_finishes_running_requests_and_exits_0(tiny_llama, tmp_path):
-    srv = Server(tiny_llama, None, tmp_path, "--grace", "60")
+def test_sigterm_while_busy_finishes_accepted_requests_and_exits_0(tiny_llama, tmp_path):
+    """Requests accepted before SIGTERM, the running one and one still queued behind it (one row
+    a lane), are finished, not cut; the server then exits 0."""
+    srv = Server(tiny_llama, None, tmp_path, "--grace", "60", "--max-batch", "1")
     client = srv.client()
-    stream = client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "go on"}],
-                                            max_tokens=120, temperature=0, stream=True)  # fmt: skip
-    first = next(iter(stream))
+    streams = [client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": f"go on {i}"}],
+                                              max_tokens=120, temperature=0, stream=True) for i in range(2)]  # fmt: skip
+    firsts = [next(iter(stream)) for stream in streams]  # the role chunk: the second is still queued
     srv.proc.send_signal(signal.SIGTERM)
-    rest = list(stream)  # the running request is finished, not cut
-    assert first.choices[0].delta.role == "assistant" and rest[-1].usage.completion_tokens == 120
+    for first, stream in zip(firsts, streams, strict=True):
+        rest = list(stream)
+        assert first.choices[0].delta.role == "assistant" and rest[-1].usage.completion_tokens == 120
     assert srv.proc.wait(timeout=60) == 0, srv.output()
     srv.log.close()
 
