@@ -47,6 +47,14 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="LOSSY: Medusa typical acceptance when sampling (output is NOT the target's distribution)",
     )
+    group.add_argument(
+        "--compile",
+        choices=("off", "on", "auto"),
+        default="auto",
+        help="run each verify (and plain step) as one compiled graph over a fixed KV buffer, a CUDA "
+        "graph on a GPU; the first step of each tree size compiles (seconds). auto: on CUDA only "
+        "(default; the CPU's eager path is faster)",
+    )
     group.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     group.add_argument(
         "--truncate-prompt",
@@ -123,6 +131,13 @@ class Decoding:
             )
         self.decoder = None
         self.tree = args.tree
+        from headstart.inference.captured import wants_capture
+
+        capture = wants_capture(getattr(args, "compile", "off"), target.device)
+        if self.heads is None and capture:  # plain steps through the same compiled verify
+            from headstart.inference.decoder import SpeculativeDecoder
+
+            self.decoder = SpeculativeDecoder(target, None, compile=True)
         if self.heads is not None:
             import torch
 
@@ -133,14 +148,18 @@ class Decoding:
             self.tree = (
                 tree_for_run(args.tree, path, str(target.device), torch.get_num_threads(), greedy) or "static"
             )
-            self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical)
+            self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical,
+                                              compile=capture)  # fmt: skip
 
     @property
     def mode(self) -> str:
-        if self.decoder is None:
-            return "plain decoding"
-        return f"{self.heads.kind} heads, tree {self.tree}" + (
-            ", typical acceptance (LOSSY)" if self.args.typical else ""
+        if self.heads is None:
+            return "plain decoding" + (", compiled" if self.decoder is not None else "")
+        compiled = self.decoder is not None and self.decoder.captured is not None
+        return (
+            f"{self.heads.kind} heads, tree {self.tree}"
+            + (", compiled" if compiled else "")
+            + (", typical acceptance (LOSSY)" if self.args.typical else "")
         )
 
     def run(self, batch: list[list[int]], streamer: Any = None) -> list[tuple[list[int], dict[str, Any]]]:

@@ -49,8 +49,9 @@ class SpeculativeDecoder:
     """
 
     def __init__(
-        self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False
-    ) -> None:
+        self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False,
+        compile: bool = False, compile_backend: str = "inductor",
+    ) -> None:  # fmt: skip
         self.target = target
         self.heads = heads  # None: plain decoding (each tree is the root, plus any lookup branch)
         if heads is not None:
@@ -63,6 +64,13 @@ class SpeculativeDecoder:
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
         # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See target/packing.py.
         self.packed = PackedLinears.for_model(target.model)
+        # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
+        self.captured: Any = None
+        if compile:
+            from headstart.inference.captured import CapturedVerify
+
+            layers = make_drafter(heads, target.vocab_size).feature_layers
+            self.captured = CapturedVerify(target.model, layers, backend=compile_backend)
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
@@ -85,6 +93,8 @@ class SpeculativeDecoder:
             mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
         check_tree_verifiable(model)  # one line for recurrent/linear/chunked layers
         cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
+        if self.captured is not None:
+            self.captured.adopt(cache)
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip
@@ -111,8 +121,13 @@ class SpeculativeDecoder:
         return extend_with_lookup(tree, *self.lookup.propose_rows(contexts, state.root.device))
 
     def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
-        mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
         positions = state.lengths[:, None] + tree.depths  # (B, n)
+        if self.captured is not None:
+            feats = self.captured.verify(state.cache, state.visible, tree.tokens, positions, tree.visible,
+                                         self.target.dtype)  # fmt: skip
+            if feats is not None:
+                return feats
+        mask = tree_attention_mask(state.visible, tree.visible, self.target.dtype)  # (B, 1, n, P + n)
         with packed([self.packed], tree.tokens.numel()):
             return forward(self.target.model, tree.tokens, attention_mask=mask, position_ids=positions,
                            past_key_values=state.cache, layers=drafter.feature_layers)  # fmt: skip

@@ -18,10 +18,15 @@ import torch
 
 
 def _append(
-    view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor, reserve: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
+    view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor, reserve: int = 0,
+    pool: torch.Tensor | None = None, zeroed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(view + new as a prefix view of a buffer, that buffer); view (B, H, n, D), new (B, H, m, D).
-    `reserve`: the first buffer holds at least this many entries (a preallocated cache)."""
+    `reserve`: the first buffer holds at least this many entries (a preallocated cache).
+    `pool`: a buffer to start in when a new one is needed and it fits (a captured verify's
+    buffers, reused across calls so the graph's addresses stay put). `zeroed`: new buffers start
+    as zeros, not uninitialised memory (a captured verify attends over every column, masked, and
+    a masked NaN still poisons the softmax)."""
     n = view.shape[-2] if view.dim() == 4 else 0
     m = new.shape[-2]
     in_buffer = (
@@ -33,15 +38,34 @@ def _append(
         and view.shape[-1] == buffer.shape[-1]
         and view.dtype == buffer.dtype
     )
-    if not in_buffer or n + m > buffer.shape[-2]:  # type: ignore[union-attr]
+    if not in_buffer and _fits(pool, new, max(reserve, n + m)):
+        assert pool is not None
+        if n:
+            if view.untyped_storage().data_ptr() == pool.untyped_storage().data_ptr():
+                view = view.clone()  # a shifted view of the pool itself (cost: one copy)
+            pool[:, :, :n] = view
+        buffer = pool
+    elif not in_buffer or n + m > buffer.shape[-2]:  # type: ignore[union-attr]
         capacity = max(reserve, n + m + max(64, (n + m) // 4))  # cost: one copy per 25% growth
-        grown = new.new_empty(*new.shape[:-2], capacity, new.shape[-1])
+        allocate = new.new_zeros if zeroed else new.new_empty
+        grown = allocate(*new.shape[:-2], capacity, new.shape[-1])
         if n:
             grown[:, :, :n] = view
         buffer = grown
     assert buffer is not None
     buffer[:, :, n : n + m] = new  # in place: beyond every live view's end
     return buffer[:, :, : n + m], buffer
+
+
+def _fits(pool: torch.Tensor | None, new: torch.Tensor, entries: int) -> bool:
+    return (
+        pool is not None
+        and pool.shape[:2] == new.shape[:2]
+        and pool.shape[-1] == new.shape[-1]
+        and pool.shape[-2] >= entries
+        and pool.dtype == new.dtype
+        and pool.device == new.device
+    )
 
 
 @functools.cache
@@ -56,15 +80,20 @@ def growing_layer_class() -> type | None:
         _key_buffer: torch.Tensor | None = None
         _value_buffer: torch.Tensor | None = None
         reserve: int = 0  # entries to preallocate (0: grow as needed)
+        pool: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) buffers to start in
+        zeroed: bool = False  # new buffers start as zeros (a captured verify reads every column)
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
         ) -> Any:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            self.keys, self._key_buffer = _append(self.keys, self._key_buffer, key_states, self.reserve)
+            pool = self.pool or (None, None)
+            self.keys, self._key_buffer = _append(
+                self.keys, self._key_buffer, key_states, self.reserve, pool[0], self.zeroed
+            )
             self.values, self._value_buffer = _append(
-                self.values, self._value_buffer, value_states, self.reserve
+                self.values, self._value_buffer, value_states, self.reserve, pool[1], self.zeroed
             )
             return self.keys, self.values
 

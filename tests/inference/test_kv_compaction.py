@@ -131,8 +131,8 @@ def test_the_cache_is_preallocated_once_for_the_whole_generation(tiny_llama, tre
     buffers = set()
     real = growing._append
 
-    def counting(view, buffer, new, reserve=0):
-        out = real(view, buffer, new, reserve)
+    def counting(view, buffer, new, *args):
+        out = real(view, buffer, new, *args)
         buffers.add(out[1].data_ptr())
         return out
 

@@ -53,12 +53,16 @@ def exact_joint(target: Target, sampling: SamplingConfig) -> torch.Tensor:
     return (p1[:, None, None] * p2[:, :, None] * p3).cpu()
 
 
-def run_check(target: Target, heads, tree: str, sampling: SamplingConfig, samples: int) -> float:
-    decoder = SpeculativeDecoder(target, heads, tree=tree)
+def run_check(
+    target: Target, heads, tree: str, sampling: SamplingConfig, samples: int, **decoder_args
+) -> float:
+    decoder = SpeculativeDecoder(target, heads, tree=tree, **decoder_args)
     out = decoder.generate([PROMPT] * samples, sampling=sampling, eos_token_id=None)
     tokens = torch.tensor(out.token_ids)  # (samples, 3)
     assert tokens.shape == (samples, 3)
     assert out.stats.tau > 1.05  # drafts do get accepted: the speculative path is exercised
+    if decoder.captured is not None:  # every row's first verify ran through the compiled graph
+        assert decoder.captured.steps >= 1
     cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
     counts = torch.bincount(cells, minlength=VOCAB**3)
     return chisquare_pvalue(counts, exact_joint(target, sampling).flatten())
@@ -102,6 +106,23 @@ def test_sampling_preserves_target_distribution(request, target, tree, config, d
     sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
     heads = RandomEagle(target.model, seed=1).to(target.device)
     assert run_check(target, heads, tree, sampling, samples=12_000) > ALPHA
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_sampling_through_the_captured_verify_preserves_target_distribution(
+    target, tree, config, monkeypatch
+):
+    """--compile: the verify as a compiled graph over a fixed buffer samples the target's
+    distribution (every row's first verify runs captured; once rows have left the batch, the
+    rest run eagerly, as designed)."""
+    from headstart.inference import captured
+
+    monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
+    heads = RandomEagle(target.model, seed=1)
+    decoder_args = dict(compile=True, compile_backend="aot_eager")
+    assert run_check(target, heads, tree, sampling, samples=12_000, **decoder_args) > ALPHA
 
 
 MIXED = ["full_attention", "sliding_attention"]

@@ -1,0 +1,221 @@
+"""The verify forward as a compiled graph over a fixed-size KV buffer (`--compile`).
+
+Eager, every decode step is the target's Python forward: hundreds of kernel launches, which on
+a GPU cost more than a small model's arithmetic (on an H100 a SmolLM2 step was launch-bound for
+`generate`, EAGLE-3 and Medusa alike). Here the verify (and a plain step, the root-only tree) is
+`torch.compile(fullgraph=True)` of the same model call, with shapes that never change between
+steps, so it compiles once per node bucket and, with mode "reduce-overhead" on CUDA, replays as
+a CUDA graph:
+
+* the cache: each attention layer's keys/values live in ONE preallocated (B, kv_heads, C, D)
+  buffer that this object owns and reuses across calls (C: the capacity, rounded up to
+  `CAPACITY_STEP` so prompts of different lengths share a graph). The growing cache of
+  target/growing_cache.py already keeps every layer's entries as a prefix view of such a
+  buffer; eager prefill, commit (an index copy) and rollback (a shorter view) work unchanged;
+* the step writes its N new entries at columns [P, P + N) of the buffers (`index_copy_` at a
+  position held in a device tensor, not a Python int) and attends over all C columns; a 4D mask
+  hides the columns past P + N and every entry a row does not see;
+* the tree is padded to a bucket of N nodes (1, 2, 4, ... 64): pad nodes see only themselves,
+  no real node sees them, and their outputs are dropped;
+* the caller's feature layers are taken by forward hooks registered once per model and kept
+  (see `_taps`).
+
+No host sync is added: P and the tree size are known on the host. When the cache is not a
+prefix of this object's buffer (rows left or joined the batch: the engine made fresh tensors),
+or the tree would pass the capacity, `verify` returns None and the caller runs the eager
+forward, which moves the cache into a fresh buffer.
+
+Costs: attention reads all C columns every step (C - P of them masked): small beside the
+weights for a short context on a GPU, but a CPU pays it, which is why the CPU default stays
+eager. The first step of each bucket compiles (seconds to a minute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from headstart.target import Features
+from headstart.target.features import decoder_layers
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+CAPACITY_STEP = 512
+MODES = ("off", "on", "auto")
+
+
+def wants_capture(choice: str, device: torch.device) -> bool:
+    """`--compile off|on|auto`: auto captures on CUDA only (the CPU's eager path is faster:
+    packed small-row kernels, no padded attention)."""
+    if choice not in MODES:
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            f"--compile must be one of {', '.join(MODES)}, got {choice!r}", "use --compile auto"
+        )
+    return choice == "on" or (choice == "auto" and device.type == "cuda")
+
+
+class StaticKV:
+    """What the model sees as its cache inside the graph: `update` writes the new entries at
+    columns start + arange(m) of the fixed buffers and returns the whole buffers."""
+
+    is_compileable = True
+
+    def __init__(
+        self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], start: torch.Tensor
+    ) -> None:
+        self.keys, self.values, self.start = keys, values, start
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        columns = self.start + torch.arange(key_states.shape[-2], device=key_states.device)
+        self.keys[layer_idx].index_copy_(2, columns, key_states.to(self.keys[layer_idx].dtype))
+        self.values[layer_idx].index_copy_(2, columns, value_states.to(self.values[layer_idx].dtype))
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+class CapturedVerify:
+    """One target's compiled verify; buffers and graphs are kept for the decoder's lifetime."""
+
+    def __init__(self, model: torch.nn.Module, feature_layers: Sequence[int], backend: str = "inductor",
+                 mode: str | None = None) -> None:  # fmt: skip
+        self.model = model
+        self.feature_layers = tuple(dict.fromkeys(int(i) for i in feature_layers))
+        self.taps = _taps(model)
+        from headstart.target.features import cache_keyword
+
+        self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
+        if mode is None and next(model.parameters()).device.type == "cuda":
+            mode = "reduce-overhead"  # CUDA graphs: one replay per step instead of the launches
+        self.fn = _compiled(backend, mode)
+        self.pool: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self.steps = 0  # verifies that ran captured
+        self.fallbacks = 0  # verifies handed back to the eager path
+
+    # ---- the cache ----------------------------------------------------------------------------
+    @staticmethod
+    def capacity_for(entries: int) -> int:
+        return -(-entries // CAPACITY_STEP) * CAPACITY_STEP
+
+    def adopt(self, cache: Any) -> None:
+        """Give the (empty, growing) cache this object's buffers for the next prefill, when they
+        fit its batch and reserve; they are (re)allocated here otherwise."""
+        layers = getattr(cache, "layers", [])
+        if not layers or not all(hasattr(layer, "pool") for layer in layers):
+            return
+        for i, layer in enumerate(layers):
+            layer.reserve = self.capacity_for(layer.reserve)
+            layer.zeroed = True  # unused columns are read (masked): no uninitialised NaNs
+            if self.pool is not None and i < len(self.pool[0]):
+                layer.pool = (self.pool[0][i], self.pool[1][i])
+
+    def _buffers(self, cache: Any, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        """Every layer's (keys, values) buffers when each layer's view is their first `length`
+        columns; None otherwise (the caller goes eager)."""
+        keys, values = [], []
+        for layer in getattr(cache, "layers", []):
+            kb, vb = getattr(layer, "_key_buffer", None), getattr(layer, "_value_buffer", None)
+            k = getattr(layer, "keys", None)
+            if kb is None or vb is None or k is None or k.dim() != 4 or k.shape[-2] != length:
+                return None
+            if k.data_ptr() != kb.data_ptr() or layer.values.data_ptr() != vb.data_ptr():
+                return None
+            keys.append(kb)
+            values.append(vb)
+        if not keys:
+            return None
+        if self.pool is None or any(a is not b for a, b in zip(self.pool[0], keys, strict=False)):
+            self.pool = (keys, values)  # the next prefill reuses them (static addresses)
+            if keys[0].device.type == "cuda":
+                for tensor in keys + values:
+                    torch._dynamo.mark_static_address(tensor)
+        return keys, values
+
+    # ---- the step -----------------------------------------------------------------------------
+    def verify(self, cache: Any, visible: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+               tree_visible: torch.Tensor, dtype: torch.dtype) -> Features | None:  # fmt: skip
+        """The verify of `tokens` (B, n) at `positions` (B, n); `visible` (B, P) the cached
+        columns each row sees, `tree_visible` (n, n) or (B, n, n). None: run it eagerly."""
+        batch, n = tokens.shape
+        length = visible.shape[1]
+        size = next((b for b in BUCKETS if b >= n), None)
+        buffers = self._buffers(cache, length) if size is not None else None
+        if buffers is None or length + size > buffers[0][0].shape[-2]:
+            self.fallbacks += 1
+            return None
+        keys, values = buffers
+        capacity, device = keys[0].shape[-2], tokens.device
+        pad = size - n
+        if pad:
+            tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(batch, pad)], 1)
+        tree = tree_visible.expand(batch, n, n) if tree_visible.dim() == 2 else tree_visible
+        sees = torch.zeros(batch, size, capacity, dtype=torch.bool, device=device)
+        sees[:, :n, :length] = visible[:, None, :]
+        sees[:, :n, length : length + n] = tree
+        sees[:, n:, length + n : length + size] = torch.eye(pad, dtype=torch.bool, device=device)
+        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
+        start = torch.tensor(length, device=device)
+        from headstart.target.attention import grouped_query_attention
+
+        with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
+            logits, last, layers = self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
+                                           positions, mask[:, None], start, keys, values)  # fmt: skip
+        for layer in cache.layers:  # the views now end after the real nodes (pad entries unseen)
+            layer.keys = layer._key_buffer[:, :, : length + n]
+            layer.values = layer._value_buffer[:, :, : length + n]
+        self.steps += 1
+        return Features(logits=logits[:, :n], last_hidden=last[:, :n],
+                        layers={i: x[:, :n] for i, x in layers.items()})  # fmt: skip
+
+
+def _graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tuple[int, ...], cache_kw: str,
+           tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: torch.Tensor,
+           keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:  # fmt: skip
+    """The verify forward that is compiled: every input explicit, nothing kept on an object."""
+    from headstart.target.layer_kinds import layer_masks
+
+    out = model(input_ids=tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
+                **{cache_kw: StaticKV(keys, values, start)}, use_cache=True)  # fmt: skip
+    return out.logits, taps[-1], {i: taps[i] for i in layer_ids}
+
+
+@functools.cache
+def _compiled(backend: str, mode: str | None) -> Any:
+    """One compiled `_graph` per backend and mode, shared by every decoder (dynamo keys its
+    graphs on the model, the shapes and the layer ids)."""
+    return torch.compile(_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
+
+
+_TAPS: weakref.WeakKeyDictionary[torch.nn.Module, dict[int, torch.Tensor]] = weakref.WeakKeyDictionary()
+
+
+def _taps(model: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """Forward hooks on every decoder layer (its output under the layer's index) and on the
+    lm_head (its input under -1), registered ONCE per model and never removed: dynamo guards a
+    module's hooks by their number only, so hooks that come and go with each decoder would
+    leave a graph that traced another object's hook (wrong features, measured). Cost: a dict
+    store per layer per forward, for every forward of this model."""
+    if model in _TAPS:
+        return _TAPS[model]
+    taps: dict[int, torch.Tensor] = {}
+
+    def keep_output(layer_id: int) -> Any:
+        def hook(_module: Any, _args: Any, output: Any) -> None:
+            taps[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def keep_lm_input(_module: Any, args: Any) -> None:
+        taps[-1] = args[0]
+
+    for i, block in enumerate(decoder_layers(model)):
+        block.register_forward_hook(keep_output(i))
+    model.get_output_embeddings().register_forward_pre_hook(keep_lm_input)
+    _TAPS[model] = taps
+    return taps

@@ -1,0 +1,143 @@
+"""`--compile`: the verify forward as ONE compiled graph (torch.compile fullgraph=True) over a
+fixed-size KV buffer, on tiny targets of several families (sliding windows, mixed layers, MoE,
+fused qkv, post-norms): no graph break, no recompilation in the steady state (50+ steps of
+varying acceptance after warm-up), greedy output identical to `model.generate`. Sampling
+through it: test_sampling_exactness.py. Most tests use the aot_eager backend (dynamo's trace
+and AOT autograd's functionalisation, without code generation: fast); one runs inductor."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from scripted import ScriptedDrafter
+from tiny import FAMILIES, FC_LAYOUT, make_target_dir
+from torch._dynamo.utils import counters
+
+from headstart.heads import HeadSpec, build_head
+from headstart.inference.captured import CapturedVerify, wants_capture
+from headstart.inference.decoder import SpeculativeDecoder
+from headstart.target import load_target
+
+PROMPTS = ["hello there, how are you doing today?", "a", "Write a poem about the sea and the sky"]
+FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]
+
+
+def family_target(tiny_root, family: str):
+    return load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+
+
+def generate_ref(target, ids: list[int], max_new: int) -> list[int]:
+    x = torch.tensor([ids])
+    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", FAMILY_SET)
+def test_captured_verify_is_exact_without_graph_breaks(tiny_root, family):
+    target = family_target(tiny_root, family)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    refs = [generate_ref(target, ids, 40) for ids in prompts]
+    layout = "fc" if family in FC_LAYOUT else "reference"
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    eagle = build_head(
+        HeadSpec(kind="eagle3", draft_vocab_size=100, layout=layout), target, token_counts=counts
+    )
+    medusa = build_head(HeadSpec(kind="medusa", draft_vocab_size=0), target)
+    for name in ("plain", "medusa", "eagle3", "scripted"):
+        for batch in ([0], [0, 1, 2]):
+            heads = {"plain": None, "medusa": medusa, "eagle3": eagle}.get(name) or ScriptedDrafter(
+                [prompts[i] + refs[i] for i in batch], target.vocab_size
+            )
+            decoder = SpeculativeDecoder(target, heads, tree="static" if name != "plain" else None,
+                                         compile=True, compile_backend="aot_eager")  # fmt: skip
+            out = decoder.generate([prompts[i] for i in batch], max_new_tokens=40, eos_token_id=None)
+            for i, got in zip(batch, out.token_ids, strict=True):
+                assert got == refs[i], (family, name, batch)
+            captured = decoder.captured  # every verify ran captured, but the one after a row left
+            assert captured.steps + captured.fallbacks == out.stats.target_forwards - 1  # all but the prefill
+            assert captured.fallbacks <= len(batch) - 1, (family, name, batch)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_no_recompilation_in_the_steady_state(tiny_root):
+    """After one warm-up generation, 60+ steps over other prompts with varying acceptance (a
+    script whose drafts go wrong at irregular places, static and dynamic trees) compile nothing new."""
+    target = family_target(tiny_root, "qwen3")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    refs = [generate_ref(target, ids, 100) for ids in prompts]
+
+    def script(i: int) -> ScriptedDrafter:
+        wrong = [t if k not in (3, 4, 11, 19, 20, 21, 30, 41, 47, 60, 61, 73, 88) else (t + 1) % target.vocab_size
+                 for k, t in enumerate(refs[i])]  # fmt: skip
+        return ScriptedDrafter([prompts[i] + wrong], target.vocab_size, wrong_every=1000)
+
+    for tree in ("static", "dynamic:depth=3,top_k=3,total_tokens=8"):
+        decoder = SpeculativeDecoder(target, script(0), tree=tree, compile=True, compile_backend="aot_eager")
+        assert decoder.generate([prompts[0]], max_new_tokens=100, eos_token_id=None).token_ids[0] == refs[0]
+        steps = decoder.captured.steps
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for i in (1, 2, 0, 1, 2):
+                decoder.heads = script(i)
+                out = decoder.generate([prompts[i]], max_new_tokens=100, eos_token_id=None)
+                assert out.token_ids[0] == refs[i]
+                assert len(out.stats.accept_lengths) > 1  # acceptance varied from step to step
+        assert decoder.captured.steps - steps >= 50 and decoder.captured.fallbacks == 0
+
+
+def test_rows_leaving_fall_back_to_eager_and_stay_exact(tiny_root):
+    """Rows that stop early leave the batch (fresh cache tensors): those steps run eagerly."""
+    target = family_target(tiny_root, "llama")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    refs = [generate_ref(target, ids, 30) for ids in prompts]
+    stop = next(t for t in refs[1][3:] if t not in refs[0] + refs[2])  # row 1 alone ends early
+    want = [r[: r.index(stop)] if stop in r else r for r in refs]
+    decoder = SpeculativeDecoder(target, None, compile=True, compile_backend="aot_eager")
+    out = decoder.generate(prompts, max_new_tokens=30, eos_token_id=stop)
+    got = [ids[:-1] if ids and ids[-1] == stop else ids for ids in out.token_ids]
+    assert got == want
+    assert decoder.captured.steps >= 1 and decoder.captured.fallbacks >= 1
+
+
+@pytest.mark.skipif(
+    shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler"
+)
+def test_inductor_codegen_is_exact(tiny_root):
+    """The real backend (inductor's generated C++ on a CPU, Triton and CUDA graphs on a GPU)."""
+    target = family_target(tiny_root, "llama")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:1]]
+    refs = [generate_ref(target, ids, 30) for ids in prompts]
+    script = ScriptedDrafter([prompts[0] + refs[0]], target.vocab_size)
+    decoder = SpeculativeDecoder(target, script, tree="static", compile=True)
+    assert decoder.generate(prompts, max_new_tokens=30, eos_token_id=None).token_ids[0] == refs[0]
+    assert decoder.captured.steps > 0 and not counters["graph_break"]
+
+
+def test_the_compile_choice():
+    assert wants_capture("on", torch.device("cpu")) and not wants_capture("auto", torch.device("cpu"))
+    assert wants_capture("auto", torch.device("cuda")) and not wants_capture("off", torch.device("cuda"))
+    with pytest.raises(Exception, match="--compile must be one of"):
+        wants_capture("yes", torch.device("cpu"))
+    assert CapturedVerify.capacity_for(1) == CapturedVerify.capacity_for(512) == 512
+
+
+def test_the_buffers_stay_put_across_generations(tiny_root):
+    """A CUDA graph replays on fixed addresses: the second generation (another prompt length)
+    decodes in the first one's buffers."""
+    target = family_target(tiny_root, "llama")
+    decoder = SpeculativeDecoder(target, None, compile=True, compile_backend="aot_eager")
+    seen = []
+    for text in PROMPTS[:2]:
+        decoder.generate([target.chat.user_prompt_ids(text)], max_new_tokens=10, eos_token_id=None)
+        seen.append([t.data_ptr() for t in decoder.captured.pool[0] + decoder.captured.pool[1]])
+    assert seen[0] == seen[1] and decoder.captured.fallbacks == 0
