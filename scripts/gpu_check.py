@@ -1,0 +1,345 @@
+#!/usr/bin/env python
+"""Issue 37's GPU check, prepared to run on a bare machine (PyTorch + CUDA + transformers) in
+one to three calls of under 10 minutes each, every figure written to --out as it is measured.
+
+Sections (--sections, in this order; each skips itself when the time budget runs out):
+  pytest   `pytest -m gpu tests/inference` (exactness on CUDA), output in pytest.txt
+  shape8b  a random-weight target of Llama-3.1-8B's shape in bf16, built on the device from a
+           config (no download): ms per verify of 1, 8, 16, 32 and 64 chained nodes after a
+           512-token prefix, eager and captured (--compile), beside the memory-bandwidth bound
+           (weight bytes / the card's HBM bandwidth), and the speed-up each predicts at tau
+           2, 3 and 4 (tau x t(1) / t(n); the drafter's cost is not in it)
+  smollm2  the embedded SmolLM2 (the GGUF given by --target) on the first --questions
+           questions, --max-new-tokens tokens, bf16, batch 1: transformers' `generate` eager
+           and with its static cache (compiled by transformers), headstart plain, Medusa and
+           EAGLE-3 (the shipped heads), each eager and captured; tok/s, ms per target forward,
+           tau, and each method's tokens against `generate`'s. Methods are interleaved per
+           question; one warm-up question (not timed) compiles the graphs first.
+
+The machine is bare and reaches nothing: `scripts/gpu_stage.sh` (run here first) fills the
+ignored folder .gpu/ with what it lacks (wheels for pytest and gguf, 40 MT-bench questions, the
+GGUF in three parts of under 32 MiB, since a call carries at most 64 MiB with the repository)
+and prints the device commands. Dry run on a CPU: `python scripts/gpu_check.py --dry-run
+--out /tmp/gc` (tiny shapes, 2 questions, 16 tokens, the CPU).
+
+Outputs in --out: gpu_check.json (every figure, rewritten after each), gpu_check.log, pytest.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12}
+LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)  # fmt: skip
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=1000, max_position_embeddings=2048)  # fmt: skip
+
+
+class Report:
+    """gpu_check.json, rewritten (atomically) after every figure, and a log."""
+
+    def __init__(self, out: Path, budget_s: float) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.start, self.budget = out, time.monotonic(), budget_s
+        self.path = out / "gpu_check.json"
+        self.data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.logf = (out / "gpu_check.log").open("a")
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.start)
+
+    def log(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.start:6.1f}s] {text}"
+        print(line, flush=True)
+        self.logf.write(line + "\n")
+        self.logf.flush()
+
+    def put(self, section: str, key: str, value: Any) -> None:
+        self.data.setdefault(section, {})[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.replace(self.path)
+
+
+def machine(report: Report, device: str) -> None:
+    import torch
+    import transformers
+
+    card = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    report.put("machine", "card", card)
+    report.put("machine", "torch", torch.__version__)
+    report.put("machine", "transformers", transformers.__version__)
+    report.put("machine", "date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    report.put("machine", "command", " ".join(sys.argv))
+    report.log(f"{card}, torch {torch.__version__}, transformers {transformers.__version__}")
+
+
+# ---- pytest -------------------------------------------------------------------------------------
+def section_pytest(args: argparse.Namespace, report: Report) -> None:
+    limit = min(report.left() - 30, 300)
+    if limit < 60:
+        report.log("pytest: skipped (time)")
+        return
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "tests/inference", "-p", "no:cacheprovider"]
+    if args.dry_run:
+        command += ["--collect-only"]
+    report.log(f"pytest: {' '.join(command)} (at most {limit:.0f} s)")
+    try:
+        run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit)
+        text, code = run.stdout + run.stderr, run.returncode
+    except subprocess.TimeoutExpired as err:
+        text, code = f"{err.stdout or ''}{err.stderr or ''}\nTIMED OUT after {limit:.0f} s", -1
+    (report.out / "pytest.txt").write_text(text if isinstance(text, str) else text.decode())
+    summary = [
+        line for line in text.splitlines() if " passed" in line or " failed" in line or "error" in line
+    ]
+    report.put("pytest", "exit_code", code)
+    report.put("pytest", "summary", summary[-1] if summary else text.strip().splitlines()[-1:])
+    report.log(f"pytest: exit {code}: {summary[-1] if summary else '?'}")
+
+
+# ---- a random target of Llama-3.1-8B's shape ------------------------------------------------------
+def section_shape8b(args: argparse.Namespace, report: Report) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headstart.inference import cache as kv
+    from headstart.inference.captured import CapturedVerify
+    from headstart.target import forward, new_cache, tree_attention_mask
+
+    if report.left() < 120:
+        report.log("shape8b: skipped (time)")
+        return
+    device, dtype = args.device, torch.bfloat16 if args.device == "cuda" else torch.float32
+    shape = TINY if args.dry_run else LLAMA_8B
+    config = LlamaConfig(**shape, tie_word_embeddings=False, attn_implementation="sdpa")
+    start = time.perf_counter()
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    torch.set_default_dtype(torch.float32)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    report.put("shape8b", "weights_gb", round(weight_bytes / 1e9, 2))
+    report.log(
+        f"shape8b: built {weight_bytes / 1e9:.1f} GB of weights in {time.perf_counter() - start:.1f} s"
+    )
+    card = report.data.get("machine", {}).get("card", "cpu")
+    bandwidth = next((bw for name, bw in HBM_BYTES_PER_S.items() if name in card), None)
+    if bandwidth:
+        bound = weight_bytes / bandwidth * 1e3
+        report.put("shape8b", "bandwidth_bound_ms", round(bound, 3))
+        report.put("shape8b", "hbm_bytes_per_s", bandwidth)
+    prefix = 64 if args.dry_run else 512
+    ids = torch.randint(0, config.vocab_size, (1, prefix), device=device)
+    captured = CapturedVerify(model, (), backend=args.backend)
+    cache = new_cache(model, reserve=prefix + 128)
+    captured.adopt(cache)
+    forward(model, ids, past_key_values=cache, logits_to_keep=1)  # the prefill (eager)
+    visible = torch.ones(1, prefix, dtype=torch.bool, device=device)
+
+    def timed(fn: Any, repeats: int) -> float:
+        times = []
+        for _ in range(repeats):
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    results: dict[str, dict[str, float]] = {}
+    slowest = 0.0  # the longest compile so far: a bucket starts only with time for two of them
+    for n in (1, 8, 16, 32, 64):
+        if report.left() < 60 + 2 * slowest:
+            report.log(f"shape8b: stopped before n={n} (time)")
+            break
+        tokens = torch.randint(0, config.vocab_size, (1, n), device=device)
+        positions = prefix + torch.arange(n, device=device)[None]
+        chain = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        mask = tree_attention_mask(visible, chain, model.dtype)
+
+        def eager() -> None:
+            forward(model, tokens, attention_mask=mask, position_ids=positions, past_key_values=cache)
+            kv.truncate(cache, prefix)
+
+        def graph() -> None:
+            assert captured.verify(cache, visible, tokens, positions, chain, model.dtype) is not None
+            kv.truncate(cache, prefix)
+
+        row = {"eager_ms": round(timed(eager, 3 if args.dry_run else 20), 3)}
+        t0 = time.perf_counter()
+        timed(graph, 3)  # compiles (and captures) this bucket
+        row["compile_s"] = round(time.perf_counter() - t0, 1)
+        slowest = max(slowest, row["compile_s"])
+        row["captured_ms"] = round(timed(graph, 3 if args.dry_run else 20), 3)
+        results[str(n)] = row
+        report.put("shape8b", "verify", results)
+        report.log(f"shape8b: n={n}: eager {row['eager_ms']} ms, captured {row['captured_ms']} ms "
+                   f"(compile {row['compile_s']} s)")  # fmt: skip
+    if "1" in results:
+        one = results["1"]["captured_ms"]
+        if bandwidth:
+            report.put("shape8b", "plain_step_over_bound", round(one / bound, 2))
+        predicted = {
+            n: {f"tau{tau}": round(tau * one / row["captured_ms"], 2) for tau in (2, 3, 4)}
+            for n, row in results.items() if n != "1"
+        }  # fmt: skip
+        report.put("shape8b", "predicted_speedup_captured", predicted)
+        if "16" in results:
+            report.put("shape8b", "verify16_over_step1", round(results["16"]["captured_ms"] / one, 2))
+    del model, cache, captured
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---- the embedded SmolLM2 ---------------------------------------------------------------------------
+def section_smollm2(args: argparse.Namespace, report: Report) -> None:
+    import torch
+
+    from headstart.bench.questions import load_questions
+    from headstart.heads.build import load_heads_for_inference
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.target import load_target
+
+    if report.left() < 120:
+        report.log("smollm2: skipped (time)")
+        return
+    start = time.perf_counter()
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    target = load_target(args.target, dtype=dtype, device=args.device)
+    report.log(f"smollm2: loaded {args.target} in {time.perf_counter() - start:.1f} s")
+    shipped = ROOT / "headstart" / "default_heads"
+    heads = {
+        kind: load_heads_for_inference(shipped / f"smollm2-{kind}", target) for kind in ("medusa", "eagle3")
+    }
+    questions = load_questions(args.questions)[: args.num_questions + 1]  # the first one warms up
+    prompts = [target.chat.user_prompt_ids(q.turns[0]) for q in questions]
+    new = args.max_new_tokens
+    eos = list(target.eos_token_ids)
+    model = target.model
+
+    def hf(static: bool) -> Any:
+        def run(ids: list[int]) -> tuple[list[int], int]:
+            x = torch.tensor([ids], device=target.device)
+            extra = {"cache_implementation": "static"} if static else {}
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos[0], **extra)  # fmt: skip
+            tokens = out[0, len(ids) :].tolist()
+            return tokens, len(tokens)
+
+        return run
+
+    def ours(kind: str | None, compiled: bool) -> Any:
+        decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree="static" if kind else None,
+                                     compile=compiled, compile_backend=args.backend)  # fmt: skip
+
+        def run(ids: list[int]) -> tuple[list[int], int]:
+            out = decoder.generate([ids], max_new_tokens=new)
+            tokens = out.token_ids[0]
+            return tokens, out.stats.target_forwards
+
+        return run
+
+    methods = {"generate": hf(False), "generate_static_compiled": hf(True)}
+    for kind in (None, "medusa", "eagle3"):
+        for compiled in (False, True):
+            methods[f"{kind or 'plain'}_{'captured' if compiled else 'eager'}"] = ours(kind, compiled)
+    totals = {name: {"tokens": 0, "wall_s": 0.0, "forwards": 0, "same_as_generate": 0, "questions": 0}
+              for name in methods}  # fmt: skip
+    for number, ids in enumerate(prompts):
+        if number and report.left() < 30 + 2 * len(methods):
+            report.log(f"smollm2: stopped after {number - 1} timed questions (time)")
+            break
+        reference = None
+        for name, run in methods.items():
+            sync(args.device)
+            t0 = time.perf_counter()
+            tokens, forwards = run(ids)
+            sync(args.device)
+            wall = time.perf_counter() - t0
+            if name == "generate":
+                reference = tokens
+            if number == 0:
+                report.log(f"smollm2: warm-up {name}: {wall:.1f} s")
+                continue
+            row = totals[name]
+            row["tokens"] += len(tokens)
+            row["wall_s"] += wall
+            row["forwards"] += forwards
+            row["same_as_generate"] += int(tokens == reference)
+            row["questions"] += 1
+        if number:
+            summary = {}
+            for name, row in totals.items():
+                summary[name] = dict(row, tok_per_s=round(row["tokens"] / row["wall_s"], 1),
+                                     ms_per_forward=round(1e3 * row["wall_s"] / max(row["forwards"], 1), 2),
+                                     tau=round(row["tokens"] / max(row["forwards"], 1), 2))  # fmt: skip
+            base = summary["generate"]["tok_per_s"]
+            for row in summary.values():
+                row["speedup_vs_generate"] = round(row["tok_per_s"] / base, 2)
+            report.put("smollm2", "methods", summary)
+            report.put("smollm2", "questions_timed", number)
+            report.log(
+                f"smollm2: question {number}: "
+                + ", ".join(f"{k} {v['tok_per_s']}" for k, v in summary.items())
+            )
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+SECTIONS = {"pytest": section_pytest, "shape8b": section_shape8b, "smollm2": section_smollm2}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_check_out")))
+    parser.add_argument("--sections", default="pytest,shape8b,smollm2")
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    parser.add_argument("--target", default="smollm2", help="the SmolLM2 GGUF (the staged one on the device)")
+    parser.add_argument("--questions", default=str(ROOT / ".gpu" / "questions.jsonl"))
+    parser.add_argument("--num-questions", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes, 2 questions, 16 tokens")
+    args = parser.parse_args()
+    import torch
+
+    args.device = "cpu" if args.dry_run or not torch.cuda.is_available() else "cuda"
+    if args.dry_run:
+        args.num_questions, args.max_new_tokens = min(args.num_questions, 2), min(args.max_new_tokens, 16)
+        args.backend = "aot_eager" if args.backend == "inductor" else args.backend
+    report = Report(args.out, args.budget)
+    machine(report, args.device)
+    for name in args.sections.split(","):
+        if name not in SECTIONS:
+            parser.error(f"unknown section {name!r}: choose from {', '.join(SECTIONS)}")
+        try:
+            SECTIONS[name](args, report)
+        except Exception as err:  # noqa: BLE001 - one section failing must not lose the others' figures
+            import traceback
+
+            report.put(name, "error", f"{type(err).__name__}: {err}")
+            report.log(f"{name}: FAILED: {type(err).__name__}: {err}\n{traceback.format_exc()}")
+    report.log(f"done, {report.budget - report.left():.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+#!/bin/bash
+# Fill .gpu/ (git-ignored) with what scripts/gpu_check.py needs on a bare GPU machine that
+# reaches nothing: wheels for pytest, gguf and accelerate (transformers reads GGUF through it), the first 40 MT-bench questions, and the embedded
+# SmolLM2 GGUF (98 MB) in three parts of under 32 MiB (a device call carries at most 64 MiB,
+# the repository's ~26 MB included), with its sha256. Run from the repository root:
+#   scripts/gpu_stage.sh [../shared/data/eval/mt_bench/question.jsonl]
+# Then the device calls, back to back (a machine stays warm ~30 s between calls; files written
+# outside the repository on it stay while it is warm):
+#   1. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part1"]:
+#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
+#   2. carry [".gpu/smollm2.part2"]:  cp .gpu/smollm2.part2 /root/stage/ && ls -la /root/stage
+#   3. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]:
+#      cp .gpu/smollm2.part3 /root/stage/ && cat /root/stage/smollm2.part1 /root/stage/smollm2.part2 /root/stage/smollm2.part3 > /root/stage/smollm2.gguf && (cd /root/stage && sha256sum -c $OLDPWD/.gpu/smollm2.sha256) && pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+# A call whose machine was given back in between starts over at 1 (the staged parts are gone).
+set -euo pipefail
+QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}
+PY=${PY:-.venv/bin/python}
+mkdir -p .gpu/wheels
+GGUF=$($PY -c "from headstart.target.gguf import embedded_gguf_path; print(embedded_gguf_path())")
+head -n 40 "$QUESTIONS" > .gpu/questions.jsonl
+$PY -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels pytest pluggy iniconfig gguf accelerate psutil
+rm -f .gpu/smollm2.part*
+split -b 33000000 --numeric-suffixes=1 -a 1 "$GGUF" .gpu/smollm2.part
+(cd .gpu && sha256sum "$GGUF" | sed "s#  .*#  smollm2.gguf#" > smollm2.sha256)
+ls -la .gpu .gpu/wheels
+du -sh .gpu
