@@ -8,7 +8,9 @@
 #   STEPS=2000 PARALLEL=1 scripts/scaling_smollm2.sh train 4000 12000 0   # one run per size (0 = all)
 # Environment: DATA (the shared data folder, default ../shared/data), DEVICE (default cuda),
 # BATCH (distill rows in flight, default 1024: on an H100 it beat 384 and 2048), GSM8K (GSM8K
-# records, default all 7473), DATAFREE (data-free conversations, default 20000; 0 = none), STEPS
+# records, default all 7473), DATAFREE (data-free conversations, default 20000; 0 = none), SG_NUM
+# and SGV3_NUM (ShareGPT records, default 2400 and 1000), TARGET (default smollm2: the staged GGUF
+# on a bare GPU machine), STEPS
 # (the same optimizer steps for every size: equal compute) or EPOCHS (default 3: equal epochs),
 # PARALLEL=1 (train the sizes at once: one small head leaves most of a GPU idle), OUT (where each
 # run's results.json is copied, default runs/scaling), TRAIN_ARGS (more train overrides).
@@ -25,7 +27,11 @@ DATAFREE=${DATAFREE:-20000}
 EPOCHS=${EPOCHS:-3}
 OUT=${OUT:-runs/scaling}
 SG=$DATA/train/sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json
-common=(device="$DEVICE" dtype=float32 threads=0 batch_size="$BATCH" cache_features=false)
+TARGET=${TARGET:-smollm2}
+SGEVAL_NUM=${SGEVAL_NUM:-96}
+SG_NUM=${SG_NUM:-2400}
+SGV3_NUM=${SGV3_NUM:-1000}
+common=(target="$TARGET" device="$DEVICE" dtype=float32 threads=0 batch_size="$BATCH" cache_features=false)
 
 distill() {
   local source
@@ -36,16 +42,16 @@ distill() {
 # held out first (rows 2858-2953 of sg_90k: the shipped heads' held-out set), then the sources in
 # the order the train recipe joins them
 distill_sgeval() {
-  headstart distill --recipe recipes/distill_smollm2_shipped_sgeval.yaml "${common[@]}" prompts="$SG" out=runs/scaling/sgeval
+  headstart distill --recipe recipes/distill_smollm2_shipped_sgeval.yaml "${common[@]}" prompts="$SG" num="$SGEVAL_NUM" out=runs/scaling/sgeval
 }
 distill_sg() {
-  headstart distill --recipe recipes/distill_smollm2_shipped_sg90k.yaml "${common[@]}" prompts="$SG" num=2400 out=runs/scaling/sg
+  headstart distill --recipe recipes/distill_smollm2_shipped_sg90k.yaml "${common[@]}" prompts="$SG" num="$SG_NUM" out=runs/scaling/sg
   # num counts records, not rows (prompts over 256 tokens are skipped): 2,400 records end where the
   # shipped recipes' sg1k/sg2k/sg3k did, before the held-out rows; checked here
   python3 -c "from headstart.distill import load_distilled; m = max(load_distilled('runs/scaling/sg')['index']); assert m < 2858, f'row {m} is held out'"
 }
 distill_sgv3() {
-  headstart distill --recipe recipes/distill_smollm2_shipped_sharegpt_v3.yaml "${common[@]}" prompts="$DATA/train/ShareGPT_V3_filtered_1000.json" num=1000 out=runs/scaling/sgv3
+  headstart distill --recipe recipes/distill_smollm2_shipped_sharegpt_v3.yaml "${common[@]}" prompts="$DATA/train/ShareGPT_V3_filtered_1000.json" num="$SGV3_NUM" out=runs/scaling/sgv3
 }
 distill_gsm8k() {
   headstart distill --recipe recipes/distill_smollm2_shipped_gsm8k.yaml "${common[@]}" prompts="$DATA/train/gsm8k_train.jsonl" num="$GSM8K" out=runs/scaling/gsm8k

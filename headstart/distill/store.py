@@ -72,6 +72,11 @@ def shard_paths(out: str | Path) -> list[Path]:
     return sorted(data_dir(out).glob("shard-*.jsonl"))
 
 
+def packed_paths(out: str | Path) -> list[Path]:
+    """The Parquet shards of a packed directory (headstart.distill.pack)."""
+    return sorted(data_dir(out).glob("shard-*.parquet"))
+
+
 def done_indices(out: str | Path) -> dict[int, str | None]:
     """{prompt index: content key} of the records already written (a resumed run skips them and
     checks the source still holds the same rows there; None for records written before keys)."""
@@ -136,6 +141,8 @@ def load_distilled(out: str | Path) -> Any:
     import pyarrow.json as pa_json
 
     read_meta(out)
+    if packed_paths(out):
+        return _load_packed(out)
     files = shard_paths(out)
     if not files:
         raise HeadstartError(
@@ -153,6 +160,28 @@ def load_distilled(out: str | Path) -> Any:
             f"cannot read the records of {out}: {str(err).splitlines()[0]}",
             "a shard is damaged: move it aside (data/shard-*.jsonl) and rerun `headstart distill` to redo it",
         ) from None
+
+
+def _load_packed(out: str | Path) -> Any:
+    """A packed directory's records, token ids and masks widened back to int64."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pa.concat_tables(
+            [pq.read_table(path) for path in packed_paths(out)], promote_options="permissive"
+        )
+    except (pa.ArrowInvalid, OSError) as err:
+        raise HeadstartError(
+            f"cannot read the packed records of {out}: {str(err).splitlines()[0]}",
+            "a shard is damaged: check it against pack.json's sha256, or pack the distilled run again",
+        ) from None
+    wide = pa.schema([
+        pa.field(f.name, pa.list_(pa.int64()) if f.name in ("input_ids", "loss_mask") else f.type)
+        for f in table.schema
+    ])  # fmt: skip
+    return datasets.Dataset(table.cast(wide))
 
 
 def load_features(out: str | Path, record: dict[str, Any]) -> dict[str, Any]:

@@ -202,3 +202,44 @@ def test_max_records_from_each_on_joined_directories(distilled, twin, tiny_llama
     assert len(data) == 6 and data.input_ids[:3] == data.input_ids[3:]  # 3 of each, the first 3
     with pytest.raises(Exception, match="max_records_from"):
         load_config(TrainConfig, None, [f"data.path={distilled}", "data.max_records_from=random"])
+
+
+def test_a_packed_directory_trains_like_the_distilled_one(distilled, tiny_llama, tmp_path, capsys):
+    """`python -m headstart.distill.pack`: Parquet shards, no text, ids narrowed; the records read
+    back equal, each file stays under its limit, a foreign directory is refused, and online
+    training runs from it (features are not packed)."""
+    from headstart.distill import load_distilled
+    from headstart.distill.pack import main as pack_main
+    from headstart.distill.pack import pack
+
+    packed = tmp_path / "packed"
+    manifest = pack(distilled, packed)
+    assert manifest["records"] == 10 and len(manifest["files"]) == 1
+    ours, theirs = load_distilled(distilled), load_distilled(packed)
+    assert theirs["input_ids"] == ours["input_ids"] and theirs["loss_mask"] == ours["loss_mask"]
+    assert "messages" not in theirs.column_names and theirs["index"] == ours["index"]
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    assert pack_main([str(distilled), str(tmp_path / "foreign")]) == 2
+    assert (tmp_path / "foreign" / "notes.txt").read_text() == "mine"
+    assert pack_main([str(distilled), str(packed), "--keep-text"]) == 0  # an earlier pack is replaced
+    assert "messages" in load_distilled(packed).column_names
+    capsys.readouterr()
+    recipe = _recipe(tmp_path, tiny_llama, packed, head={"kind": "eagle3", "draft_vocab_size": 64})
+    assert main(["train", "--recipe", str(recipe), "data.mode=online", "loss.ttt_steps=2"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 4
+
+
+def test_packed_shards_stay_under_the_size_limit(tmp_path):
+    """400,000 random token ids (incompressible: ~2 bytes each) under a 300 KB limit."""
+    import pyarrow as pa
+
+    from headstart.distill.pack import _write_shards
+
+    ids = torch.randint(0, 49152, (2000, 200), generator=torch.Generator().manual_seed(0))
+    table = pa.table({"input_ids": pa.array(ids.tolist(), type=pa.list_(pa.uint16()))})
+    files = _write_shards(table, tmp_path, 300_000)
+    assert len(files) >= 3 and all(f.stat().st_size <= 300_000 for f in files)
+    import pyarrow.parquet as pq
+
+    assert pa.concat_tables([pq.read_table(f) for f in files]).equals(table)

@@ -1,0 +1,129 @@
+"""A distilled output packed small: Parquet shards (zstd), token ids as uint16 where the
+vocabulary fits, the conversation text left out unless asked, each file under a size limit.
+
+Why: a kept data set has to travel (a GPU run returns at most 8 files of 16 MiB; a repository
+that carries it is sent whole to every device call) and to live in git. JSON shards spend ~7
+bytes a token id; here a token costs ~1.3-1.6 bytes and its loss-mask entry nearly nothing
+(measured in tests/distill/test_pack.py). `headstart train` reads a packed directory as it
+reads `headstart distill`'s own (`load_distilled` takes both kinds of shards); resuming a distill
+into it is not possible (pack the finished run).
+
+    python -m headstart.distill.pack runs/distill-30k data/smollm2-30k [--keep-text] [--max-mb 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from headstart.distill.store import META, data_dir, load_distilled, read_meta
+from headstart.errors import HeadstartError
+from headstart.io import atomic_dir, check_output
+
+DROPPED = ("features_file",)  # features are not packed (recompute them with the target)
+TEXT = ("messages",)
+MANIFEST = "pack.json"
+
+
+def pack(
+    src: str | Path, dst: str | Path, keep_text: bool = False, max_bytes: int = 15 * 2**20
+) -> dict[str, Any]:
+    """Pack the distilled records of `src` into `dst` (new, empty or an earlier pack; written whole
+    or not at all); returns the manifest (files, sizes, records, tokens, sha256 per file)."""
+    import hashlib
+
+    import pyarrow as pa
+
+    meta = read_meta(src)
+    table = load_distilled(src).data.table
+    table = table.drop_columns(
+        [c for c in (*DROPPED, *(() if keep_text else TEXT)) if c in table.column_names]
+    )
+    vocab = int(meta.get("fingerprint", {}).get("vocab_size") or 0)
+    table = _narrow(table, vocab)
+    check_output(dst, "DST", owned=lambda p: (p / MANIFEST).is_file(), command="pack", inputs=[src])
+    manifest: dict[str, Any] = {}
+
+    def write(tmp: Path) -> None:
+        shard_dir = data_dir(tmp)
+        shard_dir.mkdir(parents=True)
+        files = _write_shards(table, shard_dir, max_bytes)
+        shutil.copyfile(Path(src) / META, tmp / META)
+        if (Path(src) / "summary.json").is_file():
+            shutil.copyfile(Path(src) / "summary.json", tmp / "summary.json")
+        manifest.update(
+            records=table.num_rows,
+            tokens=int(pa.compute.sum(pa.compute.list_value_length(table["input_ids"])).as_py() or 0),
+            text=keep_text,
+            files={
+                f.name: {"bytes": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+                for f in files
+            },
+        )
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+    atomic_dir(dst, write)
+    return manifest
+
+
+def _narrow(table: Any, vocab: int) -> Any:
+    """input_ids as uint16 (when every id fits), loss_mask as uint8: load_distilled widens them back."""
+    import pyarrow as pa
+
+    fields = []
+    for field in table.schema:
+        kind = field.type
+        if field.name == "input_ids" and 0 < vocab <= 65536:
+            kind = pa.list_(pa.uint16())
+        elif field.name == "loss_mask":
+            kind = pa.list_(pa.uint8())
+        fields.append(pa.field(field.name, kind))
+    return table.cast(pa.schema(fields))
+
+
+def _write_shards(table: Any, folder: Path, max_bytes: int) -> list[Path]:
+    """As few shards as keep every file under `max_bytes` (rows in order; zstd level 19)."""
+    import pyarrow.parquet as pq
+
+    count = 1
+    while True:
+        for old in folder.glob("shard-*.parquet"):
+            old.unlink()
+        rows = -(-table.num_rows // count)
+        files = []
+        for i, start in enumerate(range(0, table.num_rows, rows)):
+            path = folder / f"shard-{i:05d}.parquet"
+            pq.write_table(table.slice(start, rows), path, compression="zstd", compression_level=19)
+            files.append(path)
+        largest = max(f.stat().st_size for f in files)
+        if largest <= max_bytes or rows == 1:
+            return files
+        count = max(count + 1, int(count * largest / max_bytes) + 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m headstart.distill.pack", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("src", help="a finished `headstart distill` output directory")
+    parser.add_argument("dst", help="the packed directory to write (must not exist)")
+    parser.add_argument("--keep-text", action="store_true", help="keep the conversations' text (messages)")
+    parser.add_argument("--max-mb", type=float, default=15.0, help="largest file in MiB (default 15)")
+    args = parser.parse_args(argv)
+    try:
+        manifest = pack(args.src, args.dst, keep_text=args.keep_text, max_bytes=int(args.max_mb * 2**20))
+    except HeadstartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    total = sum(f["bytes"] for f in manifest["files"].values())
+    print(f"{manifest['records']} records, {manifest['tokens']} tokens in {len(manifest['files'])} files, "
+          f"{total / 2**20:.1f} MiB: {args.dst}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+#!/bin/bash
+# Issue 36's kept dataset: the embedded SmolLM2's own replies to ~30,900 conversations (96 held-out
+# + 2,400 sg_90k + 1,000 ShareGPT_V3 ShareGPT prompts, 7,473 GSM8K, 20,000 data-free), distilled
+# on one GPU in a call of under 10 minutes (scripts/scaling_smollm2.sh distill, batch 1024, greedy,
+# 256-token prompts, 128-token replies: the mix of the scaling runs), and brought back as at most
+# 5 files of 15 MB (xz-compressed shards), then packed here for `headstart train`.
+#
+#   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
+#   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, 7 MB)
+#   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
+#     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]
+#     scripts/gpu_distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
+#   scripts/gpu_distill.sh unpack FILES_DIR  # here: data/smollm2-kept/<source>, packed
+#
+# The distill is cut cleanly at DEADLINE (SIGTERM keeps every finished record); a later call
+# with the same .gpu/ resumes it only if its runs/ came back, so one call should finish it: on
+# the H100, 22,520 of these conversations took 7 minutes at batch 1024 (README, 2026-11-25).
+# Dry run on a CPU: DEVICE=cpu BATCH=8 SGEVAL_NUM=2 SG_NUM=2 SGV3_NUM=2 GSM8K=2 DATAFREE=2 \
+#   OUT=/tmp/gd STAGE=/tmp/stage scripts/gpu_distill.sh device
+set -euo pipefail
+SHARED=${SHARED:-../shared/data}
+STAGE=${STAGE:-/root/stage}
+OUT=${OUT:-runs/kept-out}
+DEADLINE=${DEADLINE:-480}
+SOURCES=(sgeval sg sgv3 gsm8k datafree)
+
+stage() {
+  mkdir -p .gpu/data/train
+  cp "$SHARED"/train/{sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json,ShareGPT_V3_filtered_1000.json,gsm8k_train.jsonl} .gpu/data/train/
+  du -sh .gpu/data
+}
+
+device() {
+  mkdir -p "$STAGE" "$OUT"
+  if [[ ! -f "$STAGE/smollm2.gguf" ]]; then  # the three parts: two staged by earlier calls, one carried
+    [[ -f .gpu/smollm2.part3 ]] && cp .gpu/smollm2.part3 "$STAGE/"
+    cat "$STAGE"/smollm2.part1 "$STAGE"/smollm2.part2 "$STAGE"/smollm2.part3 > "$STAGE/smollm2.gguf"
+  fi
+  (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256")
+  if [[ -d .gpu/wheels ]] && ! python -c "import gguf, accelerate" 2>/dev/null; then
+    pip install -q --no-index --no-deps .gpu/wheels/*.whl
+  fi
+  mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
+  printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"
+  chmod +x "$STAGE/bin/headstart"
+  export PATH="$STAGE/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  local start=$SECONDS code=0
+  DATA=.gpu/data TARGET="$STAGE/smollm2.gguf" timeout -s TERM -k 30 "$DEADLINE" \
+    scripts/scaling_smollm2.sh distill || code=$?
+  echo "distill: exit $code after $((SECONDS - start)) s (124: cut at the deadline, finished records kept)"
+  local kept=()
+  for source in "${SOURCES[@]}"; do [[ -f "runs/scaling/$source/distill_meta.json" ]] && kept+=("$source"); done
+  python - "${kept[@]}" > "$OUT/kept.json" <<'EOF'
+import json, pathlib, sys
+counts = {}
+for source in sys.argv[1:]:
+    shards = sorted(pathlib.Path("runs/scaling", source, "data").glob("shard-*.jsonl"))
+    counts[source] = sum(1 for path in shards for _ in path.open())
+print(json.dumps({"records": counts, "total": sum(counts.values())}))
+EOF
+  cat "$OUT/kept.json"
+  tar -C runs/scaling --exclude=.lock -cf - "${kept[@]}" | xz -T0 -6 | split -b 15000000 -d -a 1 - "$OUT/kept.tar.xz."
+  ls -la "$OUT"
+}
+
+unpack() {
+  local files=${1:?the folder holding kept.tar.xz.N and kept.json}
+  tmp=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}"' EXIT
+  cat "$files"/kept.tar.xz.* | xz -d | tar -C "$tmp" -xf -
+  mkdir -p data/smollm2-kept
+  for source in "${SOURCES[@]}"; do
+    [[ -d "$tmp/$source" ]] && ${PY:-.venv/bin/python} -m headstart.distill.pack "$tmp/$source" "data/smollm2-kept/$source"
+  done
+  cp "$files/kept.json" data/smollm2-kept/kept.json
+  du -sh data/smollm2-kept
+}
+
+"$@"
