@@ -79,42 +79,25 @@ class StaticKV:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
-class CapturedVerify:
-    """One target's compiled verify; buffers and graphs are kept for the decoder's lifetime."""
+class BufferPool:
+    """The fixed KV buffers a compiled step writes into, kept across calls (static addresses)."""
 
-    def __init__(self, model: torch.nn.Module, feature_layers: Sequence[int], backend: str = "inductor",
-                 mode: str | None = None) -> None:  # fmt: skip
-        self.model = model
-        self.feature_layers = tuple(dict.fromkeys(int(i) for i in feature_layers))
-        self.taps = _taps(model)
-        from headstart.target.features import cache_keyword
-
-        self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
-        if mode is None and next(model.parameters()).device.type == "cuda":
-            mode = "reduce-overhead"  # CUDA graphs: one replay per step instead of the launches
-        self.fn = _compiled(backend, mode)
+    def __init__(self) -> None:
         self.pool: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-        self.steps = 0  # verifies that ran captured
-        self.fallbacks = 0  # verifies handed back to the eager path
-
-    # ---- the cache ----------------------------------------------------------------------------
-    @staticmethod
-    def capacity_for(entries: int) -> int:
-        return -(-entries // CAPACITY_STEP) * CAPACITY_STEP
 
     def adopt(self, cache: Any) -> None:
-        """Give the (empty, growing) cache this object's buffers for the next prefill, when they
-        fit its batch and reserve; they are (re)allocated here otherwise."""
+        """Make an empty growing cache start in this pool's buffers (when they fit), with its
+        reserve rounded up to `CAPACITY_STEP` and new buffers zeroed."""
         layers = getattr(cache, "layers", [])
         if not layers or not all(hasattr(layer, "pool") for layer in layers):
             return
         for i, layer in enumerate(layers):
-            layer.reserve = self.capacity_for(layer.reserve)
+            layer.reserve = CapturedVerify.capacity_for(layer.reserve)
             layer.zeroed = True  # unused columns are read (masked): no uninitialised NaNs
             if self.pool is not None and i < len(self.pool[0]):
                 layer.pool = (self.pool[0][i], self.pool[1][i])
 
-    def _buffers(self, cache: Any, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    def take(self, cache: Any, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """Every layer's (keys, values) buffers when each layer's view is their first `length`
         columns; None otherwise (the caller goes eager)."""
         keys, values = [], []
@@ -136,6 +119,38 @@ class CapturedVerify:
                     torch._dynamo.mark_static_address(tensor)
         return keys, values
 
+
+class CapturedVerify:
+    """One target's compiled verify; buffers and graphs are kept for the decoder's lifetime."""
+
+    def __init__(self, model: torch.nn.Module, feature_layers: Sequence[int], backend: str = "inductor",
+                 mode: str | None = None) -> None:  # fmt: skip
+        self.model = model
+        self.feature_layers = tuple(dict.fromkeys(int(i) for i in feature_layers))
+        self.taps = _taps(model)
+        from headstart.target.features import cache_keyword
+
+        self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
+        if mode is None and next(model.parameters()).device.type == "cuda":
+            mode = "reduce-overhead"  # CUDA graphs: one replay per step instead of the launches
+        self.fn = _compiled(backend, mode)
+        self.buffers = BufferPool()
+        self.steps = 0  # verifies that ran captured
+        self.fallbacks = 0  # verifies handed back to the eager path
+
+    # ---- the cache ----------------------------------------------------------------------------
+    @staticmethod
+    def capacity_for(entries: int) -> int:
+        return -(-entries // CAPACITY_STEP) * CAPACITY_STEP
+
+    def adopt(self, cache: Any) -> None:
+        """Give the (empty, growing) cache this object's buffers for the next prefill."""
+        self.buffers.adopt(cache)
+
+    @property
+    def pool(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+        return self.buffers.pool
+
     # ---- the step -----------------------------------------------------------------------------
     def verify(self, cache: Any, visible: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                tree_visible: torch.Tensor, dtype: torch.dtype) -> Features | None:  # fmt: skip
@@ -144,34 +159,134 @@ class CapturedVerify:
         batch, n = tokens.shape
         length = visible.shape[1]
         size = next((b for b in BUCKETS if b >= n), None)
-        buffers = self._buffers(cache, length) if size is not None else None
+        buffers = self.buffers.take(cache, length) if size is not None else None
         if buffers is None or length + size > buffers[0][0].shape[-2]:
             self.fallbacks += 1
             return None
         keys, values = buffers
-        capacity, device = keys[0].shape[-2], tokens.device
-        pad = size - n
-        if pad:
-            tokens = torch.cat([tokens, tokens.new_zeros(batch, pad)], 1)
-            positions = torch.cat([positions, positions[:, -1:].expand(batch, pad)], 1)
+        device = tokens.device
+        tokens, positions = _pad_nodes(tokens, size), _pad_nodes(positions, size)
         tree = tree_visible.expand(batch, n, n) if tree_visible.dim() == 2 else tree_visible
-        sees = torch.zeros(batch, size, capacity, dtype=torch.bool, device=device)
-        sees[:, :n, :length] = visible[:, None, :]
-        sees[:, :n, length : length + n] = tree
-        sees[:, n:, length + n : length + size] = torch.eye(pad, dtype=torch.bool, device=device)
-        mask = torch.zeros(sees.shape, dtype=dtype, device=device).masked_fill_(~sees, torch.finfo(dtype).min)
+        allowed = torch.cat([visible[:, None, :].expand(batch, n, length), tree], dim=-1)
+        mask = _static_mask(allowed, size, keys[0].shape[-2], dtype)
         start = torch.tensor(length, device=device)
         from headstart.target.attention import grouped_query_attention
 
         with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
             logits, last, layers = self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
-                                           positions, mask[:, None], start, keys, values)  # fmt: skip
-        for layer in cache.layers:  # the views now end after the real nodes (pad entries unseen)
-            layer.keys = layer._key_buffer[:, :, : length + n]
-            layer.values = layer._value_buffer[:, :, : length + n]
+                                           positions, mask, start, keys, values)  # fmt: skip
+        _end_views(cache, length + n)
         self.steps += 1
         return Features(logits=logits[:, :n], last_hidden=last[:, :n],
                         layers={i: x[:, :n] for i, x in layers.items()})  # fmt: skip
+
+
+class CapturedHead:
+    """An EAGLE head's step (its one decoder layer over its own KV cache, then its logits over
+    the target vocabulary) compiled the same way: the head's cache is a growing cache in a kept
+    buffer, new entries written at a device-held column, the mask over every column, the nodes
+    padded to a bucket. One graph per (rows, nodes) shape: a static tree's levels have fixed
+    widths, the committed tokens an `observe` feeds are bucketed; a prompt-sized `observe` (the
+    prefill) runs eagerly, into the same buffer."""
+
+    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
+        self.heads = heads
+        if mode is None and next(heads.parameters()).device.type == "cuda":
+            mode = "reduce-overhead"
+        self.fn = _compiled_head(backend, mode)
+        self.buffers = BufferPool()
+        self.steps = 0
+        self.fallbacks = 0
+
+    def new_cache(self, reserve: int) -> Any:
+        """The head's cache for one generation: `reserve` entries (rounded up), zeroed, in the
+        pool's buffers when they fit."""
+        from headstart.target.growing_cache import growing_cache
+
+        cache = growing_cache(self.heads.midlayer.config, reserve)
+        self.buffers.adopt(cache)
+        return cache
+
+    def step(self, cache: Any, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+             allowed: torch.Tensor, to_target: torch.Tensor | None, vocab: int,
+             with_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # fmt: skip
+        """g (B, k, H) and, `with_logits`, target-vocabulary logits (B, k, V) of the head over
+        `tokens` (B, k); `allowed` (B, k, length + k): which cached entries and new nodes each
+        node sees. None: run it eagerly."""
+        batch, k = tokens.shape
+        length = allowed.shape[-1] - k
+        size = next((b for b in BUCKETS if b >= k), None)
+        buffers = self.buffers.take(cache, length) if size is not None else None
+        if buffers is None or length + size > buffers[0][0].shape[-2]:
+            self.fallbacks += 1
+            return None
+        keys, values = buffers
+        mask = _static_mask(allowed, size, keys[0].shape[-2], hidden.dtype)
+        hidden = (
+            torch.cat([hidden, hidden.new_zeros(batch, size - k, hidden.shape[-1])], 1)
+            if size > k
+            else hidden
+        )
+        start = torch.tensor(length, device=tokens.device)
+        g, logits = self.fn(self.heads, hidden.contiguous(), _pad_nodes(tokens, size), _pad_nodes(positions, size),
+                            mask, start, keys, values, to_target, vocab, with_logits)  # fmt: skip
+        _end_views(cache, length + k)
+        self.steps += 1
+        return g[:, :k], (logits[:, :k] if logits is not None else None)
+
+
+def _pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, n) -> (B, size), padded with the last column (tokens, positions of pad nodes)."""
+    pad = size - x.shape[1]
+    return torch.cat([x, x[:, -1:].expand(-1, pad)], 1) if pad else x.contiguous()  # strides are guarded
+
+
+def _static_mask(allowed: torch.Tensor, size: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+    """(B, 1, size, capacity) additive mask: the n real nodes see what `allowed` (B, n, length + n)
+    says, pad node i sees only its own column length + n + i, no node sees the columns after."""
+    batch, n, width = allowed.shape
+    sees = torch.zeros(batch, size, capacity, dtype=torch.bool, device=allowed.device)
+    sees[:, :n, :width] = allowed
+    if size > n:
+        sees[:, n:, width : width + size - n] = torch.eye(size - n, dtype=torch.bool, device=allowed.device)
+    mask = torch.zeros(sees.shape, dtype=dtype, device=allowed.device)
+    return mask.masked_fill_(~sees, torch.finfo(dtype).min)[:, None]
+
+
+def _end_views(cache: Any, length: int) -> None:
+    """Every layer's views end after the real entries (the pad nodes' entries stay unseen)."""
+    for layer in cache.layers:
+        layer.keys = layer._key_buffer[:, :, :length]
+        layer.values = layer._value_buffer[:, :, :length]
+
+
+def _head_graph(heads: Any, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                start: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                to_target: torch.Tensor | None, vocab: int, with_logits: bool) -> Any:  # fmt: skip
+    """The head step that is compiled (see CapturedHead.step)."""
+    g = heads(hidden, tokens, position_ids=positions, attention_mask=mask,
+              past_key_values=StaticKV(keys, values, start))  # fmt: skip
+    if not with_logits:
+        return g, None
+    logits = heads.logits(g)
+    if to_target is not None:  # a draft vocabulary: -inf off it (drafters.in_target_vocab)
+        full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
+        logits = full.scatter(-1, to_target.expand_as(logits), logits)
+    return g, logits
+
+
+@functools.cache
+def _compiled_head(backend: str, mode: str | None) -> Any:
+    _allow_graphs()
+    return torch.compile(_head_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
+
+
+def _allow_graphs() -> None:
+    """One graph per shape is the design (node buckets x levels x batch sizes): dynamo's default
+    of 8 graphs per function would refuse the 9th under fullgraph. cost: more compiles if a
+    caller's shapes keep changing (the batch is fixed in the cases this serves)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 64)
 
 
 def _graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tuple[int, ...], cache_kw: str,
@@ -189,6 +304,7 @@ def _graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tup
 def _compiled(backend: str, mode: str | None) -> Any:
     """One compiled `_graph` per backend and mode, shared by every decoder (dynamo keys its
     graphs on the model, the shapes and the layer ids)."""
+    _allow_graphs()
     return torch.compile(_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
 
 

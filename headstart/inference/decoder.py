@@ -21,7 +21,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
-from headstart.inference.drafters import make_drafter
+from headstart.inference.drafters import EagleDrafter, make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
@@ -66,11 +66,21 @@ class SpeculativeDecoder:
         self.packed = PackedLinears.for_model(target.model)
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
+        self.captured_head: Any = None  # an EAGLE head's steps, compiled too
         if compile:
-            from headstart.inference.captured import CapturedVerify
+            from headstart.inference.captured import CapturedHead, CapturedVerify
 
-            layers = make_drafter(heads, target.vocab_size).feature_layers
-            self.captured = CapturedVerify(target.model, layers, backend=compile_backend)
+            drafter = make_drafter(heads, target.vocab_size)
+            self.captured = CapturedVerify(target.model, drafter.feature_layers, backend=compile_backend)
+            if isinstance(drafter, EagleDrafter) and hasattr(heads, "midlayer"):  # headstart's own heads
+                self.captured_head = CapturedHead(heads, backend=compile_backend)
+
+    def draft_width(self) -> int:
+        """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
+        pool, before the cut), plus the verify's margin."""
+        if isinstance(self.tree, DynamicTree):
+            return self.tree.pool(self.max_depth) + self.verify_width()
+        return 2 * self.verify_width()
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
@@ -95,6 +105,8 @@ class SpeculativeDecoder:
         cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
         if self.captured is not None:
             self.captured.adopt(cache)
+        if self.captured_head is not None and isinstance(drafter, EagleDrafter):
+            drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip

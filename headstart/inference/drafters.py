@@ -16,7 +16,6 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
-from headstart.target import tree_attention_mask
 from headstart.target.packing import PackedLinears, packed
 
 
@@ -129,6 +128,31 @@ class EagleDrafter:
         self.entries: list[torch.Tensor] = []  # node ids (B, k) of drafted entries, in cache order
         self.root_pos: torch.Tensor | None = None  # (B,) position id of the root token
         self.packers = _packers(heads)
+        self.captured: Any = None  # a CapturedHead (decoder --compile): the head's steps as graphs
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the head's steps through `captured` (inference/captured.py), its cache in a kept
+        buffer of `reserve` entries: committed positions plus one step's drafted nodes."""
+        self.captured = captured
+        self.cache = captured.new_cache(reserve)
+
+    def _step(self, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+              logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """g (B, k, H) of the head over `tokens` (B, k) at `positions`, each node seeing what
+        `allowed` (B, k, cached + k) says, and with `logits` its target-vocabulary logits."""
+        if self.captured is not None:
+            to_target = None if self._identity else self._to_target
+            out = self.captured.step(self.cache, hidden, tokens, positions, allowed, to_target, self.vocab_size,
+                                     logits)  # fmt: skip
+            if out is not None:
+                return out
+        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (B, 1, k, kv)
+        with packed(self.packers, tokens.numel()):
+            g = self.heads(
+                hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
+            )
+            return g, (self._target_logits(g) if logits else None)
 
     def _target_logits(self, g: torch.Tensor) -> torch.Tensor:
         logits = self.heads.logits(g)  # (..., Vd)
@@ -145,11 +169,8 @@ class EagleDrafter:
         prefix = self.visible if self.visible is not None else valid.new_zeros(batch, 0)
         causal = torch.ones(steps, steps, dtype=torch.bool, device=valid.device).tril()
         tree = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=valid.device)
-        mask = tree_attention_mask(prefix, tree, hidden.dtype)  # (B, 1, T, P + T)
-        with packed(self.packers, batch * steps):
-            g = self.heads(
-                hidden, next_tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
-            )
+        allowed = torch.cat([prefix[:, None, :].expand(-1, steps, -1), tree], dim=-1)  # (B, T, P + T)
+        g, _ = self._step(hidden, next_tokens, positions, allowed, logits=False)
         self.visible = torch.cat([prefix, valid], dim=1)
         self.committed = kv.cache_length(self.cache)
         rows = torch.arange(batch, device=last.device)
@@ -178,14 +199,9 @@ class EagleDrafter:
         allowed = torch.cat(
             [prefix, *drafted, sees.gather(2, nodes[:, None, :].expand(-1, width, -1))], dim=-1
         )
-        mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min)[:, None]  # (B, 1, k, kv)
         positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
-        with packed(self.packers, batch * width):
-            g = self.heads(
-                hidden, tokens, position_ids=positions, attention_mask=mask, past_key_values=self.cache
-            )
-            logits = self._target_logits(g)
+        g, logits = self._step(hidden, tokens, positions, allowed, logits=True)
+        assert logits is not None
         self.entries.append(nodes)
         self.g[rows, nodes] = g
         return logits

@@ -162,3 +162,37 @@ def test_cuda_graphs_are_exact(tiny_root, family):
         for i, ids in enumerate(prompts):
             assert decoder.generate([ids], max_new_tokens=40, eos_token_id=None).token_ids[0] == refs[i]
         assert decoder.captured.steps > 0 and decoder.captured.fallbacks == 0
+
+
+@pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])
+def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tree, monkeypatch):
+    """--compile also runs an EAGLE-3 head's steps (observe and every expand) as graphs over a
+    kept buffer: the child logits they give equal the eager head's (float noise aside), and only
+    the prompt-sized observe of each generation runs eagerly."""
+    from headstart.inference.drafters import EagleDrafter
+
+    target = family_target(tiny_root, "qwen3")
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=counts)
+    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    real = EagleDrafter.expand
+
+    def recording(self, *args, **kwargs):
+        logits = real(self, *args, **kwargs)
+        seen[self.captured is not None].append(logits.clone())
+        return logits
+
+    monkeypatch.setattr(EagleDrafter, "expand", recording)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    outs = {}
+    for compiled in (False, True):
+        decoder = SpeculativeDecoder(target, head, tree=tree, compile=compiled, compile_backend="aot_eager")
+        outs[compiled] = [
+            decoder.generate([p], max_new_tokens=30, eos_token_id=None).token_ids[0] for p in prompts
+        ]
+    assert outs[True] == outs[False]
+    assert len(seen[True]) == len(seen[False]) > 30
+    for eager, graph in zip(seen[False], seen[True], strict=True):
+        torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
+    captured_head = decoder.captured_head
+    assert captured_head.steps > len(seen[True]) and captured_head.fallbacks == len(prompts)
