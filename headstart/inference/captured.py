@@ -173,8 +173,9 @@ class CapturedVerify:
         from headstart.target.attention import grouped_query_attention
 
         with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
-            logits, last, layers = self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
-                                           positions, mask, start, keys, values)  # fmt: skip
+            _step_begins(device)
+            logits, last, layers = _own(self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
+                                                positions, mask, start, keys, values))  # fmt: skip
         _end_views(cache, length + n)
         self.steps += 1
         return Features(logits=logits[:, :n], last_hidden=last[:, :n],
@@ -228,11 +229,63 @@ class CapturedHead:
             else hidden
         )
         start = torch.tensor(length, device=tokens.device)
-        g, logits = self.fn(self.heads, hidden.contiguous(), _pad_nodes(tokens, size), _pad_nodes(positions, size),
-                            mask, start, keys, values, to_target, vocab, with_logits)  # fmt: skip
+        _step_begins(tokens.device)
+        g, logits = _own(self.fn(self.heads, hidden.contiguous(), _pad_nodes(tokens, size),
+                                 _pad_nodes(positions, size), mask, start, keys, values, to_target, vocab,
+                                 with_logits))  # fmt: skip
         _end_views(cache, length + k)
         self.steps += 1
         return g[:, :k], (logits[:, :k] if logits is not None else None)
+
+
+class CapturedMedusa:
+    """Medusa's heads over the last committed feature (B, 1, H) -> (K, B, 1, V or Vd), compiled:
+    no cache, one graph per (rows, depth)."""
+
+    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
+        self.heads = heads
+        if mode is None and next(heads.parameters()).device.type == "cuda":
+            mode = "reduce-overhead"
+        self.fn = _compiled_medusa(backend, mode)
+        self.steps = 0
+
+    def __call__(self, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
+        _step_begins(hidden.device)
+        self.steps += 1
+        return _own(self.fn(self.heads, hidden.contiguous(), depth, draft_vocab))
+
+
+def _medusa_graph(heads: Any, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
+    return heads.draft_logits(hidden, depth) if draft_vocab else heads(hidden, depth)
+
+
+@functools.cache
+def _compiled_medusa(backend: str, mode: str | None) -> Any:
+    _allow_graphs()
+    return torch.compile(_medusa_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
+
+
+def _step_begins(device: torch.device) -> None:
+    """CUDA graphs (reduce-overhead) reuse their output memory at the next replay: tell them a
+    new step begins, so outputs still alive from the last one are not an error."""
+    if device.type == "cuda":
+        torch.compiler.cudagraph_mark_step_begin()
+
+
+def _own(outputs: Any) -> Any:
+    """Outputs the caller may keep past the next graph replay: on CUDA a copy (a CUDA graph's
+    outputs live in its static memory; cost: logits-sized copies per step), elsewhere as they are."""
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.clone() if x.device.type == "cuda" else x
+        if isinstance(x, dict):
+            return {k: copy(v) for k, v in x.items()}
+        if isinstance(x, (tuple, list)):
+            return type(x)(copy(v) for v in x)
+        return x
+
+    return copy(outputs)
 
 
 def _pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:

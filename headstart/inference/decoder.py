@@ -21,7 +21,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
-from headstart.inference.drafters import EagleDrafter, make_drafter
+from headstart.inference.drafters import EagleDrafter, MedusaDrafter, make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
@@ -68,12 +68,14 @@ class SpeculativeDecoder:
         self.captured: Any = None
         self.captured_head: Any = None  # an EAGLE head's steps, compiled too
         if compile:
-            from headstart.inference.captured import CapturedHead, CapturedVerify
+            from headstart.inference.captured import CapturedHead, CapturedMedusa, CapturedVerify
 
             drafter = make_drafter(heads, target.vocab_size)
             self.captured = CapturedVerify(target.model, drafter.feature_layers, backend=compile_backend)
             if isinstance(drafter, EagleDrafter) and hasattr(heads, "midlayer"):  # headstart's own heads
                 self.captured_head = CapturedHead(heads, backend=compile_backend)
+            elif isinstance(drafter, MedusaDrafter) and isinstance(heads, torch.nn.Module):
+                self.captured_head = CapturedMedusa(heads, backend=compile_backend)
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
@@ -107,6 +109,8 @@ class SpeculativeDecoder:
             self.captured.adopt(cache)
         if self.captured_head is not None and isinstance(drafter, EagleDrafter):
             drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
+        elif self.captured_head is not None and isinstance(drafter, MedusaDrafter):
+            drafter.captured = self.captured_head
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip

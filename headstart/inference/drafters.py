@@ -61,16 +61,21 @@ class MedusaDrafter:
         self._to_target = (
             heads.draft_ids().to(_device(heads)) if getattr(heads, "has_draft_vocab", False) else None
         )
+        self.captured: Any = None  # a CapturedMedusa (decoder --compile)
 
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         rows = torch.arange(last_hidden.shape[0], device=last.device)
         hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
-        with torch.no_grad(), packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
-            if self._to_target is None:
-                logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
-            else:
-                logits = self.heads.draft_logits(hidden, self.depth)  # (K, B, 1, Vd)
+        draft_vocab = self._to_target is not None
+        if self.captured is not None:  # --compile: one graph
+            logits = self.captured(hidden, self.depth, draft_vocab)
+        else:
+            with torch.no_grad(), packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
+                if not draft_vocab:
+                    logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
+                else:
+                    logits = self.heads.draft_logits(hidden, self.depth)  # (K, B, 1, Vd)
         logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V or Vd)
         if self._to_target is not None:
             logits = in_target_vocab(logits, self._to_target, self.vocab_size)

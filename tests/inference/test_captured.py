@@ -196,3 +196,29 @@ def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tr
         torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
     captured_head = decoder.captured_head
     assert captured_head.steps > len(seen[True]) and captured_head.fallbacks == len(prompts)
+
+
+def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, monkeypatch):
+    from headstart.inference.drafters import MedusaDrafter
+
+    target = family_target(tiny_root, "llama")
+    heads = build_head(HeadSpec(kind="medusa", draft_vocab_size=0), target)
+    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    real = MedusaDrafter.observe
+
+    def recording(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen[self.captured is not None].append(self._logits.clone())
+
+    monkeypatch.setattr(MedusaDrafter, "observe", recording)
+    prompt = target.chat.user_prompt_ids(PROMPTS[0])
+    outs = {}
+    for compiled in (False, True):
+        decoder = SpeculativeDecoder(
+            target, heads, tree="static", compile=compiled, compile_backend="aot_eager"
+        )
+        outs[compiled] = decoder.generate([prompt], max_new_tokens=30, eos_token_id=None).token_ids[0]
+    assert outs[True] == outs[False] and len(seen[True]) == len(seen[False]) > 10
+    for eager, graph in zip(seen[False], seen[True], strict=True):
+        torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
+    assert decoder.captured_head.steps == len(seen[True])
