@@ -238,6 +238,95 @@ class CapturedHead:
         return g[:, :k], (logits[:, :k] if logits is not None else None)
 
 
+class CapturedDFlash:
+    """A DFlash head's two steps compiled: adding the committed positions' keys and values to its
+    context cache (bucketed like the verify) and the block forward over that cache (the block
+    size is fixed: one graph). Its cache is a growing cache in a kept buffer; the block's own
+    entries land after the context and are dropped (a shorter view). The lm_head over the block
+    states runs outside the graph (the head caches its draft-vocabulary rows in Python)."""
+
+    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
+        self.heads = heads
+        if mode is None and next(heads.parameters()).device.type == "cuda":
+            mode = "reduce-overhead"
+        self.context_fn, self.block_fn = _compiled_dflash(backend, mode)
+        self.buffers = BufferPool()
+        self.steps = 0
+        self.fallbacks = 0
+
+    def new_cache(self, reserve: int) -> Any:
+        from headstart.target.growing_cache import growing_cache
+
+        cache = growing_cache(self.heads.layer_config, reserve)
+        self.buffers.adopt(cache)
+        return cache
+
+    def add_context(self, cache: Any, g: torch.Tensor, positions: torch.Tensor) -> bool:
+        """Append g (B, T, H) at `positions` to the context; False: do it eagerly."""
+        batch, count = positions.shape
+        length = _cache_length(cache)
+        size = next((b for b in BUCKETS if b >= count), None)
+        buffers = self.buffers.take(cache, length) if size is not None else None
+        if buffers is None or length + size > buffers[0][0].shape[-2]:
+            self.fallbacks += 1
+            return False
+        if size > count:
+            g = torch.cat([g, g.new_zeros(batch, size - count, g.shape[-1])], 1)
+        start = torch.tensor(length, device=g.device)
+        _step_begins(g.device)
+        self.context_fn(self.heads, g.contiguous(), _pad_nodes(positions, size), start, *buffers)
+        _end_views(cache, length + count)
+        self.steps += 1
+        return True
+
+    def block(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor,
+              visible: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """The block's normed states (B, S, H) over the context (`visible` (B, P) its real
+        entries); None: run it eagerly. The block's own entries are dropped after."""
+        batch, size = tokens.shape
+        length = visible.shape[1]
+        buffers = self.buffers.take(cache, length)
+        if buffers is None or length + size > buffers[0][0].shape[-2]:
+            self.fallbacks += 1
+            return None
+        block = torch.ones(batch, size, size, dtype=torch.bool, device=tokens.device)
+        allowed = torch.cat([visible[:, None, :].expand(batch, size, length), block], dim=-1)
+        mask = _static_mask(allowed, size, buffers[0][0].shape[-2], self.heads.fc.weight.dtype)
+        start = torch.tensor(length, device=tokens.device)
+        _step_begins(tokens.device)
+        states = _own(
+            self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, *buffers)
+        )
+        _end_views(cache, length)
+        self.steps += 1
+        return states
+
+
+def _cache_length(cache: Any) -> int:
+    layer = cache.layers[0]
+    keys = getattr(layer, "keys", None)
+    return int(keys.shape[-2]) if keys is not None and keys.dim() == 4 else 0
+
+
+def _dflash_context(heads: Any, g: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+                    keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:  # fmt: skip
+    heads.add_context(g, positions, StaticKV(keys, values, start))
+
+
+def _dflash_block(heads: Any, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                  start: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    return heads.block(tokens, positions, mask, StaticKV(keys, values, start))
+
+
+@functools.cache
+def _compiled_dflash(backend: str, mode: str | None) -> tuple[Any, Any]:
+    _allow_graphs()
+    return (
+        torch.compile(_dflash_context, fullgraph=True, backend=backend, mode=mode, dynamic=False),
+        torch.compile(_dflash_block, fullgraph=True, backend=backend, mode=mode, dynamic=False),
+    )
+
+
 class CapturedMedusa:
     """Medusa's heads over the last committed feature (B, 1, H) -> (K, B, 1, V or Vd), compiled:
     no cache, one graph per (rows, depth)."""

@@ -21,7 +21,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
-from headstart.inference.drafters import EagleDrafter, MedusaDrafter, make_drafter
+from headstart.inference.drafters import DFlashDrafter, EagleDrafter, MedusaDrafter, make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
@@ -68,7 +68,12 @@ class SpeculativeDecoder:
         self.captured: Any = None
         self.captured_head: Any = None  # an EAGLE head's steps, compiled too
         if compile:
-            from headstart.inference.captured import CapturedHead, CapturedMedusa, CapturedVerify
+            from headstart.inference.captured import (
+                CapturedDFlash,
+                CapturedHead,
+                CapturedMedusa,
+                CapturedVerify,
+            )
 
             drafter = make_drafter(heads, target.vocab_size)
             self.captured = CapturedVerify(target.model, drafter.feature_layers, backend=compile_backend)
@@ -76,13 +81,16 @@ class SpeculativeDecoder:
                 self.captured_head = CapturedHead(heads, backend=compile_backend)
             elif isinstance(drafter, MedusaDrafter) and isinstance(heads, torch.nn.Module):
                 self.captured_head = CapturedMedusa(heads, backend=compile_backend)
+            elif isinstance(drafter, DFlashDrafter):
+                self.captured_head = CapturedDFlash(heads, backend=compile_backend)
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
         pool, before the cut), plus the verify's margin."""
+        block = int(getattr(self.heads, "block_size", 0) or 0)  # DFlash: the block after the context
         if isinstance(self.tree, DynamicTree):
-            return self.tree.pool(self.max_depth) + self.verify_width()
-        return 2 * self.verify_width()
+            return self.tree.pool(self.max_depth) + self.verify_width() + block
+        return 2 * self.verify_width() + block
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
@@ -107,7 +115,7 @@ class SpeculativeDecoder:
         cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
         if self.captured is not None:
             self.captured.adopt(cache)
-        if self.captured_head is not None and isinstance(drafter, EagleDrafter):
+        if self.captured_head is not None and isinstance(drafter, (EagleDrafter, DFlashDrafter)):
             drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
         elif self.captured_head is not None and isinstance(drafter, MedusaDrafter):
             drafter.captured = self.captured_head

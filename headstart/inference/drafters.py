@@ -255,6 +255,12 @@ class DFlashDrafter:
         self._logits: torch.Tensor | None = None  # (B, depth, V)
         self._to_target = heads.draft_ids().to(_device(heads)) if heads.has_draft_vocab else None
         self.packers = _packers(heads)
+        self.captured: Any = None  # a CapturedDFlash (decoder --compile)
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the context and block steps through `captured`, the context cache in a kept buffer."""
+        self.captured = captured
+        self.cache = captured.new_cache(reserve)
 
     @torch.no_grad()
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
@@ -262,15 +268,25 @@ class DFlashDrafter:
         """Add the committed positions (B, T) to the context, then draft the block anchored at
         the new root (the token after `last`)."""
         batch = next_tokens.shape[0]
-        with packed(self.packers, batch * next_tokens.shape[1]):
-            self.heads.add_context(self.heads.fuse(last_hidden, layers), positions, self.cache)
+        g = self.heads.fuse(last_hidden, layers)
+        if self.captured is None or not self.captured.add_context(self.cache, g, positions):
+            with packed(self.packers, batch * next_tokens.shape[1]):
+                self.heads.add_context(g, positions, self.cache)
         prefix = self.visible if self.visible is not None else valid.new_zeros(batch, 0)
         self.visible = torch.cat([prefix, valid], dim=1)
         committed = kv.cache_length(self.cache)
         rows = torch.arange(batch, device=last.device)
         root, root_pos = next_tokens[rows, last], positions[rows, last] + 1
+        states = None
+        if self.captured is not None:
+            size = self.heads.block_size
+            tokens = torch.full((batch, size), self.heads.mask_token_id, dtype=torch.long, device=root.device)
+            tokens[:, 0] = root
+            states = self.captured.block(self.cache, tokens, root_pos[:, None] + torch.arange(size, device=root.device),
+                                         self.visible)  # fmt: skip
         with packed(self.packers, batch * self.heads.block_size):
-            states = self.heads.draft_block(root, root_pos, self.visible, self.cache)  # (B, S, H)
+            if states is None:
+                states = self.heads.draft_block(root, root_pos, self.visible, self.cache)  # (B, S, H)
             logits = self.heads.logits(states[:, 1 : 1 + self.depth])  # (B, depth, Vd)
         kv.truncate(self.cache, committed)  # the block's own keys: drafted, not committed
         if self._to_target is not None:

@@ -222,3 +222,38 @@ def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, monkey
     for eager, graph in zip(seen[False], seen[True], strict=True):
         torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
     assert decoder.captured_head.steps == len(seen[True])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_dflash_steps_are_captured_and_draft_what_eager_drafts(tiny_root, family, monkeypatch):
+    """A DFlash head's context update and block forward as graphs: the same block logits as
+    the eager head's, the same output."""
+    from headstart.inference.drafters import DFlashDrafter
+
+    target = family_target(tiny_root, family)
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    heads = build_head(
+        HeadSpec(kind="dflash", draft_vocab_size=100, block_size=5), target, token_counts=counts
+    )
+    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    real = DFlashDrafter.observe
+
+    def recording(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen[self.captured is not None].append(self._logits.clone())
+
+    monkeypatch.setattr(DFlashDrafter, "observe", recording)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
+    refs = [generate_ref(target, ids, 30) for ids in prompts]
+    for compiled in (False, True):
+        decoder = SpeculativeDecoder(
+            target, heads, tree="static", compile=compiled, compile_backend="aot_eager"
+        )
+        for ids, ref in zip(prompts, refs, strict=True):
+            assert decoder.generate([ids], max_new_tokens=30, eos_token_id=None).token_ids[0] == ref
+    assert len(seen[True]) == len(seen[False]) > 20
+    for eager, graph in zip(seen[False], seen[True], strict=True):
+        torch.testing.assert_close(graph, eager, atol=1e-4, rtol=1e-4)
+    # every block ran captured; the context of each prefill (prompt-sized) ran eagerly
+    assert decoder.captured_head.steps >= 2 * len(seen[True]) - len(prompts)
+    assert decoder.captured_head.fallbacks == len(prompts)
