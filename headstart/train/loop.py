@@ -349,6 +349,7 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
     """The trained head in HF layout (out/final), with what the model card needs."""
     from headstart.heads.checkpoint import atomic_dir
     from headstart.heads.config import HeadConfig
+    from headstart.heads.formats import detect_format
 
     head = model.head
     head.config.training = {
@@ -360,7 +361,11 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
         "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",
         "metrics": {k: v for k, v in summary["final_eval"].items() if isinstance(v, float)},
     }
-    if cfg.init_from:  # the model card says what the run continued from
+    if cfg.init_from and detect_format(cfg.init_from) != "headstart":
+        head.config.training["init_from"] = (
+            f"{cfg.init_from} ({detect_format(cfg.init_from)} format, imported)"
+        )
+    elif cfg.init_from:  # the model card says what the run continued from
         earlier = HeadConfig.read(cfg.init_from)
         relayout = (
             ", fc layout: warm start by headstart.heads.relayout"

@@ -189,6 +189,7 @@ def initial_head(p: Plan) -> Any:
     """The heads at cfg.init_from, checked against the target and the recipe's head spec."""
     from headstart.heads import load_heads
     from headstart.heads.config import HeadConfig
+    from headstart.heads.formats import detect_format
 
     path = p.cfg.init_from
     assert path is not None
@@ -197,7 +198,12 @@ def initial_head(p: Plan) -> Any:
             f"init_from={path} is not a saved head (no config.json)",
             "point init_from at a directory written by headstart train (output_dir/final)",
         )
-    wanted, found = head_config(p.cfg.head, p.target), HeadConfig.read(path)
+    # a published head (speculators, EAGLE-3, Medusa formats) is imported as --heads imports it:
+    # fine-tune it, or score it with max_steps=0 by the same evaluator as headstart's own
+    foreign = detect_format(path) != "headstart"
+    saved = load_heads(path, p.target) if foreign else None
+    wanted = head_config(p.cfg.head, p.target)
+    found = saved.config if saved is not None else HeadConfig.read(path)
     free: tuple[str, ...] = ("draft_vocab_size",) if wanted.kind == "medusa" else ()
     relayout = wanted.kind == found.kind == "eagle3" and (wanted.layout, found.layout) == ("reference", "fc")
     if relayout:  # a warm start from the older layout (headstart.heads.relayout)
@@ -209,7 +215,8 @@ def initial_head(p: Plan) -> Any:
             f"init_from={path} does not match the recipe's head ({'; '.join(diff)})",
             "set head.* in the recipe to the saved heads' shape, or start without init_from",
         )
-    saved = load_heads(path, p.target)  # checks the target fingerprint, binds
+    if saved is None:
+        saved = load_heads(path, p.target)  # checks the target fingerprint, binds
     if relayout:
         return reference_from_fc_run(p, saved.to(dtype=torch.float32))
     if wanted.draft_vocab_size == found.draft_vocab_size:

@@ -243,3 +243,29 @@ def test_packed_shards_stay_under_the_size_limit(tmp_path):
     import pyarrow.parquet as pq
 
     assert pa.concat_tables([pq.read_table(f) for f in files]).equals(table)
+
+
+def test_init_from_a_published_head_scores_it_with_the_same_evaluator(
+    distilled, tiny_llama, tmp_path, capsys
+):
+    """init_from takes a head in the speculators format (imported as --heads imports it): with
+    max_steps=0 it is scored by headstart's own held-out evaluator, as its source head was."""
+    recipe = _recipe(
+        tmp_path,
+        tiny_llama,
+        distilled,
+        head={"kind": "eagle3", "draft_vocab_size": 64, "layout": "reference"},
+    )
+    assert main(["train", "--recipe", str(recipe), "data.mode=offline", "loss.ttt_steps=2"]) == 0
+    original = json.loads(capsys.readouterr().out)["final_eval"]
+    published = tmp_path / "published"
+    assert main(["export", str(tmp_path / "run" / "final"), "--format", "speculators", "--dtype", "float32",
+                 "--target", str(tiny_llama), "--output", str(published)]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["train", "--recipe", str(recipe), "data.mode=offline", "loss.ttt_steps=2", "max_steps=0",
+                 f"init_from={published}", f"output_dir={tmp_path / 'scored'}"]) == 0  # fmt: skip
+    scored = json.loads(capsys.readouterr().out)["final_eval"]
+    for key in ("eval/top1/step0", "eval/top1/step1", "eval/accept_len_est"):
+        assert scored[key] == pytest.approx(original[key], abs=1e-6), key
+    card = (tmp_path / "scored" / "final" / "README.md").read_text()
+    assert "speculators format, imported" in card
