@@ -102,16 +102,24 @@ class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
         states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
         return self.projection(0)(states)
 
-    def draft_logits(self, hidden: torch.Tensor, count: int | None = None) -> torch.Tensor:
+    def draft_logits(
+        self, hidden: torch.Tensor, count: int | None = None, rows: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """`forward` over the draft vocabulary: logits (K, B, T, Vd) (draft ids; `draft_to_target`
-        maps them). Without a draft vocabulary this is `forward`."""
+        maps them). Without a draft vocabulary this is `forward`. `rows`: `draft_rows(count)`,
+        computed by the caller (a compiled graph cannot run the Python cache behind it)."""
         if not self.has_draft_vocab:
             return self(hidden, count)
         count = self.num_heads if count is None else min(count, self.num_heads)
+        rows = self.draft_rows(count) if rows is None else rows
         states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
         if self.lm_heads is None:  # one matmul through the shared rows
-            return nn.functional.linear(states, self._draft_rows(0))
-        return torch.stack([nn.functional.linear(states[k], self._draft_rows(k)) for k in range(count)])
+            return nn.functional.linear(states, rows[0])
+        return torch.stack([nn.functional.linear(states[k], rows[k]) for k in range(count)])
+
+    def draft_rows(self, count: int) -> list[torch.Tensor]:
+        """The projections' draft-vocabulary rows the first `count` heads use (one shared)."""
+        return [self._draft_rows(k) for k in range(1 if self.lm_heads is None else count)]
 
     def _draft_rows(self, k: int) -> torch.Tensor:
         """Head k's projection restricted to the draft vocabulary, (Vd, H); cached until the

@@ -339,13 +339,16 @@ class CapturedMedusa:
         self.steps = 0
 
     def __call__(self, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
+        rows = self.heads.draft_rows(depth) if draft_vocab else None  # outside: a Python cache
         _step_begins(hidden.device)
         self.steps += 1
-        return _own(self.fn(self.heads, hidden.contiguous(), depth, draft_vocab))
+        return _own(self.fn(self.heads, hidden.contiguous(), depth, rows))
 
 
-def _medusa_graph(heads: Any, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
-    return heads.draft_logits(hidden, depth) if draft_vocab else heads(hidden, depth)
+def _medusa_graph(
+    heads: Any, hidden: torch.Tensor, depth: int, rows: list[torch.Tensor] | None
+) -> torch.Tensor:
+    return heads.draft_logits(hidden, depth, rows=rows) if rows is not None else heads(hidden, depth)
 
 
 @functools.cache

@@ -198,11 +198,15 @@ def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tr
     assert captured_head.steps > len(seen[True]) and captured_head.fallbacks == len(prompts)
 
 
-def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, monkeypatch):
+@pytest.mark.parametrize("vocab", [0, 64])
+def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, vocab, monkeypatch):
+    """Full vocabulary and a draft vocabulary (the shipped heads': its rows come from a Python
+    cache, handed to the graph)."""
     from headstart.inference.drafters import MedusaDrafter
 
     target = family_target(tiny_root, "llama")
-    heads = build_head(HeadSpec(kind="medusa", draft_vocab_size=0), target)
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    heads = build_head(HeadSpec(kind="medusa", draft_vocab_size=vocab), target, token_counts=counts)
     seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
     real = MedusaDrafter.observe
 
