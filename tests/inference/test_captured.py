@@ -109,11 +109,20 @@ def test_rows_leaving_fall_back_to_eager_and_stay_exact(tiny_root):
     assert decoder.captured.steps >= 1 and decoder.captured.fallbacks >= 1
 
 
-@pytest.mark.skipif(
-    shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler"
-)
+def _inductor_builds() -> bool:
+    """Inductor's CPU code needs a C++ compiler and Python's headers: try a one-line graph."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        return False
+    try:
+        return bool(torch.compile(lambda x: x * 2 + 1, backend="inductor")(torch.ones(3)).eq(3).all())
+    except Exception:  # noqa: BLE001 - any toolchain failure means: cannot test it here
+        return False
+
+
 def test_inductor_codegen_is_exact(tiny_root):
     """The real backend (inductor's generated C++ on a CPU, Triton and CUDA graphs on a GPU)."""
+    if not _inductor_builds():
+        pytest.skip("inductor cannot build CPU code here (no C++ compiler or Python headers)")
     target = family_target(tiny_root, "llama")
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:1]]
     refs = [generate_ref(target, ids, 30) for ids in prompts]
