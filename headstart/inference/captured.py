@@ -174,7 +174,7 @@ class CapturedVerify:
         tree = tree_visible.expand(batch, n, n) if tree_visible.dim() == 2 else tree_visible
         allowed = torch.cat([visible[:, None, :].expand(batch, n, length), tree], dim=-1)
         mask = _static_mask(allowed, size, keys[0].shape[-2], dtype)
-        start = torch.tensor(length, device=device)
+        start = _column(length, device)
         from headstart.target.attention import grouped_query_attention
 
         with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
@@ -233,7 +233,7 @@ class CapturedHead:
             if size > k
             else hidden
         )
-        start = torch.tensor(length, device=tokens.device)
+        start = _column(length, tokens.device)
         _step_begins(tokens.device)
         g, logits = _own(self.fn(self.heads, hidden.contiguous(), _pad_nodes(tokens, size),
                                  _pad_nodes(positions, size), mask, start, keys, values, to_target, vocab,
@@ -277,7 +277,7 @@ class CapturedDFlash:
             return False
         if size > count:
             g = torch.cat([g, g.new_zeros(batch, size - count, g.shape[-1])], 1)
-        start = torch.tensor(length, device=g.device)
+        start = _column(length, g.device)
         _step_begins(g.device)
         self.context_fn(self.heads, g.contiguous(), _pad_nodes(positions, size), start, *buffers)
         _end_views(cache, length + count)
@@ -297,7 +297,7 @@ class CapturedDFlash:
         block = torch.ones(batch, size, size, dtype=torch.bool, device=tokens.device)
         allowed = torch.cat([visible[:, None, :].expand(batch, size, length), block], dim=-1)
         mask = _static_mask(allowed, size, buffers[0][0].shape[-2], self.heads.fc.weight.dtype)
-        start = torch.tensor(length, device=tokens.device)
+        start = _column(length, tokens.device)
         _step_begins(tokens.device)
         states = _own(
             self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, *buffers)
@@ -383,6 +383,21 @@ def _own(outputs: Any) -> Any:
         return x
 
     return copy(outputs)
+
+
+_COLUMNS: dict[str, torch.Tensor] = {}
+
+
+def _column(index: int, device: torch.device) -> torch.Tensor:
+    """`index` as a 0-d device tensor without a host-to-device copy per step (on CUDA a copy
+    from pageable memory would wait for the stream: a sync): a view into an arange kept per
+    device, grown when needed."""
+    key = str(device)
+    table = _COLUMNS.get(key)
+    if table is None or table.numel() <= index:
+        table = torch.arange(max(2 * index + 1, 8192), device=device)
+        _COLUMNS[key] = table
+    return table[index]
 
 
 def _pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:
