@@ -158,3 +158,51 @@ def test_no_sync_but_the_step_read_on_cuda(tiny_llama, kind, tree):
         decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+@pytest.mark.parametrize("tree", ["static", "dynamic:depth=4,top_k=3,total_tokens=10"])
+def test_the_captured_steps_add_no_host_read(target, kind, tree):
+    """--compile: the compiled verify and drafts read nothing back either (the write column is a
+    device view, the buffers are checked by address)."""
+    decoder = SpeculativeDecoder(
+        target, heads_of(kind, target), tree=tree, compile=True, compile_backend="aot_eager"
+    )
+    ids = target.chat.user_prompt_ids(PROMPTS[1])
+    decoder.generate([ids], max_new_tokens=8, eos_token_id=None)  # compiles
+    with counting_reads(decoder) as counter:
+        out = decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
+    assert counter.steps and len(counter.steps) == out.stats.target_forwards - 1
+    assert max(len(step) for step in counter.steps) <= 1, counter.steps
+    assert decoder.captured.steps > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+def test_no_sync_but_the_step_read_on_cuda_captured(tiny_llama, kind):
+    """CUDA graphs (--compile): after a warm-up generation, every sync but the step's read raises."""
+    target = load_target(str(tiny_llama), device="cuda", dtype="bfloat16")
+    decoder = SpeculativeDecoder(target, heads_of(kind, target).to("cuda", torch.bfloat16), tree="static",
+                                 compile=True)  # fmt: skip
+    ids = target.chat.user_prompt_ids(PROMPTS[1])
+    decoder.generate([ids], max_new_tokens=24, eos_token_id=None)  # compiles and records the graphs
+    read, draft = decoder._read_step, decoder.draft
+
+    def read_allowed(values):
+        torch.cuda.set_sync_debug_mode("default")
+        try:
+            return read(values)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def draft_checked(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        return draft(*args, **kwargs)
+
+    decoder._read_step, decoder.draft = read_allowed, draft_checked
+    try:
+        decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert decoder.captured.steps > 0
