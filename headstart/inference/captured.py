@@ -102,6 +102,18 @@ class BufferPool:
             if self.pool is not None and i < len(self.pool[0]):
                 layer.pool = (self.pool[0][i], self.pool[1][i])
 
+    def claim(self, cache: Any, length: int, count: int,
+              pad: bool = True) -> tuple[int, list[torch.Tensor], list[torch.Tensor]] | None:  # fmt: skip
+        """Room for `count` new entries after `length` cached ones: (their padded count, the
+        buffers), or None when the step must run eagerly (no bucket fits, the cache is not a
+        prefix of the buffers, or the padded entries would pass their end). `pad=False`: a fixed
+        count (a DFlash block), not a bucket."""
+        size = count if not pad else next((b for b in BUCKETS if b >= count), None)
+        buffers = self.take(cache, length) if size is not None else None
+        if size is None or buffers is None or length + size > buffers[0][0].shape[-2]:
+            return None
+        return size, buffers[0], buffers[1]
+
     def take(self, cache: Any, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """Every layer's (keys, values) buffers when each layer's view is their first `length`
         columns; None otherwise (the caller goes eager)."""
@@ -136,8 +148,7 @@ class CapturedVerify:
         from headstart.target.features import cache_keyword
 
         self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
-        if mode is None and next(model.parameters()).device.type == "cuda":
-            mode = "reduce-overhead"  # CUDA graphs: one replay per step instead of the launches
+        mode = _graph_mode(model, mode)
         self.fn = _compiled(backend, mode)
         self.buffers = BufferPool()
         self.steps = 0  # verifies that ran captured
@@ -163,12 +174,11 @@ class CapturedVerify:
         columns each row sees, `tree_visible` (n, n) or (B, n, n). None: run it eagerly."""
         batch, n = tokens.shape
         length = visible.shape[1]
-        size = next((b for b in BUCKETS if b >= n), None)
-        buffers = self.buffers.take(cache, length) if size is not None else None
-        if buffers is None or length + size > buffers[0][0].shape[-2]:
+        claimed = self.buffers.claim(cache, length, n)
+        if claimed is None:
             self.fallbacks += 1
             return None
-        keys, values = buffers
+        size, keys, values = claimed
         device = tokens.device
         tokens, positions = _pad_nodes(tokens, size), _pad_nodes(positions, size)
         tree = tree_visible.expand(batch, n, n) if tree_visible.dim() == 2 else tree_visible
@@ -197,8 +207,7 @@ class CapturedHead:
 
     def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
         self.heads = heads
-        if mode is None and next(heads.parameters()).device.type == "cuda":
-            mode = "reduce-overhead"
+        mode = _graph_mode(heads, mode)
         self.fn = _compiled_head(backend, mode)
         self.buffers = BufferPool()
         self.steps = 0
@@ -221,12 +230,11 @@ class CapturedHead:
         node sees. None: run it eagerly."""
         batch, k = tokens.shape
         length = allowed.shape[-1] - k
-        size = next((b for b in BUCKETS if b >= k), None)
-        buffers = self.buffers.take(cache, length) if size is not None else None
-        if buffers is None or length + size > buffers[0][0].shape[-2]:
+        claimed = self.buffers.claim(cache, length, k)
+        if claimed is None:
             self.fallbacks += 1
             return None
-        keys, values = buffers
+        size, keys, values = claimed
         mask = _static_mask(allowed, size, keys[0].shape[-2], hidden.dtype)
         hidden = (
             torch.cat([hidden, hidden.new_zeros(batch, size - k, hidden.shape[-1])], 1)
@@ -252,8 +260,7 @@ class CapturedDFlash:
 
     def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
         self.heads = heads
-        if mode is None and next(heads.parameters()).device.type == "cuda":
-            mode = "reduce-overhead"
+        mode = _graph_mode(heads, mode)
         self.context_fn, self.block_fn = _compiled_dflash(backend, mode)
         self.buffers = BufferPool()
         self.steps = 0
@@ -270,16 +277,16 @@ class CapturedDFlash:
         """Append g (B, T, H) at `positions` to the context; False: do it eagerly."""
         batch, count = positions.shape
         length = _cache_length(cache)
-        size = next((b for b in BUCKETS if b >= count), None)
-        buffers = self.buffers.take(cache, length) if size is not None else None
-        if buffers is None or length + size > buffers[0][0].shape[-2]:
+        claimed = self.buffers.claim(cache, length, count)
+        if claimed is None:
             self.fallbacks += 1
             return False
+        size, keys, values = claimed
         if size > count:
             g = torch.cat([g, g.new_zeros(batch, size - count, g.shape[-1])], 1)
         start = _column(length, g.device)
         _step_begins(g.device)
-        self.context_fn(self.heads, g.contiguous(), _pad_nodes(positions, size), start, *buffers)
+        self.context_fn(self.heads, g.contiguous(), _pad_nodes(positions, size), start, keys, values)
         _end_views(cache, length + count)
         self.steps += 1
         return True
@@ -290,17 +297,18 @@ class CapturedDFlash:
         entries); None: run it eagerly. The block's own entries are dropped after."""
         batch, size = tokens.shape
         length = visible.shape[1]
-        buffers = self.buffers.take(cache, length)
-        if buffers is None or length + size > buffers[0][0].shape[-2]:
+        claimed = self.buffers.claim(cache, length, size, pad=False)
+        if claimed is None:
             self.fallbacks += 1
             return None
+        _, keys, values = claimed
         block = torch.ones(batch, size, size, dtype=torch.bool, device=tokens.device)
         allowed = torch.cat([visible[:, None, :].expand(batch, size, length), block], dim=-1)
-        mask = _static_mask(allowed, size, buffers[0][0].shape[-2], self.heads.fc.weight.dtype)
+        mask = _static_mask(allowed, size, keys[0].shape[-2], self.heads.fc.weight.dtype)
         start = _column(length, tokens.device)
         _step_begins(tokens.device)
         states = _own(
-            self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, *buffers)
+            self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, keys, values)
         )
         _end_views(cache, length)
         self.steps += 1
@@ -338,8 +346,7 @@ class CapturedMedusa:
 
     def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
         self.heads = heads
-        if mode is None and next(heads.parameters()).device.type == "cuda":
-            mode = "reduce-overhead"
+        mode = _graph_mode(heads, mode)
         self.fn = _compiled_medusa(backend, mode)
         self.steps = 0
 
@@ -400,6 +407,28 @@ def _column(index: int, device: torch.device) -> torch.Tensor:
     return table[index]
 
 
+def _graph_mode(module: torch.nn.Module, mode: str | None) -> str | None:
+    """torch.compile's mode: "reduce-overhead" (CUDA graphs: one replay per step instead of the
+    launches) for a module on CUDA, unless the caller chose one."""
+    if mode is None and next(module.parameters()).device.type == "cuda":
+        return "reduce-overhead"
+    return mode
+
+
+def for_drafter(heads: Any, drafter: Any, backend: str = "inductor") -> Any:
+    """The compiled steps of `drafter`'s kind (handed to `drafter.capture` at each prefill), or
+    None where its steps stay eager (plain decoding; scripted and test drafters)."""
+    from headstart.inference.drafters import DFlashDrafter, EagleDrafter, MedusaDrafter
+
+    if isinstance(drafter, EagleDrafter) and hasattr(heads, "midlayer"):  # headstart's own layer
+        return CapturedHead(heads, backend=backend)
+    if isinstance(drafter, MedusaDrafter) and isinstance(heads, torch.nn.Module):
+        return CapturedMedusa(heads, backend=backend)
+    if isinstance(drafter, DFlashDrafter):
+        return CapturedDFlash(heads, backend=backend)
+    return None
+
+
 def _pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:
     """(B, n) -> (B, size), padded with the last column (tokens, positions of pad nodes)."""
     pad = size - x.shape[1]
@@ -433,11 +462,10 @@ def _head_graph(heads: Any, hidden: torch.Tensor, tokens: torch.Tensor, position
               past_key_values=StaticKV(keys, values, start))  # fmt: skip
     if not with_logits:
         return g, None
+    from headstart.inference.drafters import in_target_vocab
+
     logits = heads.logits(g)
-    if to_target is not None:  # a draft vocabulary: -inf off it (drafters.in_target_vocab)
-        full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
-        logits = full.scatter(-1, to_target.expand_as(logits), logits)
-    return g, logits
+    return g, (in_target_vocab(logits, to_target, vocab) if to_target is not None else logits)
 
 
 @functools.cache

@@ -21,7 +21,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
-from headstart.inference.drafters import DFlashDrafter, EagleDrafter, MedusaDrafter, make_drafter
+from headstart.inference.drafters import make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
 from headstart.inference.lookup import extend_with_lookup, split_lookup
 from headstart.inference.plain import SamplingConfig
@@ -56,7 +56,8 @@ class SpeculativeDecoder:
         self.heads = heads  # None: plain decoding (each tree is the root, plus any lookup branch)
         if heads is not None:
             heads.bind(target.model)
-        self.max_depth = make_drafter(heads, target.vocab_size).max_depth
+        probe = make_drafter(heads, target.vocab_size)
+        self.max_depth = probe.max_depth
         base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
         self.tree = parse_tree(base, self.max_depth) if heads is not None else ROOT_ONLY
         self.typical = typical
@@ -66,23 +67,12 @@ class SpeculativeDecoder:
         self.packed = PackedLinears.for_model(target.model)
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
-        self.captured_head: Any = None  # an EAGLE head's steps, compiled too
+        self.captured_head: Any = None  # the drafter's steps, compiled too (captured.for_drafter)
         if compile:
-            from headstart.inference.captured import (
-                CapturedDFlash,
-                CapturedHead,
-                CapturedMedusa,
-                CapturedVerify,
-            )
+            from headstart.inference.captured import CapturedVerify, for_drafter
 
-            drafter = make_drafter(heads, target.vocab_size)
-            self.captured = CapturedVerify(target.model, drafter.feature_layers, backend=compile_backend)
-            if isinstance(drafter, EagleDrafter) and hasattr(heads, "midlayer"):  # headstart's own heads
-                self.captured_head = CapturedHead(heads, backend=compile_backend)
-            elif isinstance(drafter, MedusaDrafter) and isinstance(heads, torch.nn.Module):
-                self.captured_head = CapturedMedusa(heads, backend=compile_backend)
-            elif isinstance(drafter, DFlashDrafter):
-                self.captured_head = CapturedDFlash(heads, backend=compile_backend)
+            self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
+            self.captured_head = for_drafter(heads, probe, backend=compile_backend)
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
@@ -115,10 +105,8 @@ class SpeculativeDecoder:
         cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
         if self.captured is not None:
             self.captured.adopt(cache)
-        if self.captured_head is not None and isinstance(drafter, (EagleDrafter, DFlashDrafter)):
+        if self.captured_head is not None:
             drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
-        elif self.captured_head is not None and isinstance(drafter, MedusaDrafter):
-            drafter.captured = self.captured_head
         kv.check_tree_compatible(cache)
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip

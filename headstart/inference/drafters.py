@@ -63,6 +63,10 @@ class MedusaDrafter:
         )
         self.captured: Any = None  # a CapturedMedusa (decoder --compile)
 
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the heads through `captured` (no cache: `reserve` is not needed)."""
+        self.captured = captured
+
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         rows = torch.arange(last_hidden.shape[0], device=last.device)

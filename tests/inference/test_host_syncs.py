@@ -139,6 +139,12 @@ def test_no_sync_but_the_step_read_on_cuda(tiny_llama, kind, tree):
     """CUDA: every sync raises, except the one read per step (`_read_step`), allowed below."""
     target = load_target(str(tiny_llama), device="cuda", dtype="bfloat16")
     decoder = SpeculativeDecoder(target, heads_of(kind, target).to("cuda", torch.bfloat16), tree=tree)
+    generate_raising_on_syncs(decoder, target.chat.user_prompt_ids(PROMPTS[1]))
+
+
+def generate_raising_on_syncs(decoder: SpeculativeDecoder, ids: list[int]) -> None:
+    """One generation in which every CUDA sync raises from the first step on (prefill may sync),
+    except the step's one read (`_read_step`)."""
     read, draft = decoder._read_step, decoder.draft
 
     def read_allowed(values):
@@ -149,15 +155,15 @@ def test_no_sync_but_the_step_read_on_cuda(tiny_llama, kind, tree):
             torch.cuda.set_sync_debug_mode("error")
 
     def draft_checked(*args, **kwargs):
-        torch.cuda.set_sync_debug_mode("error")  # from the first step on: prefill may sync
+        torch.cuda.set_sync_debug_mode("error")
         return draft(*args, **kwargs)
 
     decoder._read_step, decoder.draft = read_allowed, draft_checked
-    ids = target.chat.user_prompt_ids(PROMPTS[1])
     try:
         decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+        del decoder._read_step, decoder.draft
 
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle3"])
@@ -187,22 +193,5 @@ def test_no_sync_but_the_step_read_on_cuda_captured(tiny_llama, kind):
                                  compile=True)  # fmt: skip
     ids = target.chat.user_prompt_ids(PROMPTS[1])
     decoder.generate([ids], max_new_tokens=24, eos_token_id=None)  # compiles and records the graphs
-    read, draft = decoder._read_step, decoder.draft
-
-    def read_allowed(values):
-        torch.cuda.set_sync_debug_mode("default")
-        try:
-            return read(values)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    def draft_checked(*args, **kwargs):
-        torch.cuda.set_sync_debug_mode("error")
-        return draft(*args, **kwargs)
-
-    decoder._read_step, decoder.draft = read_allowed, draft_checked
-    try:
-        decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    generate_raising_on_syncs(decoder, ids)
     assert decoder.captured.steps > 0
