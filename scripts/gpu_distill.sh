@@ -38,7 +38,7 @@ device() {
   fi
   (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256")
   if [[ -d .gpu/wheels ]] && ! python -c "import gguf, accelerate" 2>/dev/null; then
-    pip install -q --no-index --no-deps .gpu/wheels/*.whl
+    python -m pip install -q --no-index --no-deps .gpu/wheels/*.whl  # python -m: a bare `pip` there may serve another interpreter
   fi
   mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
   printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"

@@ -7,10 +7,10 @@
 # Then the device calls, back to back (a machine stays warm ~30 s between calls; files written
 # outside the repository on it stay while it is warm):
 #   1. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part1"]:
-#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
+#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
 #   2. carry [".gpu/smollm2.part2"]:  cp .gpu/smollm2.part2 /root/stage/ && ls -la /root/stage
 #   3. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]:
-#      cp .gpu/smollm2.part3 /root/stage/ && cat /root/stage/smollm2.part1 /root/stage/smollm2.part2 /root/stage/smollm2.part3 > /root/stage/smollm2.gguf && (cd /root/stage && sha256sum -c $OLDPWD/.gpu/smollm2.sha256) && pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+#      cp .gpu/smollm2.part3 /root/stage/ && cat /root/stage/smollm2.part1 /root/stage/smollm2.part2 /root/stage/smollm2.part3 > /root/stage/smollm2.gguf && (cd /root/stage && sha256sum -c $OLDPWD/.gpu/smollm2.sha256) && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
 # A call whose machine was given back in between starts over at 1 (the staged parts are gone).
 set -euo pipefail
 QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}

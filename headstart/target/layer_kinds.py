@@ -51,6 +51,8 @@ def read_layer_kinds(config: Any) -> LayerKinds:
 
     text = config.get_text_config(decoder=True)
     kinds, kwargs = get_layer_types_and_kwargs(text)
+    if isinstance(kwargs, dict):  # transformers <= 5.17: one kwargs dict shared by every layer
+        kwargs = [kwargs] * len(kinds)
     windows = {int(kw["sliding_window"]) for kind, kw in zip(kinds, kwargs, strict=True) if kind == SLIDING}
     if len(windows) > 1:
         raise HeadstartError(
