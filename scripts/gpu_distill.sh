@@ -1,28 +1,29 @@
 #!/bin/bash
-# Issue 36's kept dataset: the embedded SmolLM2's own replies to ~30,900 conversations (96 held-out
-# + 2,400 sg_90k + 1,000 ShareGPT_V3 ShareGPT prompts, 7,473 GSM8K, 20,000 data-free), distilled
-# on one GPU in a call of under 10 minutes (scripts/scaling_smollm2.sh distill, batch 1024, greedy,
-# 256-token prompts, 128-token replies: the mix of the scaling runs), and brought back as at most
+# Issue 36's kept dataset (data/smollm2-kept, see its README): the embedded SmolLM2's own replies
+# to ~30,600 conversations (96 held-out + 2,400 sg_90k + 647 ShareGPT_V3 first turns, 7,473 GSM8K,
+# 20,000 data-free), distilled on one GPU (scripts/scaling_smollm2.sh distill, batch 1024, greedy,
+# 256-token prompts, 128-token replies: the mix of the scaling runs), brought back as at most
 # 5 files of 15 MB (xz-compressed shards), then packed here for `headstart train`.
 #
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
 #   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, 7 MB)
 #   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
-#     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]
+#     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"] (~63 MiB in all)
 #     scripts/gpu_distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
 #   scripts/gpu_distill.sh unpack FILES_DIR  # here: data/smollm2-kept/<source>, packed
 #
-# The distill is cut cleanly at DEADLINE (SIGTERM keeps every finished record); a later call
-# with the same .gpu/ resumes it only if its runs/ came back, so one call should finish it: on
-# the H100, 22,520 of these conversations took 7 minutes at batch 1024 (README, 2026-11-25).
+# The distill is cut cleanly at DEADLINE (SIGTERM keeps every finished record); a later call on
+# the same warm machine resumes it (runs/ stays there), a call on a fresh one starts over. On the
+# H200 (2026-11-26) sg took 46 s, GSM8K 108 s and data-free ~18 s per 1,000: the whole set needs
+# about 9.5 minutes, so set DEADLINE to what the call has and resume the rest in a second call.
 # Dry run on a CPU: DEVICE=cpu BATCH=8 SGEVAL_NUM=2 SG_NUM=2 SGV3_NUM=2 GSM8K=2 DATAFREE=2 \
 #   OUT=/tmp/gd STAGE=/tmp/stage scripts/gpu_distill.sh device
 set -euo pipefail
 SHARED=${SHARED:-../shared/data}
-STAGE=${STAGE:-/root/stage}
 OUT=${OUT:-runs/kept-out}
 DEADLINE=${DEADLINE:-480}
 SOURCES=(sgeval sg sgv3 gsm8k datafree)
+source "$(dirname "$0")/gpu_common.sh"
 
 stage() {
   mkdir -p .gpu/data/train
@@ -31,19 +32,8 @@ stage() {
 }
 
 device() {
-  mkdir -p "$STAGE" "$OUT"
-  if [[ ! -f "$STAGE/smollm2.gguf" ]]; then  # the three parts: two staged by earlier calls, one carried
-    [[ -f .gpu/smollm2.part3 ]] && cp .gpu/smollm2.part3 "$STAGE/"
-    cat "$STAGE"/smollm2.part1 "$STAGE"/smollm2.part2 "$STAGE"/smollm2.part3 > "$STAGE/smollm2.gguf"
-  fi
-  (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256")
-  if [[ -d .gpu/wheels ]] && ! python -c "import gguf, accelerate" 2>/dev/null; then
-    python -m pip install -q --no-index --no-deps .gpu/wheels/*.whl  # python -m: a bare `pip` there may serve another interpreter
-  fi
-  mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
-  printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"
-  chmod +x "$STAGE/bin/headstart"
-  export PATH="$STAGE/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  mkdir -p "$OUT"
+  gpu_prepare
   local start=$SECONDS code=0
   DATA=.gpu/data TARGET="$STAGE/smollm2.gguf" timeout -s TERM -k 30 "$DEADLINE" \
     scripts/scaling_smollm2.sh distill || code=$?

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Fill .gpu/ (git-ignored) with what scripts/gpu_check.py needs on a bare GPU machine that
-# reaches nothing: wheels for pytest, gguf and accelerate (transformers reads GGUF through it), the first 40 MT-bench questions, and the embedded
+# reaches nothing: wheels for gguf (transformers reads GGUF through it) and datasets, the first
+# 40 MT-bench questions, and the embedded
 # SmolLM2 GGUF (98 MB) in three parts of under 32 MiB (a device call carries at most 64 MiB,
 # the repository's ~26 MB included), with its sha256. Run from the repository root:
 #   scripts/gpu_stage.sh [../shared/data/eval/mt_bench/question.jsonl]
@@ -18,7 +19,12 @@ PY=${PY:-.venv/bin/python}
 mkdir -p .gpu/wheels
 GGUF=$($PY -c "from headstart.target.gguf import embedded_gguf_path; print(embedded_gguf_path())")
 head -n 40 "$QUESTIONS" > .gpu/questions.jsonl
-$PY -m pip download -q --no-deps --only-binary :all: -d .gpu/wheels pytest pluggy iniconfig gguf accelerate psutil
+# only what the image lacks (KINDS.md lists its packages; pytest, accelerate and psutil are there),
+# for its Python 3.12; datasets at our version (load_distilled, train), with its two pure needs
+rm -f .gpu/wheels/*.whl
+$PY -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels \
+  gguf "datasets==$($PY -c 'import datasets; print(datasets.__version__)')" "dill<0.4.2" "multiprocess<0.70.20"
 rm -f .gpu/smollm2.part*
 split -b 33000000 --numeric-suffixes=1 -a 1 "$GGUF" .gpu/smollm2.part
 (cd .gpu && sha256sum "$GGUF" | sed "s#  .*#  smollm2.gguf#" > smollm2.sha256)

@@ -13,7 +13,10 @@
 # on a bare GPU machine), STEPS
 # (the same optimizer steps for every size: equal compute) or EPOCHS (default 3: equal epochs),
 # PARALLEL=1 (train the sizes at once: one small head leaves most of a GPU idle), OUT (where each
-# run's results.json is copied, default runs/scaling), TRAIN_ARGS (more train overrides).
+# run's results.json is copied, default runs/scaling), TRAIN_ARGS (more train overrides), SRC (the
+# distilled sources' folder, default runs/scaling; data/smollm2-kept is the committed kept set),
+# BUDGET (seconds: each run stops cleanly before it, a checkpoint kept) and RESUME=1 (continue
+# each run from its newest checkpoint: budgeted runs in pieces give the run of one piece).
 # Every size takes the same share of each source (data.max_records_from=each), so the sizes nest
 # and keep one mix of chat, math and data-free conversations.
 # The shipped EAGLE-3 heads (recipes/train_smollm2_eagle3_gpu.yaml) came from
@@ -26,6 +29,7 @@ GSM8K=${GSM8K:-7473}
 DATAFREE=${DATAFREE:-20000}
 EPOCHS=${EPOCHS:-3}
 OUT=${OUT:-runs/scaling}
+SRC=${SRC:-runs/scaling}
 SG=$DATA/train/sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json
 TARGET=${TARGET:-smollm2}
 SGEVAL_NUM=${SGEVAL_NUM:-96}
@@ -63,11 +67,13 @@ distill_datafree() {
 train() {
   local size records steps name sources=() pids=() failed=0
   for name in sg sgv3 gsm8k datafree; do  # the sources distill wrote, in its order
-    [[ -f "runs/scaling/$name/distill_meta.json" ]] && sources+=("runs/scaling/$name")
+    [[ -f "$SRC/$name/distill_meta.json" ]] && sources+=("$SRC/$name")
   done
-  local paths
+  local paths more=() flags=()
   paths="data.path=[$(IFS=,; echo "${sources[*]}")]"
-  mkdir -p "$OUT"
+  [[ -n "${BUDGET:-}" ]] && more+=(time_budget_s="$BUDGET")
+  [[ "${RESUME:-0}" == 1 ]] && flags+=(--resume)  # before the overrides: argparse takes no flag after them
+  mkdir -p runs/scaling "$OUT"
   for size in "$@"; do
     records=$(python3 -c "
 import sys
@@ -77,15 +83,18 @@ print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" "${sources[@
     steps=${STEPS:-$(( (records * EPOCHS + 31) / 32 ))}
     echo "== size $size: $records conversations, $steps steps ($(python3 -c "print(round($steps * 32 / $records, 1))") epochs)"
     # a checkpoint every quarter: a run cut by a deadline (SIGTERM) keeps its steps for --resume
-    run=(headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml "$paths" data.max_records="$records"
-         data.max_records_from=each max_steps="$steps" eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
-         save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" output_dir="runs/scaling/eagle3-$records" ${TRAIN_ARGS:-})
+    run=(headstart train "${flags[@]}" --recipe recipes/train_smollm2_eagle3_scaling.yaml "$paths" "data.eval_path=[$SRC/sgeval]"
+         data.max_records="$records" data.max_records_from=each max_steps="$steps"
+         eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
+         output_dir="runs/scaling/eagle3-$records" "${more[@]}" ${TRAIN_ARGS:-})
+    # a run stopped by BUDGET writes no results.json (its checkpoint and log say where it is)
+    keep="[[ ! -f runs/scaling/eagle3-$records/results.json ]] || cp runs/scaling/eagle3-$records/results.json $OUT/results-$records.json"
     if [[ "${PARALLEL:-0}" == 1 ]]; then
-      ("${run[@]}" > "runs/scaling/eagle3-$records.log" 2>&1 && cp "runs/scaling/eagle3-$records/results.json" "$OUT/results-$records.json") &
+      ("${run[@]}" >> "runs/scaling/eagle3-$records.log" 2>&1 && eval "$keep") &
       pids+=($!)
     else
-      "${run[@]}"
-      cp "runs/scaling/eagle3-$records/results.json" "$OUT/results-$records.json"
+      "${run[@]}" 2>&1 | tee -a "runs/scaling/eagle3-$records.log"
+      eval "$keep"
     fi
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a failed run fails the script (its log says why)

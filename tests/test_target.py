@@ -188,3 +188,20 @@ def test_a_chat_template_can_be_given_for_a_target_without_one(tiny_llama, tmp_p
     plain.write_text("no template here")
     with pytest.raises(HeadstartError, match="holds no Jinja template"):
         load_target(str(tiny_llama), chat_template=str(plain))
+
+
+@pytest.mark.parametrize("shared_kwargs", [False, True], ids=["per-layer", "one-dict"])
+def test_layer_kinds_read_both_transformers_shapes(monkeypatch, shared_kwargs):
+    """transformers <= 5.17 (the GPU image's, 2026-11) returns one kwargs dict for every layer,
+    later versions one per layer: both give the same kinds and sliding window."""
+    import transformers.cache_utils as cache_utils
+    from transformers import Gemma3TextConfig
+
+    from headstart.target.layer_kinds import SLIDING, read_layer_kinds
+
+    kinds = ["sliding_attention", "full_attention", "sliding_attention"]
+    window = {"sliding_window": 64}
+    kwargs = window if shared_kwargs else [window if k == SLIDING else {} for k in kinds]
+    monkeypatch.setattr(cache_utils, "get_layer_types_and_kwargs", lambda config: (kinds, kwargs))
+    read = read_layer_kinds(Gemma3TextConfig(num_hidden_layers=3))
+    assert read.kinds == tuple(kinds) and read.window == 64 and read.sliding

@@ -9,6 +9,7 @@ reads `headstart distill`'s own (`load_distilled` takes both kinds of shards); r
 into it is not possible (pack the finished run).
 
     python -m headstart.distill.pack runs/distill-30k data/smollm2-30k [--keep-text] [--max-mb 15]
+    python -m headstart.distill.pack --verify data/smollm2-kept/*   # files against pack.json
 """
 
 from __future__ import annotations
@@ -105,15 +106,67 @@ def _write_shards(table: Any, folder: Path, max_bytes: int) -> list[Path]:
         count = max(count + 1, int(count * largest / max_bytes) + 1)
 
 
+def verify(dst: str | Path) -> dict[str, Any]:
+    """Check a packed directory against its manifest: every listed file present with its size and
+    sha256, no shard beside them, the record count as listed. Returns the manifest."""
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    from headstart.distill.store import packed_paths
+
+    dst = Path(dst)
+    try:
+        manifest = json.loads((dst / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise HeadstartError(
+            f"{dst} has no readable {MANIFEST}: {err}",
+            "pack the distilled run again (python -m headstart.distill.pack)",
+        ) from None
+    listed, found = set(manifest["files"]), {p.name for p in packed_paths(dst)}
+    if listed != found:
+        raise HeadstartError(
+            f"{dst}: shards {sorted(found)} do not match {MANIFEST}'s {sorted(listed)}",
+            "restore the missing shards (git checkout) or pack the distilled run again",
+        )
+    records = 0
+    for name, entry in manifest["files"].items():
+        path = data_dir(dst) / name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if path.stat().st_size != entry["bytes"] or digest != entry["sha256"]:
+            raise HeadstartError(
+                f"{path} differs from {MANIFEST} (sha256 {digest[:12]}..., expected {entry['sha256'][:12]}...)",
+                "restore it (git checkout; git lfs pull where it is a pointer) or pack the distilled run again",
+            )
+        records += pq.ParquetFile(path).metadata.num_rows
+    if records != manifest["records"]:
+        raise HeadstartError(
+            f"{dst} holds {records} records, {MANIFEST} says {manifest['records']}",
+            "pack the distilled run again",
+        )
+    return manifest
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m headstart.distill.pack", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("src", help="a finished `headstart distill` output directory")
-    parser.add_argument("dst", help="the packed directory to write (must not exist)")
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="SRC DST | PACKED",
+        help="a finished `headstart distill` directory and the packed one to write "
+        "(new or an earlier pack); with --verify, packed directories",
+    )
     parser.add_argument("--keep-text", action="store_true", help="keep the conversations' text (messages)")
     parser.add_argument("--max-mb", type=float, default=15.0, help="largest file in MiB (default 15)")
+    parser.add_argument("--verify", action="store_true", help="check packed directories against pack.json")
     args = parser.parse_args(argv)
+    if args.verify:
+        return _verify_all(args.paths)
+    if len(args.paths) != 2:
+        parser.error("pack takes SRC DST (or --verify PACKED...)")
+    args.src, args.dst = args.paths
     try:
         manifest = pack(args.src, args.dst, keep_text=args.keep_text, max_bytes=int(args.max_mb * 2**20))
     except HeadstartError as err:
@@ -122,6 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(f["bytes"] for f in manifest["files"].values())
     print(f"{manifest['records']} records, {manifest['tokens']} tokens in {len(manifest['files'])} files, "
           f"{total / 2**20:.1f} MiB: {args.dst}")  # fmt: skip
+    return 0
+
+
+def _verify_all(folders: list[str]) -> int:
+    for folder in folders:
+        try:
+            manifest = verify(folder)
+        except HeadstartError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"ok: {folder}: {manifest['records']} records, {len(manifest['files'])} files")
     return 0
 
 

@@ -230,6 +230,34 @@ def test_a_packed_directory_trains_like_the_distilled_one(distilled, tiny_llama,
     assert json.loads(capsys.readouterr().out)["steps"] == 4
 
 
+def test_verify_finds_a_changed_missing_or_extra_shard(distilled, tmp_path, capsys):
+    """`pack --verify`: a packed directory passes as written; a flipped byte, a missing shard and
+    a shard the manifest does not list each fail with a one-line error and exit 2."""
+    import shutil
+
+    from headstart.distill.pack import main as pack_main
+    from headstart.distill.pack import pack, verify
+
+    packed = tmp_path / "packed"
+    pack(distilled, packed, max_bytes=2_000)  # several shards
+    shards = sorted((packed / "data").glob("shard-*.parquet"))
+    assert len(shards) >= 2 and verify(packed)["records"] == 10
+    assert pack_main(["--verify", str(packed)]) == 0
+    damages = {
+        "differs from pack.json": lambda data: data[0].write_bytes(data[0].read_bytes()[:-1] + b"x"),
+        "do not match": lambda data: data[1].unlink(),
+        "shard-00099": lambda data: shutil.copy(data[0], data[0].parent / "shard-00099.parquet"),
+    }
+    for number, (expected, damage) in enumerate(damages.items()):
+        copy = tmp_path / f"copy{number}"
+        shutil.copytree(packed, copy)
+        damage(sorted((copy / "data").glob("shard-*.parquet")))
+        capsys.readouterr()
+        assert pack_main(["--verify", str(copy)]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1
+
+
 def test_packed_shards_stay_under_the_size_limit(tmp_path):
     """400,000 random token ids (incompressible: ~2 bytes each) under a 300 KB limit."""
     import pyarrow as pa

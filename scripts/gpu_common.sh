@@ -1,0 +1,38 @@
+# Sourced by scripts/gpu_distill.sh and scripts/gpu_train.sh on a bare GPU machine: assemble the
+# staged SmolLM2 GGUF (parts 1 and 2 staged in $STAGE by earlier calls, part 3 carried in .gpu/),
+# install the carried wheels, put this checkout's `headstart` on PATH and check, in seconds, that
+# everything the run imports is there (a missing package found 5 minutes in costs the device call).
+STAGE=${STAGE:-/root/stage}
+
+gpu_prepare() {
+  mkdir -p "$STAGE"
+  if [[ ! -f "$STAGE/smollm2.gguf" ]]; then
+    [[ -f .gpu/smollm2.part3 ]] && cp .gpu/smollm2.part3 "$STAGE/"
+    cat "$STAGE"/smollm2.part1 "$STAGE"/smollm2.part2 "$STAGE"/smollm2.part3 > "$STAGE/smollm2.gguf"
+  fi
+  (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256")
+  # python -m pip: a bare `pip` there served another interpreter (2026-11-26, H200). The image's
+  # own packages stay: only the names it lacks travel (gguf, datasets, dill, multiprocess).
+  if [[ -d .gpu/wheels ]] && ! python -c "import gguf, datasets" 2>/dev/null; then
+    python -m pip install -q --no-index --no-deps --root-user-action=ignore .gpu/wheels/*.whl
+  fi
+  mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
+  printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"
+  chmod +x "$STAGE/bin/headstart"
+  export PATH="$STAGE/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  python - <<'PY'
+import importlib, sys
+missing = []
+for name in ("torch", "transformers", "accelerate", "datasets", "gguf", "pyarrow", "safetensors",
+             "headstart.distill", "headstart.train.loop"):
+    try:
+        module = importlib.import_module(name)
+        print(f"{name} {getattr(module, '__version__', '')}".rstrip())
+    except Exception as err:  # noqa: BLE001 - any import failure is fatal here
+        missing.append(f"{name}: {type(err).__name__}: {err}")
+import torch
+print("cuda:", torch.cuda.is_available() and torch.cuda.get_device_name())
+if missing:
+    sys.exit("preflight failed -- " + "; ".join(missing) + " (carry the wheels: scripts/gpu_stage.sh)")
+PY
+}

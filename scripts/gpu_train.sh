@@ -1,0 +1,71 @@
+#!/bin/bash
+# Issue 36's data-scaling curve on one GPU, from the committed kept dataset (data/smollm2-kept:
+# nothing to distill first): EAGLE-3 heads for SmolLM2 at three data sizes at equal steps, trained
+# in parallel (one small head leaves most of a GPU idle) under a time budget, each evaluated on
+# the 96 held-out ShareGPT first turns every quarter; the logs, results and finished heads (bf16)
+# come back as at most 7 files of 15 MB.
+#
+#   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts)
+#   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
+#     carry [".gpu/wheels", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]
+#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=500 s of training)
+#   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
+#   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
+#   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
+#
+# SIZES (default "5000 15000 0": 0 = every kept conversation), STEPS (default 2000, equal steps;
+# unset EPOCHS-style runs: STEPS= EPOCHS=3), BUDGET (seconds of training per call), RESUME=1.
+# A run stopped by the budget keeps a checkpoint in runs/scaling/eagle3-N/checkpoints (on the
+# machine, while it stays warm) and its held-out evaluations so far in its log.
+# Dry run on a CPU (tiny sizes, two budgeted pieces):
+#   DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=60 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
+#   RESUME=1 DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=600 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
+set -euo pipefail
+OUT=${OUT:-runs/train-out}
+BUDGET=${BUDGET:-500}
+SIZES=${SIZES:-5000 15000 0}
+source "$(dirname "$0")/gpu_common.sh"
+
+device() {
+  mkdir -p "$OUT"
+  gpu_prepare
+  local start=$SECONDS code=0
+  # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop
+  OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-2000} PARALLEL=1 BUDGET="$BUDGET" \
+    RESUME="${RESUME:-0}" TRAIN_ARGS="${TRAIN_ARGS:-}" timeout -s TERM -k 30 "$((BUDGET + 60))" \
+    scripts/scaling_smollm2.sh train $SIZES || code=$?
+  echo "train: exit $code after $((SECONDS - start)) s"
+  collect
+}
+
+collect() {  # logs and results in one file; each finished head as bf16, split into 15 MB parts
+  local run
+  grep -h -E 'eval step|time budget|^ *"(steps|tokens_per_s|wall_s)"|error' runs/scaling/eagle3-*.log || true
+  tar -C runs/scaling -czf "$OUT/logs.tar.gz" $(cd runs/scaling && ls -d eagle3-*.log results-*.json 2>/dev/null)
+  mkdir -p runs/train-heads
+  for run in runs/scaling/eagle3-*/; do
+    run=${run%/}
+    [[ -f "$run/final/model.safetensors" ]] || continue
+    headstart export "$run/final" --format headstart --dtype bfloat16 --overwrite \
+      --output "runs/train-heads/$(basename "$run")" -q
+  done
+  if compgen -G "runs/train-heads/*" > /dev/null; then
+    tar -C runs/train-heads -cf - . | split -b 15000000 -d -a 1 - "$OUT/heads.tar."
+  fi
+  ls -la "$OUT"
+  local parts
+  parts=$(find "$OUT" -type f | wc -l)
+  (( parts <= 8 )) || echo "warning: $parts files in $OUT; a call returns 8 at most"
+}
+
+unpack() {
+  local files=${1:?the folder holding logs.tar.gz and heads.tar.N}
+  mkdir -p runs/gpu-scaling
+  tar -C runs/gpu-scaling -xzf "$files/logs.tar.gz"
+  if compgen -G "$files/heads.tar.*" > /dev/null; then
+    cat "$files"/heads.tar.* | tar -C runs/gpu-scaling -xf -
+  fi
+  ls -la runs/gpu-scaling
+}
+
+"$@"
