@@ -8,13 +8,15 @@
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts)
 #   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
 #     carry [".gpu/wheels", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]
-#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=500 s of training)
+#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=480 s of training)
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
 #   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
 #   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
 #
-# SIZES (default "5000 15000 0": 0 = every kept conversation), STEPS (default 2000, equal steps;
-# unset EPOCHS-style runs: STEPS= EPOCHS=3), BUDGET (seconds of training per call), RESUME=1.
+# SIZES (default "5000 15000 0": 0 = every kept conversation), STEPS (default 1000, equal steps:
+# on an H100 (2026-11-25) the smallest of three parallel runs made 2,000 steps in 430 s and the
+# larger two went slower (1,108 and 855 steps when that machine was lost), so 1,000 should fit one
+# call; for equal epochs: STEPS= EPOCHS=3), BUDGET (seconds of training per call), RESUME=1.
 # A run stopped by the budget keeps a checkpoint in runs/scaling/eagle3-N/checkpoints (on the
 # machine, while it stays warm) and its held-out evaluations so far in its log.
 # Dry run on a CPU (tiny sizes, two budgeted pieces):
@@ -22,7 +24,7 @@
 #   RESUME=1 DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=600 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
 set -euo pipefail
 OUT=${OUT:-runs/train-out}
-BUDGET=${BUDGET:-500}
+BUDGET=${BUDGET:-480}
 SIZES=${SIZES:-5000 15000 0}
 source "$(dirname "$0")/gpu_common.sh"
 
@@ -31,7 +33,7 @@ device() {
   gpu_prepare
   local start=$SECONDS code=0
   # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop
-  OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-2000} PARALLEL=1 BUDGET="$BUDGET" \
+  OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-1000} PARALLEL=1 BUDGET="$BUDGET" \
     RESUME="${RESUME:-0}" TRAIN_ARGS="${TRAIN_ARGS:-}" timeout -s TERM -k 30 "$((BUDGET + 60))" \
     scripts/scaling_smollm2.sh train $SIZES || code=$?
   echo "train: exit $code after $((SECONDS - start)) s"
