@@ -1,0 +1,66 @@
+"""The committed kept dataset (data/smollm2-kept, issue 36): every file matches its manifest, it
+was distilled from the embedded target itself, the held-out conversations are not trained on,
+and `headstart train` reads it as it is (no GPU, no re-distillation)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+KEPT = Path(__file__).resolve().parents[2] / "data" / "smollm2-kept"
+SOURCES = ("sgeval", "sg", "sgv3", "gsm8k", "datafree")
+HELD_OUT_FIRST_ROW = 2858  # rows 2858-2953 of sg_90k: the shipped heads' held-out set
+
+pytestmark = pytest.mark.skipif(not KEPT.is_dir(), reason="data/smollm2-kept is not in this checkout")
+
+
+def _column(source: str, name: str) -> list:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from headstart.distill.store import packed_paths
+
+    return pa.concat_tables([pq.read_table(p, columns=[name]) for p in packed_paths(KEPT / source)])[
+        name
+    ].to_pylist()
+
+
+def test_every_source_matches_its_manifest_and_the_totals_add_up():
+    from headstart.distill.pack import verify
+
+    counts = {source: verify(KEPT / source)["records"] for source in SOURCES}
+    manifest = json.loads((KEPT / "kept.json").read_text())
+    assert manifest["records"] == counts and manifest["total"] == sum(counts.values())
+    assert sum(counts.values()) >= 30_000  # the issue's size
+
+
+def test_it_was_distilled_from_the_embedded_target():
+    from headstart.target.gguf import embedded_gguf_path
+
+    digest = hashlib.sha256(embedded_gguf_path().read_bytes()).hexdigest()
+    for source in SOURCES:
+        meta = json.loads((KEPT / source / "distill_meta.json").read_text())
+        assert meta["fingerprint"]["sha256"] == digest, source
+        assert meta["settings"]["temperature"] == 0.0 and meta["settings"]["max_new_tokens"] == 128
+
+
+def test_the_held_out_rows_are_not_trained_on():
+    held_out, trained = _column("sgeval", "index"), _column("sg", "index")
+    assert len(held_out) == 96 and min(held_out) >= HELD_OUT_FIRST_ROW > max(trained)
+
+
+def test_train_reads_it_as_committed():
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+    from headstart.train.data import load_distilled_data
+
+    paths = ",".join(str(KEPT / s) for s in SOURCES[1:])
+    cfg = load_config(TrainConfig, None, [f"data.path=[{paths}]", "data.max_records=50",
+                                          "data.max_records_from=each"])  # fmt: skip
+    data = load_distilled_data(cfg.data)
+    assert len(data) == 50 and all(
+        0 < sum(mask) < len(ids) for ids, mask in zip(data.input_ids, data.loss_mask, strict=True)
+    )
