@@ -6,7 +6,7 @@
 # 5 files of 15 MB (xz-compressed shards), then packed here for `headstart train`.
 #
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
-#   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, 7 MB)
+#   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, gzipped: 2.2 MB)
 #   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
 #     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"] (~63 MiB in all)
 #     scripts/gpu_distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
@@ -25,15 +25,19 @@ DEADLINE=${DEADLINE:-480}
 SOURCES=(sgeval sg sgv3 gsm8k datafree)
 source "$(dirname "$0")/gpu_common.sh"
 
-stage() {
-  mkdir -p .gpu/data/train
-  cp "$SHARED"/train/{sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json,ShareGPT_V3_filtered_1000.json,gsm8k_train.jsonl} .gpu/data/train/
+stage() {  # gzipped: the call that carries them also carries the repository and GGUF part 3
+  rm -rf .gpu/data && mkdir -p .gpu/data/train
+  for name in sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json ShareGPT_V3_filtered_1000.json gsm8k_train.jsonl; do
+    gzip -9 -c "$SHARED/train/$name" > ".gpu/data/train/$name.gz"
+  done
   du -sh .gpu/data
 }
 
 device() {
   mkdir -p "$OUT"
   gpu_prepare
+  local packed
+  for packed in .gpu/data/train/*.gz; do [[ -f "${packed%.gz}" ]] || gunzip -k "$packed"; done
   local start=$SECONDS code=0
   DATA=.gpu/data TARGET="$STAGE/smollm2.gguf" timeout -s TERM -k 30 "$DEADLINE" \
     scripts/scaling_smollm2.sh distill || code=$?
