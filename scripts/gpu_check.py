@@ -17,8 +17,8 @@ Sections (--sections, in this order; each skips itself when the time budget runs
            question; one warm-up question (not timed) compiles the graphs first.
 
 The machine is bare and reaches nothing: `scripts/gpu_stage.sh` (run here first) fills the
-ignored folder .gpu/ with what it lacks (wheels for pytest and gguf, 40 MT-bench questions, the
-GGUF in three parts of under 32 MiB, since a call carries at most 64 MiB with the repository)
+ignored folder .gpu/ with what it lacks (wheels for gguf and datasets, 40 MT-bench questions, the
+GGUF in four parts of 25 MB, since a call carries at most 64 MiB with the repository)
 and prints the device commands. Dry run on a CPU: `python scripts/gpu_check.py --dry-run
 --out /tmp/gc` (tiny shapes, 2 questions, 16 tokens, the CPU).
 

@@ -1,5 +1,5 @@
 # Sourced by scripts/gpu_distill.sh and scripts/gpu_train.sh on a bare GPU machine: assemble the
-# staged SmolLM2 GGUF (parts 1 and 2 staged in $STAGE by earlier calls, part 3 carried in .gpu/),
+# staged SmolLM2 GGUF (parts 1-3 staged in $STAGE by earlier calls, the last carried in .gpu/),
 # install the carried wheels, put this checkout's `headstart` on PATH and check, in seconds, that
 # everything the run imports is there (a missing package found 5 minutes in costs the device call).
 STAGE=${STAGE:-/root/stage}
@@ -7,10 +7,15 @@ STAGE=${STAGE:-/root/stage}
 gpu_prepare() {
   mkdir -p "$STAGE"
   if [[ ! -f "$STAGE/smollm2.gguf" ]]; then
-    [[ -f .gpu/smollm2.part3 ]] && cp .gpu/smollm2.part3 "$STAGE/"
-    cat "$STAGE"/smollm2.part1 "$STAGE"/smollm2.part2 "$STAGE"/smollm2.part3 > "$STAGE/smollm2.gguf"
+    cp .gpu/smollm2.part* "$STAGE/" 2>/dev/null || true  # the part this call carries
+    cat "$STAGE"/smollm2.part? > "$STAGE/smollm2.gguf"
   fi
-  (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256")
+  if ! (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256"); then
+    rm -f "$STAGE/smollm2.gguf"
+    echo "error: the staged GGUF parts ($(cd "$STAGE" && ls smollm2.part? | tr '\n' ' ')) do not make the GGUF --" \
+      "fix: stage every part (scripts/gpu_stage.sh's calls) on this machine, back to back" >&2
+    return 1
+  fi
   # python -m pip: a bare `pip` there served another interpreter (2026-11-26, H200). The image's
   # own packages stay: only the names it lacks travel (gguf, datasets, dill, multiprocess).
   if [[ -d .gpu/wheels ]] && ! python -c "import gguf, datasets" 2>/dev/null; then

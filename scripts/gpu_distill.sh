@@ -7,8 +7,8 @@
 #
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
 #   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, gzipped: 2.2 MB)
-#   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
-#     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"] (~63 MiB in all)
+#   device calls 1-3 of gpu_stage.sh (they stage GGUF parts 1-3), then the fourth:
+#     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"] (~59 MiB in all)
 #     scripts/gpu_distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
 #   scripts/gpu_distill.sh unpack FILES_DIR  # here: data/smollm2-kept/<source>, packed
 #
@@ -25,7 +25,7 @@ DEADLINE=${DEADLINE:-480}
 SOURCES=(sgeval sg sgv3 gsm8k datafree)
 source "$(dirname "$0")/gpu_common.sh"
 
-stage() {  # gzipped: the call that carries them also carries the repository and GGUF part 3
+stage() {  # gzipped: the call that carries them also carries the repository and GGUF part 4
   rm -rf .gpu/data && mkdir -p .gpu/data/train
   for name in sg_90k_part1_html_cleaned_lang_first_sampled_sorted.json ShareGPT_V3_filtered_1000.json gsm8k_train.jsonl; do
     gzip -9 -c "$SHARED/train/$name" > ".gpu/data/train/$name.gz"

@@ -1,17 +1,21 @@
 #!/bin/bash
-# Fill .gpu/ (git-ignored) with what scripts/gpu_check.py needs on a bare GPU machine that
-# reaches nothing: wheels for gguf (transformers reads GGUF through it) and datasets, the first
-# 40 MT-bench questions, and the embedded
-# SmolLM2 GGUF (98 MB) in three parts of under 32 MiB (a device call carries at most 64 MiB,
-# the repository's ~26 MB included), with its sha256. Run from the repository root:
+# Fill .gpu/ (git-ignored) with what scripts/gpu_check.py, gpu_distill.sh and gpu_train.sh need
+# on a bare GPU machine that reaches nothing: wheels for gguf (transformers reads GGUF through it)
+# and datasets, the first 40 MT-bench questions, and the embedded SmolLM2 GGUF (98 MB) in four
+# parts of 25 MB with its sha256 (a device call carries at most 64 MiB, the repository's ~32 MB
+# included: three parts of 33 MB left no room once the kept data was committed).
+# Run from the repository root:
 #   scripts/gpu_stage.sh [../shared/data/eval/mt_bench/question.jsonl]
 # Then the device calls, back to back (a machine stays warm ~30 s between calls; files written
 # outside the repository on it stay while it is warm):
 #   1. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part1"]:
-#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
-#   2. carry [".gpu/smollm2.part2"]:  cp .gpu/smollm2.part2 /root/stage/ && ls -la /root/stage
-#   3. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]:
-#      cp .gpu/smollm2.part3 /root/stage/ && cat /root/stage/smollm2.part1 /root/stage/smollm2.part2 /root/stage/smollm2.part3 > /root/stage/smollm2.gguf && (cd /root/stage && sha256sum -c $OLDPWD/.gpu/smollm2.sha256) && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python3 scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
+#      (or, when the lease is short, only: mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/)
+#   2. carry [".gpu/smollm2.part2"]:  mkdir -p /root/stage && cp .gpu/smollm2.part2 /root/stage/
+#   3. carry [".gpu/smollm2.part3"]:  mkdir -p /root/stage && cp .gpu/smollm2.part3 /root/stage/
+#   4. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]:
+#      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+#   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers)
 # A call whose machine was given back in between starts over at 1 (the staged parts are gone).
 set -euo pipefail
 QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}
@@ -26,7 +30,7 @@ $PY -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --imp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels \
   gguf "datasets==$($PY -c 'import datasets; print(datasets.__version__)')" "dill<0.4.2" "multiprocess<0.70.20"
 rm -f .gpu/smollm2.part*
-split -b 33000000 --numeric-suffixes=1 -a 1 "$GGUF" .gpu/smollm2.part
+split -b 25000000 --numeric-suffixes=1 -a 1 "$GGUF" .gpu/smollm2.part
 (cd .gpu && sha256sum "$GGUF" | sed "s#  .*#  smollm2.gguf#" > smollm2.sha256)
 ls -la .gpu .gpu/wheels
 du -sh .gpu

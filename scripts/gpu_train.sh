@@ -6,8 +6,8 @@
 # come back as at most 7 files of 15 MB.
 #
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts)
-#   device calls 1 and 2 of gpu_stage.sh (they stage GGUF parts 1 and 2), then the third:
-#     carry [".gpu/wheels", ".gpu/smollm2.part3", ".gpu/smollm2.sha256"]
+#   device calls 1-3 of gpu_stage.sh (they stage GGUF parts 1-3), then the fourth:
+#     carry [".gpu/wheels", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
 #     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=480 s of training)
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
 #   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
