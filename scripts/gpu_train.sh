@@ -12,6 +12,8 @@
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
 #   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
 #   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
+#   .venv/bin/python scripts/plot_scaling.py --output docs/scaling/smollm2-eagle3-kept-gpu \
+#     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
 # SIZES (default "5000 15000 0": 0 = every kept conversation), STEPS (default 1000, equal steps:
 # on an H100 (2026-11-25) the smallest of three parallel runs made 2,000 steps in 430 s and the
