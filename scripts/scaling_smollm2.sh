@@ -64,6 +64,11 @@ distill_datafree() {
   [[ "$DATAFREE" == 0 ]] || headstart distill --recipe recipes/distill_smollm2_shipped_datafree.yaml "${common[@]}" num="$DATAFREE" datafree.batch_size="$BATCH" out=runs/scaling/datafree
 }
 
+keep_results() {  # a run stopped by BUDGET writes no results.json (its checkpoint and log say where it is)
+  local results="runs/scaling/eagle3-$1/results.json"
+  [[ ! -f "$results" ]] || cp "$results" "$OUT/results-$1.json"
+}
+
 train() {
   local size records steps name sources=() pids=() failed=0
   for name in sg sgv3 gsm8k datafree; do  # the sources distill wrote, in its order
@@ -87,14 +92,12 @@ print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" "${sources[@
          data.max_records="$records" data.max_records_from=each max_steps="$steps"
          eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
          output_dir="runs/scaling/eagle3-$records" "${more[@]}" ${TRAIN_ARGS:-})
-    # a run stopped by BUDGET writes no results.json (its checkpoint and log say where it is)
-    keep="[[ ! -f runs/scaling/eagle3-$records/results.json ]] || cp runs/scaling/eagle3-$records/results.json $OUT/results-$records.json"
     if [[ "${PARALLEL:-0}" == 1 ]]; then
-      ("${run[@]}" >> "runs/scaling/eagle3-$records.log" 2>&1 && eval "$keep") &
+      ("${run[@]}" >> "runs/scaling/eagle3-$records.log" 2>&1 && keep_results "$records") &
       pids+=($!)
     else
       "${run[@]}" 2>&1 | tee -a "runs/scaling/eagle3-$records.log"
-      eval "$keep"
+      keep_results "$records"
     fi
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a failed run fails the script (its log says why)

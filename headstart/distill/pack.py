@@ -35,7 +35,6 @@ def pack(
 ) -> dict[str, Any]:
     """Pack the distilled records of `src` into `dst` (new, empty or an earlier pack; written whole
     or not at all); returns the manifest (files, sizes, records, tokens, sha256 per file)."""
-    import hashlib
 
     import pyarrow as pa
 
@@ -60,10 +59,7 @@ def pack(
             records=table.num_rows,
             tokens=int(pa.compute.sum(pa.compute.list_value_length(table["input_ids"])).as_py() or 0),
             text=keep_text,
-            files={
-                f.name: {"bytes": f.stat().st_size, "sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
-                for f in files
-            },
+            files={f.name: _entry(f) for f in files},
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
@@ -106,11 +102,16 @@ def _write_shards(table: Any, folder: Path, max_bytes: int) -> list[Path]:
         count = max(count + 1, int(count * largest / max_bytes) + 1)
 
 
+def _entry(path: Path) -> dict[str, Any]:
+    """A shard's manifest entry: what `verify` checks it against."""
+    import hashlib
+
+    return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
 def verify(dst: str | Path) -> dict[str, Any]:
     """Check a packed directory against its manifest: every listed file present with its size and
     sha256, no shard beside them, the record count as listed. Returns the manifest."""
-    import hashlib
-
     import pyarrow.parquet as pq
 
     from headstart.distill.store import packed_paths
@@ -118,31 +119,32 @@ def verify(dst: str | Path) -> dict[str, Any]:
     dst = Path(dst)
     try:
         manifest = json.loads((dst / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError) as err:
+        listed, records = dict(manifest["files"]), int(manifest["records"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise HeadstartError(
-            f"{dst} has no readable {MANIFEST}: {err}",
-            "pack the distilled run again (python -m headstart.distill.pack)",
+            f"{dst} has no readable {MANIFEST} ({type(err).__name__}: {err})",
+            "pack the distilled run again (python -m headstart.distill.pack SRC DST)",
         ) from None
-    listed, found = set(manifest["files"]), {p.name for p in packed_paths(dst)}
-    if listed != found:
+    found = {p.name for p in packed_paths(dst)}
+    if set(listed) != found:
         raise HeadstartError(
             f"{dst}: shards {sorted(found)} do not match {MANIFEST}'s {sorted(listed)}",
             "restore the missing shards (git checkout) or pack the distilled run again",
         )
-    records = 0
-    for name, entry in manifest["files"].items():
+    counted = 0
+    for name, expected in listed.items():
         path = data_dir(dst) / name
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-        if path.stat().st_size != entry["bytes"] or digest != entry["sha256"]:
+        actual = _entry(path)
+        if {key: expected.get(key) for key in actual} != actual:
             raise HeadstartError(
-                f"{path} differs from {MANIFEST} (sha256 {digest[:12]}..., expected {entry['sha256'][:12]}...)",
-                "restore it (git checkout; git lfs pull where it is a pointer) or pack the distilled run again",
+                f"{path} differs from {MANIFEST} (sha256 {actual['sha256'][:12]}..., expected "
+                f"{str(expected.get('sha256'))[:12]}...)",
+                "restore it (git checkout) or pack the distilled run again",
             )
-        records += pq.ParquetFile(path).metadata.num_rows
-    if records != manifest["records"]:
+        counted += pq.ParquetFile(path).metadata.num_rows
+    if counted != records:
         raise HeadstartError(
-            f"{dst} holds {records} records, {MANIFEST} says {manifest['records']}",
-            "pack the distilled run again",
+            f"{dst} holds {counted} records, {MANIFEST} says {records}", "pack the distilled run again"
         )
     return manifest
 

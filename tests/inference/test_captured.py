@@ -35,6 +35,21 @@ def generate_ref(target, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
+def record_drafts(monkeypatch, drafter_class, method: str) -> dict[bool, list[torch.Tensor]]:
+    """Patch `drafter_class.method` to keep a copy of the logits each call leaves (its return
+    value, or `_logits` for observe), keyed by whether the drafter ran captured."""
+    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    real = getattr(drafter_class, method)
+
+    def recording(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        seen[self.captured is not None].append((self._logits if out is None else out).clone())
+        return out
+
+    monkeypatch.setattr(drafter_class, method, recording)
+    return seen
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
@@ -183,15 +198,7 @@ def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tr
     target = family_target(tiny_root, "qwen3")
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
     head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=counts)
-    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
-    real = EagleDrafter.expand
-
-    def recording(self, *args, **kwargs):
-        logits = real(self, *args, **kwargs)
-        seen[self.captured is not None].append(logits.clone())
-        return logits
-
-    monkeypatch.setattr(EagleDrafter, "expand", recording)
+    seen = record_drafts(monkeypatch, EagleDrafter, "expand")
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
     outs = {}
     for compiled in (False, True):
@@ -216,14 +223,7 @@ def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, vocab,
     target = family_target(tiny_root, "llama")
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
     heads = build_head(HeadSpec(kind="medusa", draft_vocab_size=vocab), target, token_counts=counts)
-    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
-    real = MedusaDrafter.observe
-
-    def recording(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        seen[self.captured is not None].append(self._logits.clone())
-
-    monkeypatch.setattr(MedusaDrafter, "observe", recording)
+    seen = record_drafts(monkeypatch, MedusaDrafter, "observe")
     prompt = target.chat.user_prompt_ids(PROMPTS[0])
     outs = {}
     for compiled in (False, True):
@@ -248,14 +248,7 @@ def test_dflash_steps_are_captured_and_draft_what_eager_drafts(tiny_root, family
     heads = build_head(
         HeadSpec(kind="dflash", draft_vocab_size=100, block_size=5), target, token_counts=counts
     )
-    seen: dict[bool, list[torch.Tensor]] = {False: [], True: []}
-    real = DFlashDrafter.observe
-
-    def recording(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        seen[self.captured is not None].append(self._logits.clone())
-
-    monkeypatch.setattr(DFlashDrafter, "observe", recording)
+    seen = record_drafts(monkeypatch, DFlashDrafter, "observe")
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
     refs = [generate_ref(target, ids, 30) for ids in prompts]
     for compiled in (False, True):

@@ -232,7 +232,8 @@ def test_a_packed_directory_trains_like_the_distilled_one(distilled, tiny_llama,
 
 def test_verify_finds_a_changed_missing_or_extra_shard(distilled, tmp_path, capsys):
     """`pack --verify`: a packed directory passes as written; a flipped byte, a missing shard and
-    a shard the manifest does not list each fail with a one-line error and exit 2."""
+    a shard the manifest does not list and a manifest without its file list each fail with a
+    one-line error and exit 2."""
     import shutil
 
     from headstart.distill.pack import main as pack_main
@@ -247,6 +248,7 @@ def test_verify_finds_a_changed_missing_or_extra_shard(distilled, tmp_path, caps
         "differs from pack.json": lambda data: data[0].write_bytes(data[0].read_bytes()[:-1] + b"x"),
         "do not match": lambda data: data[1].unlink(),
         "shard-00099": lambda data: shutil.copy(data[0], data[0].parent / "shard-00099.parquet"),
+        "no readable pack.json": lambda data: (data[0].parent.parent / "pack.json").write_text("{}"),
     }
     for number, (expected, damage) in enumerate(damages.items()):
         copy = tmp_path / f"copy{number}"
