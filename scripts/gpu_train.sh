@@ -15,7 +15,11 @@
 #   .venv/bin/python scripts/plot_scaling.py --output docs/scaling/smollm2-eagle3-kept-gpu \
 #     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
-# SIZES (default "5000 15000 0": 0 = every kept conversation), STEPS (default 1000, equal steps:
+# Issue 35's GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
+# side by side on every kept conversation):  SIZES=0 DFLASH_LAYERS="1 2" STEPS=800 scripts/gpu_train.sh device
+# SIZES (default "5000 15000 0": 0 = every kept conversation), DFLASH_LAYERS (DFlash runs of that
+# many layers on all the data, beside them), FINISH (default 1: a run the budget stopped still
+# writes its head from its newest checkpoint, so every run returns one), STEPS (default 1000, equal steps:
 # on an H100 (2026-11-25) the smallest of three parallel runs made 2,000 steps in 430 s and the
 # larger two went slower (1,108 and 855 steps when that machine was lost), so 1,000 should fit one
 # call; for equal epochs: STEPS= EPOCHS=3), BUDGET (seconds of training per call), RESUME=1.
@@ -27,7 +31,8 @@
 set -euo pipefail
 OUT=${OUT:-runs/train-out}
 BUDGET=${BUDGET:-480}
-SIZES=${SIZES:-5000 15000 0}
+SIZES=${SIZES-5000 15000 0}
+DFLASH_LAYERS=${DFLASH_LAYERS:-}
 source "$(dirname "$0")/gpu_common.sh"
 
 device() {
@@ -36,7 +41,8 @@ device() {
   local start=$SECONDS code=0
   # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop
   OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-1000} PARALLEL=1 BUDGET="$BUDGET" \
-    RESUME="${RESUME:-0}" TRAIN_ARGS="${TRAIN_ARGS:-}" timeout -s TERM -k 30 "$((BUDGET + 60))" \
+    RESUME="${RESUME:-0}" FINISH="${FINISH:-1}" DFLASH_LAYERS="$DFLASH_LAYERS" TRAIN_ARGS="${TRAIN_ARGS:-}" \
+    timeout -s TERM -k 30 "$((BUDGET + 100))" \
     scripts/scaling_smollm2.sh train $SIZES || code=$?
   echo "train: exit $code after $((SECONDS - start)) s"
   collect
@@ -44,10 +50,10 @@ device() {
 
 collect() {  # logs and results in one file; each finished head as bf16, split into 15 MB parts
   local run
-  grep -h -E 'eval step|time budget|^ *"(steps|tokens_per_s|wall_s)"|error' runs/scaling/eagle3-*.log || true
-  tar -C runs/scaling -czf "$OUT/logs.tar.gz" $(cd runs/scaling && ls -d eagle3-*.log results-*.json 2>/dev/null)
+  grep -H -E 'eval step|time budget|finishing|^ *"(steps|tokens_per_s|wall_s)"|error' runs/scaling/*.log || true
+  tar -C runs/scaling -czf "$OUT/logs.tar.gz" $(cd runs/scaling && ls -d ./*.log results-*.json 2>/dev/null)
   mkdir -p runs/train-heads
-  for run in runs/scaling/eagle3-*/; do
+  for run in runs/scaling/eagle3-*/ runs/scaling/dflash-*/; do
     run=${run%/}
     [[ -f "$run/final/model.safetensors" ]] || continue
     headstart export "$run/final" --format headstart --dtype bfloat16 --overwrite \

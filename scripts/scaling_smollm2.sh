@@ -15,8 +15,9 @@
 # PARALLEL=1 (train the sizes at once: one small head leaves most of a GPU idle), OUT (where each
 # run's results.json is copied, default runs/scaling), TRAIN_ARGS (more train overrides), SRC (the
 # distilled sources' folder, default runs/scaling; data/smollm2-kept is the committed kept set),
-# BUDGET (seconds: each run stops cleanly before it, a checkpoint kept) and RESUME=1 (continue
-# each run from its newest checkpoint: budgeted runs in pieces give the run of one piece).
+# BUDGET (seconds: each run stops cleanly before it, a checkpoint kept), RESUME=1 (continue
+# each run from its newest checkpoint: budgeted runs in pieces give the run of one piece), FINISH=1
+# (a run the budget stopped writes its head from that checkpoint) and DFLASH_LAYERS (see train).
 # Every size takes the same share of each source (data.max_records_from=each), so the sizes nest
 # and keep one mix of chat, math and data-free conversations.
 # The shipped EAGLE-3 heads (recipes/train_smollm2_eagle3_gpu.yaml) came from
@@ -65,12 +66,45 @@ distill_datafree() {
 }
 
 keep_results() {  # a run stopped by BUDGET writes no results.json (its checkpoint and log say where it is)
-  local results="runs/scaling/eagle3-$1/results.json"
-  [[ ! -f "$results" ]] || cp "$results" "$OUT/results-$1.json"
+  local results="runs/scaling/$1/results.json"
+  [[ ! -f "$results" ]] || cp "$results" "$OUT/results-${1#eagle3-}.json"
 }
 
-train() {
-  local size records steps name sources=() pids=() failed=0
+finish() {  # NAME COMMAND...: keep the run's results; with FINISH=1 a run BUDGET stopped writes its
+  # head and final held-out figures from its newest checkpoint (the same command, --resume,
+  # max_steps = the steps it made; its cosine schedule was cut short, which its results say)
+  local name=$1 last
+  shift
+  if [[ ! -f "runs/scaling/$name/results.json" && "${FINISH:-0}" == 1 ]]; then
+    last=$(ls -d "runs/scaling/$name"/checkpoints/step-* 2>/dev/null | tail -n 1)
+    if [[ -n "$last" ]]; then
+      echo "== $name: finishing from $(basename "$last")"
+      "$1" "$2" --resume "${@:3}" max_steps="$((10#${last##*step-}))" time_budget_s=0 || return 1
+    fi
+  fi
+  keep_results "$name"
+}
+
+launch() {  # NAME RECIPE STEPS OVERRIDES...: one run, alone or (PARALLEL=1) in the background
+  local name=$1 recipe=$2 steps=$3 run
+  shift 3
+  # a checkpoint every quarter: a run cut by a deadline (SIGTERM) keeps its steps for --resume
+  run=(headstart train "${flags[@]}" --recipe "$recipe" "$paths" "data.eval_path=[$SRC/sgeval]" max_steps="$steps"
+       eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
+       output_dir="runs/scaling/$name" "${more[@]}" ${TRAIN_ARGS:-} "$@")
+  if [[ "${PARALLEL:-0}" == 1 ]]; then
+    ("${run[@]}" >> "runs/scaling/$name.log" 2>&1 && finish "$name" "${run[@]}" >> "runs/scaling/$name.log" 2>&1) &
+    pids+=($!)
+  else
+    "${run[@]}" 2>&1 | tee -a "runs/scaling/$name.log"
+    finish "$name" "${run[@]}" 2>&1 | tee -a "runs/scaling/$name.log"
+  fi
+}
+
+train() {  # SIZE...: EAGLE-3 at each data size (0 = all); DFLASH_LAYERS="1 2" adds DFlash runs on all
+  # the data (recipes/train_smollm2_dflash_gpu.yaml, that many layers) beside them, at the steps of
+  # the last size: equal data, steps and wall time for the comparison of issue 35
+  local size records steps name sources=() pids=() failed=0 layers
   for name in sg sgv3 gsm8k datafree; do  # the sources distill wrote, in its order
     [[ -f "$SRC/$name/distill_meta.json" ]] && sources+=("$SRC/$name")
   done
@@ -87,18 +121,13 @@ n = sum(len(load_distilled(p)) for p in sys.argv[2:])
 print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" "${sources[@]}")
     steps=${STEPS:-$(( (records * EPOCHS + 31) / 32 ))}
     echo "== size $size: $records conversations, $steps steps ($(python3 -c "print(round($steps * 32 / $records, 1))") epochs)"
-    # a checkpoint every quarter: a run cut by a deadline (SIGTERM) keeps its steps for --resume
-    run=(headstart train "${flags[@]}" --recipe recipes/train_smollm2_eagle3_scaling.yaml "$paths" "data.eval_path=[$SRC/sgeval]"
-         data.max_records="$records" data.max_records_from=each max_steps="$steps"
-         eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
-         output_dir="runs/scaling/eagle3-$records" "${more[@]}" ${TRAIN_ARGS:-})
-    if [[ "${PARALLEL:-0}" == 1 ]]; then
-      ("${run[@]}" >> "runs/scaling/eagle3-$records.log" 2>&1 && keep_results "$records") &
-      pids+=($!)
-    else
-      "${run[@]}" 2>&1 | tee -a "runs/scaling/eagle3-$records.log"
-      keep_results "$records"
-    fi
+    launch "eagle3-$records" recipes/train_smollm2_eagle3_scaling.yaml "$steps" \
+      data.max_records="$records" data.max_records_from=each loss.eval_ttt_steps=6
+  done
+  for layers in ${DFLASH_LAYERS:-}; do
+    echo "== DFlash, $layers layer(s): $records conversations, $steps steps"
+    launch "dflash-l$layers" recipes/train_smollm2_dflash_gpu.yaml "$steps" head.num_layers="$layers" \
+      data.max_records="$records" data.max_records_from=each
   done
   for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # a failed run fails the script (its log says why)
   return $failed
