@@ -100,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(err.one_line(), file=sys.stderr)
         return err.status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debug:
             raise
-        print("interrupted", file=sys.stderr)
+        print(f"interrupted{_where(err)}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `headstart ... | head`: the reader is gone, as for any Unix tool
         _silence_stdout()
@@ -118,6 +118,24 @@ def main(argv: list[str] | None = None) -> int:
         print(printable(f"error: {err.strerror or err} ({where}) -- fix: check the disk, the paths and "
                         "their permissions"), file=sys.stderr)  # fmt: skip
         return 2
+
+
+def _where(err: BaseException) -> str:
+    """' in FUNC (FILE:LINE)' of the innermost frame the interrupt reached: a run cut by a timeout
+    says where it was (loading, a step, an evaluation) without --debug."""
+    import os
+    import traceback
+
+    frames = traceback.extract_tb(err.__traceback__)
+    frames = [f for f in frames if not f.filename.endswith(f"headstart{os.sep}interrupts.py")]  # the handler
+    if not frames:
+        return ""
+    last = frames[-1]
+    where = f" in {last.name} ({last.filename}:{last.lineno})"
+    ours = [f for f in frames if f"{os.sep}headstart{os.sep}" in f.filename]
+    if ours and ours[-1] is not last:
+        where += f", called from {ours[-1].name} ({ours[-1].filename}:{ours[-1].lineno})"
+    return where
 
 
 def _silence_stdout() -> None:

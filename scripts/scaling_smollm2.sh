@@ -89,7 +89,7 @@ launch() {  # NAME RECIPE STEPS OVERRIDES...: one run, alone or (PARALLEL=1) in 
   local name=$1 recipe=$2 steps=$3 run
   shift 3
   # a checkpoint every quarter: a run cut by a deadline (SIGTERM) keeps its steps for --resume
-  run=(headstart train "${flags[@]}" --recipe "$recipe" "$paths" "data.eval_path=[$SRC/sgeval]" max_steps="$steps"
+  run=(headstart train "${flags[@]}" --recipe "$recipe" target="$TARGET" "$paths" "data.eval_path=[$SRC/sgeval]" max_steps="$steps"
        eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
        output_dir="runs/scaling/$name" "${more[@]}" ${TRAIN_ARGS:-} "$@")
   if [[ "${PARALLEL:-0}" == 1 ]]; then

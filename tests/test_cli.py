@@ -155,3 +155,17 @@ def test_info_names_windowed_and_unverifiable_layers(tiny_root):
     assert attention_summary(gemma.model) == (
         "2 sliding_attention (window 8) + 2 full_attention; tree-verifiable"
     )
+
+
+def test_interrupt_says_where_it_was(monkeypatch, capsys):
+    """A run cut by Ctrl-C or `timeout` (SIGTERM) names the frame it stopped in: a start-up that
+    hung on a machine one cannot log into shows where, from its log alone."""
+    import headstart.cli as cli
+
+    def stuck_loading() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", lambda argv: stuck_loading())
+    assert cli.main(["train"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("interrupted in stuck_loading (") and "test_cli.py:" in err, err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import resource
@@ -171,6 +172,9 @@ def _train(
         eval_loader = accelerator.prepare(eval_loader)
     # Not prepared: accelerate would step it once per process; registered so it is checkpointed.
     accelerator.register_for_checkpointing(scheduler)
+    logging.getLogger("headstart.train").info(
+        "head and optimizer ready: start-up took %.1f s", time.perf_counter() - budget.started
+    )
     out = Path(cfg.output_dir)
     ckpt_root = out / "checkpoints"
     state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}
@@ -320,7 +324,6 @@ def _train(
 def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list[dict[str, Any]],
                     tokens: torch.Tensor, state: dict[str, Any], budget: Budget, saved: Path) -> dict[str, Any]:  # fmt: skip
     """A run that reached its time budget: its checkpoint, and how to go on."""
-    import logging
 
     total = accelerator.reduce(tokens.clone(), "sum").item()
     wall = time.perf_counter() - budget.started

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,11 +126,17 @@ def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, t
     from headstart.commands.common import quiet_transformers
     from headstart.target import load_target
 
+    log = logging.getLogger("headstart.train")
+    # each start-up stage says when it is done: a start that hangs on a remote machine shows where
+    since = time.perf_counter()
     if target is None:
         with quiet_transformers():
             target = load_target(cfg.target, dtype=cfg.dtype, device=device)
+        log.info("target %s loaded on %s in %.1f s", cfg.target, device, time.perf_counter() - since)
     if data is None:
+        since = time.perf_counter()
         data = load_distilled_data(cfg.data)
+        log.info("data: %d conversations read in %.1f s", len(data), time.perf_counter() - since)
     config = head_config(cfg.head, target)  # raises when the head does not fit the target
     check_data(data, target, config.feature_layers, cfg.data.mode)
     assert cfg.data.holdout is not None  # DataConfig fills the default in
