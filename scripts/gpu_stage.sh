@@ -15,6 +15,8 @@
 #   3. carry [".gpu/smollm2.part3"]:  mkdir -p /root/stage && cp .gpu/smollm2.part3 /root/stage/
 #   4. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]:
 #      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+#      (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
+#      --methods generate,plain_eager,eagle3_eager)
 #   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers)
 # A call whose machine was given back in between starts over at 1 (the staged parts are gone).
 set -euo pipefail
