@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command: its exit status, 2 with one line for an error the user can fix, 130 when
     interrupted (Ctrl-C at any moment, imports included), 141 when stdout's reader went away."""
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    _stack_dumps()
     try:
         return _main(argv)
     except HeadstartError as err:
@@ -118,6 +119,21 @@ def main(argv: list[str] | None = None) -> int:
         print(printable(f"error: {err.strerror or err} ({where}) -- fix: check the disk, the paths and "
                         "their permissions"), file=sys.stderr)  # fmt: skip
         return 2
+
+
+def _stack_dumps() -> None:
+    """`kill -USR1 PID` prints every thread's Python stack to stderr and the command goes on: a
+    run that seems stuck (even inside a C call, where SIGTERM's handler cannot run) shows where.
+    Not on Windows (no SIGUSR1), nor when stderr has no file descriptor (pytest's capture)."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    except (AttributeError, ValueError, OSError, RuntimeError):  # a stderr without fileno()
+        pass
 
 
 def _where(err: BaseException) -> str:

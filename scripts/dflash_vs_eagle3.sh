@@ -18,8 +18,10 @@ declare -A VARIANTS=(
   [l2b8]="head.num_layers=2 head.block_size=8"   # a shorter block
   [l2hard]="head.num_layers=2 loss.dflash_labels=hard"   # the data's tokens, z-lab's labels
   [l2a64]="head.num_layers=2 loss.dflash_anchors=64"     # more blocks a conversation
+  [l1warm]="head.num_layers=1 head.init_layers=target"   # the draft layer starts as the target's
+  [l2warm]="head.num_layers=2 head.init_layers=target"
 )
-ORDER=(eagle3 l1 l2 l3 l2b8 l2hard l2a64)
+ORDER=(eagle3 l1 l2 l3 l2b8 l2hard l2a64 l1warm l2warm)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }

@@ -38,13 +38,17 @@ source "$(dirname "$0")/gpu_common.sh"
 device() {
   mkdir -p "$OUT"
   gpu_prepare
-  local start=$SECONDS code=0
+  local start=$SECONDS code=0 watchdog
   smoke || { collect; return 1; }
+  # past the budget and the finishing, the runs still alive print their stacks before the backstop
+  ( sleep "$((BUDGET + 80))"; stacks_then_stop $(pgrep -f 'headstart train' || true) ) &
+  watchdog=$!
   # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop
   OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-1000} PARALLEL=1 BUDGET="$BUDGET" \
     RESUME="${RESUME:-0}" FINISH="${FINISH:-1}" DFLASH_LAYERS="$DFLASH_LAYERS" TRAIN_ARGS="${TRAIN_ARGS:-}" \
     timeout -s TERM -k 30 "$((BUDGET + 100))" \
     scripts/scaling_smollm2.sh train $SIZES || code=$?
+  kill "$watchdog" 2>/dev/null || true
   echo "train: exit $code after $((SECONDS - start)) s"
   collect
 }
@@ -54,15 +58,31 @@ smoke() {  # one process, two steps on 64 conversations, 120 s at most: a start-
   # costs two minutes, not the call, and its log says where it stood
   [[ "${SMOKE:-1}" == 1 ]] || return 0
   rm -rf runs/smoke
-  if timeout -s TERM -k 10 120 headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml \
-      target="$STAGE/smollm2.gguf" "data.path=[data/smollm2-kept/sg]" "data.eval_path=[data/smollm2-kept/sgeval]" \
-      data.max_records=64 max_steps=2 eval_every=2 save_every=2 output_dir=runs/smoke > runs/smoke.log 2>&1; then
+  local pid code=0
+  headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml target="$STAGE/smollm2.gguf" \
+    "data.path=[data/smollm2-kept/sg]" "data.eval_path=[data/smollm2-kept/sgeval]" data.max_records=64 \
+    max_steps=2 eval_every=2 save_every=2 output_dir=runs/smoke > runs/smoke.log 2>&1 &
+  pid=$!
+  ( sleep 120; stacks_then_stop "$pid" ) &
+  local watchdog=$!
+  wait "$pid" || code=$?
+  kill "$watchdog" 2>/dev/null || true
+  if [[ $code == 0 ]]; then
     echo "smoke: two steps in one process, $(grep -o 'start-up took [0-9.]* s' runs/smoke.log)"
   else
-    echo "smoke: failed (exit $?); the run of the sizes is skipped"; tr '\r' '\n' < runs/smoke.log | grep -v '^$' | tail -n 5
+    echo "smoke: failed (exit $code); the runs are skipped"; tr '\r' '\n' < runs/smoke.log | grep -v '^$' | tail -n 40
     cp runs/smoke.log "$OUT/"
     return 1
   fi
+}
+
+stacks_then_stop() {  # PID...: every thread's stack into the run's log (headstart's SIGUSR1), then
+  # SIGTERM (a checkpoint where there are steps), then SIGKILL: a hang says where it was
+  kill -USR1 "$@" 2>/dev/null || return 0
+  sleep 3
+  kill -TERM "$@" 2>/dev/null || return 0
+  sleep 20
+  kill -KILL "$@" 2>/dev/null || true
 }
 
 collect() {  # logs and results in one file; each finished head as bf16, split into 15 MB parts

@@ -169,3 +169,20 @@ def test_interrupt_says_where_it_was(monkeypatch, capsys):
     assert cli.main(["train"]) == 130
     err = capsys.readouterr().err.strip()
     assert err.startswith("interrupted in stuck_loading (") and "test_cli.py:" in err, err
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGUSR1"), reason="no SIGUSR1 here")
+def test_sigusr1_prints_every_stack_and_goes_on():
+    """`kill -USR1` on a command that seems stuck prints where each thread is, and it goes on."""
+    code = (
+        "import os, signal, sys\n"
+        "from headstart.cli import _stack_dumps\n"
+        "_stack_dumps()\n"
+        "def waiting_for_godot():\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "waiting_for_godot()\n"
+        "print('still here')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "still here", proc.stderr
+    assert "most recent call first" in proc.stderr and "waiting_for_godot" in proc.stderr, proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,10 @@ def build_head(spec: HeadSpec, target: Any, token_counts: torch.Tensor | None = 
         head.set_draft_vocab(draft_vocab(token_counts, config.draft_vocab_size))
     head.to(device=target.device, dtype=target.dtype)
     head.init_from_target(target.model)
+    if spec.init_layers == "target":
+        left = head.init_layers_from_target(target.model)
+        if left:
+            logging.getLogger(__name__).info("init_layers=target: fresh values kept for %s", ", ".join(left))
     head.bind(target.model)
     return head
 

@@ -37,6 +37,10 @@ class HeadSpec:
     mask_token_id: int | None = None
     """DFlash: the token id whose (frozen, target) embedding fills the block's mask slots; None:
     the tokenizer's mask token, else its pad token, else its end-of-sequence token."""
+    init_layers: Literal["random", "target"] = "random"
+    """DFlash: how the draft layers start. random: fresh, as speculators and z-lab train them;
+    target: copies of the target layer after the deepest tap, fc passing that tap (a warm start:
+    the context's values begin as the target's own; see DFlashHead.init_layers_from_target)."""
     shared_lm_head: bool = True
     """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
     feature_layers: list[int] | None = None
@@ -73,6 +77,15 @@ class HeadSpec:
             )
         if self.draft_vocab_size < 0:
             raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
+        if self.init_layers not in ("random", "target"):
+            raise HeadstartError(
+                f"unknown head.init_layers '{self.init_layers}'", "use head.init_layers=random (or target)"
+            )
+        if self.init_layers == "target" and self.kind != "dflash":
+            raise HeadstartError(
+                f"head.init_layers=target is a DFlash warm start, not one for {self.kind} heads",
+                "drop head.init_layers, or set head.kind=dflash",
+            )
         if self.layout not in ("reference", "fc"):
             raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
         if self.feature_layers is not None and self.kind == "dflash" and not self.feature_layers:

@@ -146,6 +146,39 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
             with torch.no_grad():
                 self.norm.load_state_dict(norm.state_dict())
 
+    @torch.no_grad()
+    def init_layers_from_target(self, target_model: Any) -> list[str]:
+        """A warm start (`head.init_layers: target`): draft layer i starts as the target layer
+        that reads the deepest tap (id d is block d's output, so layer d + 1 + i), fc passes
+        that tap through and hidden_norm is that layer's input norm, so the context's values begin
+        as the target's own there (keys too, but for Qwen3's per-head k_norm). Copies every parameter whose name and shape
+        agree (attention and MLP projections; norms only where they compute alike: Gemma's 1 + w
+        RMSNorm does not); returns the names it left at their fresh values."""
+        from headstart.target.features import decoder_layers
+
+        source = decoder_layers(target_model)
+        deepest = max(self.feature_layers)
+        left: list[str] = []
+        for index, layer in enumerate(self.layers):
+            donor = source[min(deepest + 1 + index, len(source) - 1)]
+            theirs = dict(donor.named_parameters())
+            for name, param in layer.named_parameters():
+                mine = name.rsplit(".", 1)[0]
+                if name in theirs and theirs[name].shape == param.shape and _alike(layer, donor, mine):
+                    param.copy_(theirs[name].to(param.dtype))
+                else:
+                    left.append(f"layers.{index}.{name}")
+        hidden = self.config.hidden_size
+        slot = self.feature_layers.index(deepest)
+        self.fc.weight.zero_()
+        self.fc.weight[:, slot * hidden : (slot + 1) * hidden] = torch.eye(hidden, dtype=self.fc.weight.dtype)
+        norm = getattr(source[min(deepest + 1, len(source) - 1)], "input_layernorm", None)
+        if norm is not None and _same_norm(norm, self.hidden_norm):
+            self.hidden_norm.weight.copy_(norm.weight.to(self.hidden_norm.weight.dtype))
+        else:
+            left.append("hidden_norm.weight")
+        return left
+
     def bound(self, name: str) -> nn.Module:
         if name not in self._bound:
             raise HeadstartError(
@@ -250,3 +283,28 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
             with torch.no_grad():
                 self._rows = (key, weight[self.draft_ids().to(weight.device)])
         return self._rows[1]
+
+
+def _alike(layer: nn.Module, donor: nn.Module, name: str) -> bool:
+    """Whether the submodule `name` of the draft layer computes what the donor's does with the
+    same weights (norms differ across families; linear maps do not)."""
+    mine, theirs = layer.get_submodule(name), donor.get_submodule(name)
+    if isinstance(mine, nn.Linear):
+        return isinstance(theirs, nn.Linear)
+    return _same_norm(theirs, mine)
+
+
+@torch.no_grad()
+def _same_norm(theirs: nn.Module, mine: nn.Module) -> bool:
+    """Two norm modules agree on a probe once given the same weight (cost: two tiny forwards)."""
+    import copy
+
+    weight = getattr(theirs, "weight", None)
+    if weight is None or getattr(mine, "weight", None) is None or weight.shape != mine.weight.shape:
+        return False
+    probe_mod = copy.deepcopy(mine).float()
+    probe_mod.weight.copy_(weight.float())
+    probe = torch.randn(2, weight.shape[-1], generator=torch.Generator().manual_seed(0))
+    ours = probe_mod(probe.to(probe_mod.weight.device))
+    ref = copy.deepcopy(theirs).float()(probe.to(weight.device))
+    return bool(torch.allclose(ours.cpu(), ref.cpu(), atol=1e-5, rtol=1e-4))
