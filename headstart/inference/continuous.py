@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from headstart.inference.grouping import prefill_overhead_tokens, split_sorted
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import probabilities
 from headstart.target import Target, forward, new_cache, tree_attention_mask
@@ -113,6 +114,7 @@ class ContinuousBatcher:
         compact_min: int = 32,
         prefill_tokens: int = 2048,
         min_shared_prefix: int = 8,
+        prefill_overhead: int | None = None,
     ) -> None:
         from headstart.target.packing import PackedLinears
 
@@ -125,6 +127,9 @@ class ContinuousBatcher:
         self.admit_every = max(1, min(admit_every, max_batch))
         self.compact_slack = compact_slack
         self.prefill_tokens = prefill_tokens  # padded prompt tokens per prefill forward (memory, mask size)
+        self.prefill_overhead = (
+            prefill_overhead_tokens(target.device) if prefill_overhead is None else prefill_overhead
+        )
         self.compact_min = compact_min  # dead columns tolerated whatever the width (copies are not free)
         self.stops = frozenset(target.eos_token_ids)
         self.stats = EngineStats()
@@ -240,14 +245,10 @@ class ContinuousBatcher:
         take = sorted(
             (queue.popleft() for _ in range(min(len(free), len(queue)))), key=lambda r: len(r.prompt)
         )
-        group: list[Request] = []
-        for request in take:
-            widest = max([len(r.prompt) for r in group] + [len(request.prompt)])
-            if group and widest * (len(group) + 1) > self.prefill_tokens:
-                cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
-                free, group = free[len(group) :], []
-            group.append(request)
-        cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
+        for size in split_sorted([len(r.prompt) for r in take], self.prefill_tokens, self.prefill_overhead):
+            group, take = take[:size], take[size:]
+            cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
+            free = free[size:]
         self.stats.prefill_s += time.perf_counter() - start
         return cache, valid, logits
 

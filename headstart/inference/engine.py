@@ -268,7 +268,7 @@ class EngineBatcher:
     replies are drafted and verified like `generate`'s (greedy: exactly the target's)."""
 
     def __init__(self, target: Any, heads: Any = None, tree: Any = None, max_batch: int = 64,
-                 admit_every: int = 8, prefill_tokens: int = 4096) -> None:  # fmt: skip
+                 admit_every: int = 8, prefill_tokens: int = 2048) -> None:  # fmt: skip
         from headstart.inference.continuous import EngineStats
         from headstart.inference.decoder import SpeculativeDecoder
 
@@ -336,14 +336,15 @@ class EngineBatcher:
                 progress(self.stats)
 
     def _groups(self, requests: list[Any]) -> list[list[Any]]:
-        """Consecutive (length-sorted) requests, each group's padded prompt tokens within budget."""
+        """Consecutive (length-sorted) requests, each group's padded prompt tokens within budget,
+        split where padding costs more than another forward (inference/grouping.py)."""
+        from headstart.inference.grouping import prefill_overhead_tokens, split_sorted
+
+        overhead = prefill_overhead_tokens(self.target.device)
         groups: list[list[Any]] = []
-        for request in requests:
-            group = groups[-1] if groups else None
-            if group is not None and len(request.prompt) * (len(group) + 1) <= self.prefill_tokens:
-                group.append(request)
-            else:
-                groups.append([request])
+        for size in split_sorted([len(r.prompt) for r in requests], self.prefill_tokens, overhead):
+            groups.append(requests[:size])
+            requests = requests[size:]
         return groups
 
     def _job(self, request: Any) -> Job:

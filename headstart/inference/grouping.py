@@ -1,0 +1,46 @@
+"""How newcomers' prompts are split into prefill forwards.
+
+A prefill forward is padded to its longest prompt, so a group of one long and many short prompts
+computes mostly padding (on the CPU, measured on 48 MT-bench first turns at batch 16: a greedy
+cut by a token budget alone ran 3,888 padded tokens for 1,412 real ones). Each forward also has a
+fixed cost (Python, kernel launches; on a GPU a small prefill is all launches). Over prompts
+sorted by length, the split that minimises  sum over groups of (width x rows + overhead)  is a
+small dynamic programme (n <= the batch: n^2 work, microseconds).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def prefill_overhead_tokens(device: Any) -> int:
+    """A prefill forward's fixed cost in prompt tokens' worth: on a 2-core CPU a token of SmolLM2's
+    prefill is ~2.4 ms and a forward's fixed part ~30-80 ms; on a GPU a forward of a small model
+    is launch-bound up to thousands of tokens (2026-11-25, H100: a 2,048-token prefill)."""
+    return 32 if str(device).startswith("cpu") else 1024
+
+
+def split_sorted(lengths: list[int], budget: int, overhead: int) -> list[int]:
+    """Group sizes, in order, for prompts of these lengths (ascending): each group's padded
+    tokens (its last length x its rows) within `budget` (a single prompt over it goes alone), and
+    the sum of padded tokens plus `overhead` tokens per forward the least such a split gives."""
+    n = len(lengths)
+    if any(a > b for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ValueError("split_sorted: lengths must be in ascending order")
+    best = [0.0] + [float("inf")] * n  # best[i]: the cost of the first i prompts
+    cut = [0] * (n + 1)  # cut[i]: where the last group of the first i prompts starts
+    for end in range(1, n + 1):
+        width = lengths[end - 1]  # the group's widest: its last
+        for start in range(end - 1, -1, -1):
+            rows = end - start
+            if rows > 1 and width * rows > budget:
+                break  # earlier starts only add rows
+            cost = best[start] + width * rows + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    sizes: list[int] = []
+    end = n
+    while end:
+        sizes.append(end - cut[end])
+        end = cut[end]
+    return sizes[::-1]

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Distillation's batchers side by side on the same prompts, interleaved run by run (this host is
+noisy): the continuous batcher with prefill groups cut by the token budget alone (before
+2026-11-26), the same with padding-aware groups (inference/grouping.py: what `distill` runs),
+and the speculative engine's batcher (issue 38's one engine; no heads). Every run's replies must
+equal the first's (greedy), or the script fails.
+
+    python scripts/bench_batchers.py --questions ../shared/data/eval/mt_bench/question.jsonl \
+        --num 48 --batch-size 16 --max-new-tokens 64 --threads 2 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2")
+    parser.add_argument("--questions", required=True, help="JSONL with a 'turns' list (MT-bench)")
+    parser.add_argument("--num", type=int, default=48)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+
+    from headstart.inference.continuous import ContinuousBatcher, Request
+    from headstart.inference.engine import EngineBatcher
+    from headstart.inference.plain import SamplingConfig
+    from headstart.target import load_target
+
+    torch.set_num_threads(args.threads)
+    target = load_target(args.target)
+    with open(args.questions, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()][: args.num]
+    prompts = [target.chat.user_prompt_ids(row["turns"][0]) for row in rows]
+    batch, every = args.batch_size, max(1, args.batch_size // 8)
+    makers = {
+        "continuous, budget-only groups": lambda: ContinuousBatcher(
+            target, max_batch=batch, admit_every=every, prefill_overhead=10**9
+        ),
+        "continuous, padding-aware groups": lambda: ContinuousBatcher(
+            target, max_batch=batch, admit_every=every
+        ),
+        "engine (no heads)": lambda: EngineBatcher(target, max_batch=batch, admit_every=every),
+    }
+    totals = {name: {"wall_s": 0.0, "prefill_s": 0.0, "tokens": 0} for name in makers}
+    reference = None
+    for round_ in range(args.rounds):
+        for name, make in makers.items():
+            got: dict[int, list[int]] = {}
+            requests = [
+                Request(key=i, prompt=p, sampling=SamplingConfig(max_new_tokens=args.max_new_tokens))
+                for i, p in enumerate(prompts)
+            ]
+            start = time.perf_counter()
+            stats = make().run(
+                requests, lambda request, reply, got=got: got.__setitem__(request.key, reply.token_ids)
+            )
+            wall = time.perf_counter() - start
+            reference = reference or got
+            if got != reference:
+                raise SystemExit(f"{name}: replies differ from the first run's")
+            row = totals[name]
+            row["wall_s"] += wall
+            row["prefill_s"] += stats.prefill_s
+            row["tokens"] += sum(len(v) for v in got.values())
+            print(f"round {round_ + 1} {name}: {wall:.1f} s (prefill {stats.prefill_s:.1f} s)", flush=True)
+    first = next(iter(totals.values()))["wall_s"]
+    print(
+        "\n| batcher | generated tok/s | prefill s per run | throughput vs the first |\n|---|---:|---:|---:|"
+    )
+    for name, row in totals.items():
+        print(f"| {name} | {row['tokens'] / row['wall_s']:.1f} | {row['prefill_s'] / args.rounds:.1f} | "
+              f"{first / row['wall_s']:.3f} |")  # fmt: skip
+    print("every run's replies identical: yes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
