@@ -172,9 +172,6 @@ def _train(
         eval_loader = accelerator.prepare(eval_loader)
     # Not prepared: accelerate would step it once per process; registered so it is checkpointed.
     accelerator.register_for_checkpointing(scheduler)
-    logging.getLogger("headstart.train").info(
-        "head and optimizer ready: start-up took %.1f s", time.perf_counter() - budget.started
-    )
     out = Path(cfg.output_dir)
     ckpt_root = out / "checkpoints"
     state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}
@@ -190,6 +187,9 @@ def _train(
         raise HeadstartError(
             "the training split is smaller than one global batch", "lower batch_size or add data"
         )
+    logging.getLogger("headstart.train").info(
+        "head and optimizer ready: start-up took %.1f s", time.perf_counter() - budget.started
+    )
     consumed = step * cfg.grad_accum
     epoch, skip = divmod(consumed, per_epoch)
     bar = tqdm(

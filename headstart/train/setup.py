@@ -126,17 +126,20 @@ def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, t
     from headstart.commands.common import quiet_transformers
     from headstart.target import load_target
 
-    log = logging.getLogger("headstart.train")
-    # each start-up stage says when it is done: a start that hangs on a remote machine shows where
+    # the start-up's stages and their times in one line once both are done (an error stays one
+    # line); a start that hangs shows where by its interrupt line or `kill -USR1` (headstart/cli.py)
     since = time.perf_counter()
+    done = []
     if target is None:
         with quiet_transformers():
             target = load_target(cfg.target, dtype=cfg.dtype, device=device)
-        log.info("target %s loaded on %s in %.1f s", cfg.target, device, time.perf_counter() - since)
+        done.append(f"target {cfg.target} loaded on {device} in {time.perf_counter() - since:.1f} s")
     if data is None:
         since = time.perf_counter()
         data = load_distilled_data(cfg.data)
-        log.info("data: %d conversations read in %.1f s", len(data), time.perf_counter() - since)
+        done.append(f"{len(data)} conversations read in {time.perf_counter() - since:.1f} s")
+    if done:
+        logging.getLogger("headstart.train").info("; ".join(done))
     config = head_config(cfg.head, target)  # raises when the head does not fit the target
     check_data(data, target, config.feature_layers, cfg.data.mode)
     assert cfg.data.holdout is not None  # DataConfig fills the default in
