@@ -4,7 +4,7 @@ Every engine answers a stream of `Request`s (a rendered prompt, its sampling set
 and calls `on_reply(request, reply)` as each finishes; the callback may return follow-up requests
 (a conversation's next turn), which are answered before new conversations start.
 
-    headstart   continuous batching through headstart's own forward (inference/continuous.py):
+    headstart   continuous batching through headstart's decoding engine (inference/engine.py):
                 up to --batch-size conversations in flight, finished rows refilled at once.
                 Full-attention decoder targets (the default).
     generate    transformers' `generate` over static batches of --batch-size prompts: any model
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from headstart.distill.replies import Sampling, generate_batch
-from headstart.inference.continuous import ContinuousBatcher, EngineStats, Reply, Request
+from headstart.inference.continuous import EngineStats, Reply, Request
 from headstart.target import Target
 
 ENGINES = ("headstart", "generate", "dataset", "openai")
@@ -30,12 +30,15 @@ OnReply = Callable[[Request, Reply], Iterable[Request] | None]
 
 
 class HeadstartEngine:
-    """Continuous batching on headstart's forward."""
+    """Continuous batching on headstart's one decoding engine (inference/engine.py, as `generate`
+    and `serve` run), plain: a chat template's shared opening prefilled once per group."""
 
     name = "headstart"
 
     def __init__(self, target: Target, batch_size: int) -> None:
-        self.batcher = ContinuousBatcher(target, max_batch=batch_size, admit_every=max(1, batch_size // 8))
+        from headstart.inference.engine import EngineBatcher
+
+        self.batcher = EngineBatcher(target, max_batch=batch_size, admit_every=max(1, batch_size // 8))
 
     def run(self, requests: Iterable[Request], on_reply: OnReply) -> EngineStats:
         return self.batcher.run(requests, on_reply)

@@ -1,6 +1,9 @@
 """Continuous batching: many prompts in flight through headstart's own forward, finished rows
-refilled at once. It is the engine of `headstart distill` (the target answering thousands of
-prompts), where throughput, not latency, is what counts.
+refilled at once. It was the engine of `headstart distill` until 2026-11-26; distillation now runs
+on the one decoding engine (inference/engine.py's EngineBatcher, the engine of `generate` and
+`serve`), which matched it on the CPU (scripts/bench_batchers.py). It stays as that benchmark's
+reference until the engine is measured against it on a GPU, where this loop's throughput was
+tuned (README, "On a GPU"). Also home of the request/reply types every batcher shares.
 
 A decode step is ONE target forward over every live row (one new token each): on a CPU the
 small-row kernel reads the weights once for up to 64 rows (target/smallmm.py), on a GPU the batch
@@ -27,7 +30,7 @@ One host read per step (the new tokens, to check stops).
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ import torch
 
 from headstart.inference.grouping import prefill_overhead_tokens, split_sorted
 from headstart.inference.plain import SamplingConfig
+from headstart.inference.prefix import SharedPrefix
 from headstart.inference.sampling import probabilities
 from headstart.target import Target, forward, new_cache, tree_attention_mask
 
@@ -134,9 +138,7 @@ class ContinuousBatcher:
         self.stops = frozenset(target.eos_token_ids)
         self.stats = EngineStats()
         self.packer = PackedLinears.for_model(target.model)  # CPU fp32: the small-row kernel
-        self.min_shared_prefix = min_shared_prefix  # 0 = never share (every prompt runs whole)
-        self._prefix_ids: list[int] | None = None  # the shared prefix last run, and its cache
-        self._prefix_cache: Any = None
+        self.prefix = SharedPrefix(target, min_shared_prefix)  # min 0: every prompt runs whole
 
     # ---- the loop -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -263,7 +265,7 @@ class ContinuousBatcher:
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill `group` into `free` slots: the rows opening with a shared prefix in one forward
         that starts after it, the others (if any, first) in one of their own."""
-        prefix = self._pick_prefix(group)
+        prefix = self.prefix.pick([r.prompt for r in group])
         n = len(prefix)
         opens = [bool(n) and len(r.prompt) > n and r.prompt[:n] == prefix for r in group]
         inside = [r for r, yes in zip(group, opens, strict=True) if yes]
@@ -287,7 +289,7 @@ class ContinuousBatcher:
         prefix's), left-padded (the caller orders prompts by length, so padding stays small); each
         row's entries then go into a free slot."""
         device = self.target.device
-        own = self._prefix_rows(shared, len(group))  # the shared prefix's entries, one per row
+        own = self.prefix.rows(shared, len(group))  # the shared prefix's entries, one per row
         tails = [r.prompt[shared:] for r in group]
         width = max(len(t) for t in tails)
         ids = torch.zeros(len(group), width, dtype=torch.long, device=device)
@@ -336,55 +338,6 @@ class ContinuousBatcher:
         assert logits is not None
         return cache, valid, logits
 
-    def _pick_prefix(self, group: list[Request]) -> list[int]:
-        """The prefix most of `group`'s prompts open with (at least `min_shared_prefix` tokens,
-        shared by two rows or already run), run now if it is new; [] for none.
-
-        Chat prompts start with the same template text (SmolLM2: a 22-token system turn, ~28% of
-        a ShareGPT first turn), and a prefill's cost is its tokens: the prefix runs once and is
-        kept for later groups while they share it. Its entries come from a batch-1 forward rather
-        than each row's own, so they may differ in the last float bits (as batching does)."""
-        m = self.min_shared_prefix
-        heads = Counter(tuple(r.prompt[:m]) for r in group if m and len(r.prompt) > m)
-        if not heads:
-            return []
-        head, count = heads.most_common(1)[0]
-        members = [r.prompt for r in group if len(r.prompt) > m and tuple(r.prompt[:m]) == head]
-        kept = self._prefix_ids
-        if kept and all(len(p) > len(kept) and p[: len(kept)] == kept for p in members):
-            return kept
-        if count < 2:
-            return []
-        shared = min(_common_prefix(members), min(len(p) for p in members) - 1)
-        self._prefix_ids = list(members[0][:shared])
-        self._prefix_cache = self._run_prefix(self._prefix_ids)
-        return self._prefix_ids
-
-    def _prefix_rows(self, shared: int, rows: int) -> Any:
-        """A fresh cache holding the kept prefix's first `shared` entries once per row."""
-        own = new_cache(self.target.model)
-        if not shared:
-            return own
-        for layer, src in zip(own.layers, self._prefix_cache.layers, strict=True):
-            if getattr(src, "keys", None) is None:
-                continue
-            layer.lazy_initialization(src.keys, src.values)
-            # a view with stride 0 over the rows: the forward's append makes the real copy
-            layer.keys = src.keys[:, :, :shared].expand(rows, -1, -1, -1)
-            layer.values = src.values[:, :, :shared].expand(rows, -1, -1, -1)
-        return own
-
-    def _run_prefix(self, ids: list[int]) -> Any:
-        """The target's cache after `ids` alone (batch 1, causal)."""
-        device = self.target.device
-        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril()
-        mask = tree_attention_mask(causal[:1, :0], causal, self.target.dtype)  # (1, 1, n, n)
-        cache = new_cache(self.target.model)
-        forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
-                position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
-                logits_to_keep=1)  # fmt: skip
-        return cache
-
     def _maybe_compact(self, cache: Any, valid: torch.Tensor, need: int) -> tuple[Any, torch.Tensor]:
         """`need`: the most entries a live row holds (its position: one entry per token fed)."""
         width = valid.shape[1]
@@ -397,15 +350,6 @@ class ContinuousBatcher:
 # ---- cache surgery (columns are storage; positions live in the keys) -----------------------------
 def _layers(cache: Any) -> list[Any]:
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
-
-
-def _common_prefix(prompts: list[list[int]]) -> int:
-    """How many leading tokens all `prompts` share."""
-    first = prompts[0]
-    n = min(len(p) for p in prompts)
-    for p in prompts[1:]:
-        n = next((i for i in range(n) if p[i] != first[i]), n)
-    return n
 
 
 def _place(

@@ -91,18 +91,31 @@ class SpeculativeDecoder:
         return nodes + (self.lookup.tokens if self.lookup is not None else 0)
 
     # ---- steps -------------------------------------------------------------------------------
-    def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any) -> DecodeState:
+    def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any,
+                prefix: tuple[Any, int] | None = None) -> DecodeState:  # fmt: skip
+        """`prefix`: (a SharedPrefix, n) whose first n tokens every prompt opens with and `prompts`
+        holds the rest of: the cache starts with its entries per row and the forward runs only
+        the rest (plain decoding, uncaptured: a drafter reads features of every position)."""
         model = self.target.model
-        ids, valid = prompts.ids, prompts.valid  # (B, T)
+        ids, valid = prompts.ids, prompts.valid  # (B, T): after the prefix, left-padded
         steps = ids.shape[1]
-        positions = (valid.long().cumsum(1) - 1).clamp_min(0)
+        shared = prefix[1] if prefix is not None else 0
+        if shared and (drafter.feature_layers or self.captured is not None):
+            raise ValueError("a shared prefix is for plain, uncaptured decoding")
+        before = valid.new_ones(ids.shape[0], shared)  # the prefix: every row sees it
+        positions = (torch.cat([before, valid], 1).long().cumsum(1) - 1).clamp_min(0)[:, shared:]
         mask = None  # rows of one length: transformers' causal masks, sdpa's is_causal fast path
-        if not prompts.unpadded:  # left padding: a 4D mask hides it (a dense float mask)
+        if shared or not prompts.unpadded:  # padding (here after the prefix) hides by a 4D mask
             causal = torch.ones(steps, steps, dtype=torch.bool, device=ids.device).tril()
             sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
-            mask = tree_attention_mask(valid[:, :0], sees, self.target.dtype)  # (B, 1, T, T)
+            mask = tree_attention_mask(before, sees, self.target.dtype)  # (B, 1, T, shared + T)
         check_tree_verifiable(model)  # one line for recurrent/linear/chunked layers
-        cache = new_cache(model, reserve=steps + sampling.max_new_tokens + self.verify_width())
+        reserve = shared + steps + sampling.max_new_tokens + self.verify_width()
+        if shared:
+            assert prefix is not None
+            cache = prefix[0].rows(shared, ids.shape[0], reserve=reserve)
+        else:
+            cache = new_cache(model, reserve=reserve)
         if self.captured is not None:
             self.captured.adopt(cache)
         if self.captured_head is not None:
@@ -115,7 +128,8 @@ class SpeculativeDecoder:
         drafter.observe(
             feats.last_hidden, feats.layers, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid, last
         )
-        return DecodeState(cache, valid, valid.sum(1), root, list(range(ids.shape[0])))
+        visible = torch.cat([before, valid], 1)
+        return DecodeState(cache, visible, visible.sum(1), root, list(range(ids.shape[0])))
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
               contexts: list[list[int]] | None = None, plain: bool = False) -> DraftTree:  # fmt: skip

@@ -60,8 +60,15 @@ class Engine:
     """Continuous speculative decoding of jobs that share one SamplingConfig's warping."""
 
     def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False,
-                 speculate_up_to: int | None = None) -> None:  # fmt: skip
+                 speculate_up_to: int | None = None, shared_prefix: int = 0) -> None:  # fmt: skip
         self.decoder = decoder
+        # Plain and uncaptured only (a drafter reads every position's features): newcomers that
+        # open with the same >= this many tokens prefill them once (inference/prefix.py); 0 = off
+        from headstart.inference.prefix import SharedPrefix
+
+        usable = decoder.heads is None and decoder.captured is None and shared_prefix > 0
+        self.prefix = SharedPrefix(decoder.target, shared_prefix) if usable else None
+        self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
         # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
         # a step is plain (the root alone; the drafter still observes). On a CPU a verify's cost
         # grows with its tokens, so a big batch decodes faster plainly; None: always speculate.
@@ -99,12 +106,14 @@ class Engine:
                 "pass heads (a head module), not a drafter",
             )
         pad = decoder.target.tokenizer.pad_token_id or 0
-        prompts = prepare_prompts([j.prompt for j in jobs], None, pad, 1, None, False, device)
+        shared = self._shared([j.prompt for j in jobs])
+        prompts = prepare_prompts([j.prompt[shared:] for j in jobs], None, pad, 1, None, False, device)
         drafter = make_drafter(decoder.heads, decoder.target.vocab_size, decoder._tree_depth())
         generators = self._generators(jobs)
         decoder.generator = generators
         start = time.perf_counter()
-        state = decoder.prefill(prompts, self.sampling, drafter)
+        state = decoder.prefill(prompts, self.sampling, drafter, (self.prefix, shared) if shared else None)
+        self.prefix_reused += shared * len(jobs)
         self.target_forwards += 1
         self.prefills += 1
         first = state.root.tolist()  # host sync: the prefill's read
@@ -112,7 +121,8 @@ class Engine:
         for job in jobs:
             job.admitted_s = start
         width = state.visible.shape[1]  # the newcomers' leading columns they do not see, known on the host
-        lead = [width - len(job.prompt) for job in jobs]
+        # (after a shared prefix the padding sits between it and each row's rest: none leads)
+        lead = [0 if shared else width - len(job.prompt) for job in jobs]
         if self.state is None:
             self.state, self.drafter = state, drafter
         else:
@@ -125,6 +135,15 @@ class Engine:
         self._set_generators(generators, len(jobs))
         return self._take([[t] for t in first], [1] * len(first), rows=range(len(self.jobs) - len(jobs), len(self.jobs)),
                           counted=False)  # fmt: skip
+
+    def _shared(self, prompts: list[list[int]]) -> int:
+        """How many leading tokens of `prompts` come from the shared prefix (all of them must
+        open with it, each with more after it); 0 when there is none."""
+        if self.prefix is None or len(prompts) < 2 and not self.prefix.ids:
+            return 0
+        ids = self.prefix.pick(prompts)
+        n = len(ids)
+        return n if n and all(len(p) > n and p[:n] == ids for p in prompts) else 0
 
     def _merge(self, state: DecodeState, drafter: Any) -> None:
         """Stack the newcomers' rows under the live ones (caches left-padded to one width)."""
@@ -268,7 +287,7 @@ class EngineBatcher:
     replies are drafted and verified like `generate`'s (greedy: exactly the target's)."""
 
     def __init__(self, target: Any, heads: Any = None, tree: Any = None, max_batch: int = 64,
-                 admit_every: int = 8, prefill_tokens: int = 2048) -> None:  # fmt: skip
+                 admit_every: int = 8, prefill_tokens: int = 2048, shared_prefix: int = 8) -> None:  # fmt: skip
         from headstart.inference.continuous import EngineStats
         from headstart.inference.decoder import SpeculativeDecoder
 
@@ -276,6 +295,7 @@ class EngineBatcher:
         self.max_batch = max_batch
         self.admit_every = max(1, min(admit_every, max_batch))
         self.prefill_tokens = prefill_tokens
+        self.shared_prefix = shared_prefix  # plain decoding: a prefix the prompts share runs once
         self.stats = EngineStats()
         self.make_decoder = lambda: SpeculativeDecoder(target, heads, tree=tree)
 
@@ -314,13 +334,15 @@ class EngineBatcher:
                 )
                 if engine is None:
                     first = take[0].sampling
-                    engine = Engine(self.make_decoder(), first, row_seeds=not first.greedy)
+                    engine = Engine(self.make_decoder(), first, row_seeds=not first.greedy,
+                                    shared_prefix=self.shared_prefix)  # fmt: skip
                 start = time.perf_counter()
                 for group in self._groups(take):
                     jobs = [self._job(request) for request in group]
                     asked.update({id(job): request for job, request in zip(jobs, group, strict=True)})
                     self.stats.prompt_tokens += sum(len(r.prompt) for r in group)
                     finished(engine.add(jobs))
+                    self.stats.prefix_reused = engine.prefix_reused
                 self.stats.prefill_s += time.perf_counter() - start
             if engine is None or not engine.live:
                 pull(1)

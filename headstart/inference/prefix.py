@@ -1,0 +1,82 @@
+"""A prompt prefix many requests share, prefilled once and copied to each row.
+
+Chat prompts start with the same template text (SmolLM2: a 22-token system turn, ~28% of a
+ShareGPT first turn), and a prefill's cost is its tokens: the prefix runs once (batch 1) and its
+cache entries are copied to every row of a group, whose prefill then runs only the rest. Its
+entries come from a batch-1 forward rather than each row's own, so they may differ in the last
+float bits (as batching does). Used by distillation's continuous batcher and by the engine's
+plain (no heads) admissions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from headstart.target import forward, new_cache, tree_attention_mask
+
+
+class SharedPrefix:
+    """The prefix last run and its batch-1 cache, kept while later groups share it."""
+
+    def __init__(self, target: Any, min_tokens: int = 8) -> None:
+        self.target = target
+        self.min_tokens = min_tokens  # 0 = never share
+        self.ids: list[int] = []
+        self.cache: Any = None
+
+    def pick(self, prompts: list[list[int]]) -> list[int]:
+        """The prefix most of `prompts` open with (at least `min_tokens` tokens, shared by two or
+        already run, shorter than each member), run now if it is new; [] for none."""
+        m = self.min_tokens
+        heads = Counter(tuple(p[:m]) for p in prompts if m and len(p) > m)
+        if not heads:
+            return []
+        head, count = heads.most_common(1)[0]
+        members = [p for p in prompts if len(p) > m and tuple(p[:m]) == head]
+        kept = self.ids
+        if kept and all(len(p) > len(kept) and p[: len(kept)] == kept for p in members):
+            return kept
+        if count < 2:
+            return []
+        shared = min(common_prefix(members), min(len(p) for p in members) - 1)
+        self.ids = list(members[0][:shared])
+        self.cache = self._run(self.ids)
+        return self.ids
+
+    def rows(self, shared: int, rows: int, reserve: int = 0) -> Any:
+        """A fresh cache holding the kept prefix's first `shared` entries once per row."""
+        own = new_cache(self.target.model, reserve=reserve)
+        if not shared:
+            return own
+        for layer, src in zip(own.layers, self.cache.layers, strict=True):
+            if getattr(src, "keys", None) is None:
+                continue
+            layer.lazy_initialization(src.keys, src.values)
+            # a view with stride 0 over the rows: the forward's append makes the real copy
+            layer.keys = src.keys[:, :, :shared].expand(rows, -1, -1, -1)
+            layer.values = src.values[:, :, :shared].expand(rows, -1, -1, -1)
+        return own
+
+    def _run(self, ids: list[int]) -> Any:
+        """The target's cache after `ids` alone (batch 1, causal)."""
+        device = self.target.device
+        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril()
+        mask = tree_attention_mask(causal[:1, :0], causal, self.target.dtype)  # (1, 1, n, n)
+        cache = new_cache(self.target.model)
+        forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
+                position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
+                logits_to_keep=1)  # fmt: skip
+        return cache
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest prefix all `prompts` share."""
+    first = prompts[0]
+    n = min(len(p) for p in prompts)
+    for i in range(n):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return n

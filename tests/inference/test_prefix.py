@@ -1,0 +1,42 @@
+"""The shared prefix (inference/prefix.py) in the engine's plain admissions, as distillation runs
+them: rows whose prompts open with the same chat-template text prefill it once, the padding then
+sits between it and each row's rest, and every reply still equals `generate` alone, on every
+family of the suite (sliding windows included: the prompts are longer than the window)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.inference.continuous import Request
+from headstart.inference.engine import EngineBatcher
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.prefix import common_prefix
+from headstart.target import load_target
+from tests.tiny import FAMILIES, make_target_dir
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_replies_after_a_shared_prefix_equal_generate_alone(family, tmp_path):
+    target = load_target(str(make_target_dir(tmp_path, family, seed=11, **FAMILIES[family])))
+    prompts = [target.chat.user_prompt_ids(f"question number {i} " + "x" * (3 * i % 11)) for i in range(7)]
+    alone = {}
+    for i, p in enumerate(prompts):
+        out = target.model.generate(torch.tensor([p]), max_new_tokens=18, min_new_tokens=18, do_sample=False)
+        alone[i] = out[0, len(p) :].tolist()
+    got = {}
+    requests = [
+        Request(key=i, prompt=p, sampling=SamplingConfig(max_new_tokens=18)) for i, p in enumerate(prompts)
+    ]
+    stats = EngineBatcher(target, max_batch=4, admit_every=2).run(
+        requests, lambda request, reply: got.__setitem__(request.key, reply.token_ids)
+    )
+    assert stats.prefix_reused > 0  # the path under test ran
+    for i, reference in alone.items():
+        assert got[i] == reference[: len(got[i])], i  # a reply may stop early at an end token
+
+
+def test_common_prefix():
+    assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix([[5], [6]]) == 0
+    assert common_prefix([[1, 2], [1, 2]]) == 2
