@@ -7,6 +7,10 @@ equal the first's (greedy), or the script fails.
 
     python scripts/bench_batchers.py --questions ../shared/data/eval/mt_bench/question.jsonl \
         --num 48 --batch-size 16 --max-new-tokens 64 --threads 2 --rounds 2
+On a GPU (what must be measured before the continuous batcher is retired; the staged GGUF and
+the first 40 MT-bench questions of scripts/gpu_stage.sh, prompts repeated to fill the batch):
+    python3 scripts/bench_batchers.py --target /root/stage/smollm2.gguf --device cuda \
+        --questions .gpu/questions.jsonl --num 40 --repeat 16 --batch-size 256 --max-new-tokens 128
 """
 
 from __future__ import annotations
@@ -21,10 +25,13 @@ def main() -> int:
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--questions", required=True, help="JSONL with a 'turns' list (MT-bench)")
     parser.add_argument("--num", type=int, default=48)
+    parser.add_argument("--repeat", type=int, default=1, help="each question this many times (a GPU batch)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU: --batch-size 256 or more)")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 
     import torch
@@ -35,10 +42,10 @@ def main() -> int:
     from headstart.target import load_target
 
     torch.set_num_threads(args.threads)
-    target = load_target(args.target)
+    target = load_target(args.target, dtype=args.dtype, device=args.device)
     with open(args.questions, encoding="utf-8") as handle:
         rows = [json.loads(line) for line in handle if line.strip()][: args.num]
-    prompts = [target.chat.user_prompt_ids(row["turns"][0]) for row in rows]
+    prompts = [target.chat.user_prompt_ids(row["turns"][0]) for row in rows] * args.repeat
     batch, every = args.batch_size, max(1, args.batch_size // 8)
     makers = {
         "continuous, budget-only groups": lambda: ContinuousBatcher(

@@ -17,7 +17,11 @@
 #      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
 #      (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
 #      --methods generate,plain_eager,eagle3_eager)
-#   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers)
+#   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers;
+#   or distillation's engine against the old loop, what retiring inference/continuous.py waits on:
+#      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/bench_batchers.py
+#      --target /root/stage/smollm2.gguf --device cuda --questions .gpu/questions.jsonl --num 40
+#      --repeat 16 --batch-size 256 --max-new-tokens 128 --rounds 1)
 # A call whose machine was given back in between starts over at 1 (the staged parts are gone).
 set -euo pipefail
 QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}
