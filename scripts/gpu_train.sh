@@ -43,7 +43,13 @@ device() {
   # past the budget and the finishing, the runs still alive print their stacks before the backstop
   ( sleep "$((BUDGET + 80))"; stacks_then_stop $(pgrep -f 'headstart train' || true) ) &
   watchdog=$!
-  # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop
+  # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop.
+  # CPU threads split between the runs: each would start one per core (16), and a process's tiny
+  # CPU ops (collate, start-up loops) slow down many-fold when 48 threads share 16 cores
+  local runs
+  runs=$(( $(wc -w <<< "$SIZES $DFLASH_LAYERS") ))
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / (runs > 0 ? runs : 1) > 0 ? $(nproc) / (runs > 0 ? runs : 1) : 1 ))}
+  echo "runs: $runs side by side, OMP_NUM_THREADS=$OMP_NUM_THREADS each"
   OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-1000} PARALLEL=1 BUDGET="$BUDGET" \
     RESUME="${RESUME:-0}" FINISH="${FINISH:-1}" DFLASH_LAYERS="$DFLASH_LAYERS" TRAIN_ARGS="${TRAIN_ARGS:-}" \
     timeout -s TERM -k 30 "$((BUDGET + 100))" \

@@ -211,12 +211,15 @@ def split(count: int, holdout: float, seed: int) -> tuple[list[int], list[int]]:
 
 def token_counts(data: TrainData, indices: Sequence[int], vocab: int) -> torch.Tensor:
     """How often each target token appears as a reply token, (V,) (EAGLE-3's draft vocabulary)."""
-    counts = torch.zeros(vocab, dtype=torch.float64)
-    for i in indices:
-        ids = torch.tensor(data.input_ids[i], dtype=torch.long)
-        keep = torch.tensor(data.loss_mask[i], dtype=torch.bool)
-        counts += torch.bincount(ids[keep], minlength=vocab).to(torch.float64)
-    return counts
+    from itertools import chain, compress
+
+    # One bincount over every reply token: a bincount and a (V,) add per conversation ran 30k
+    # tiny multi-threaded ops, 6 s at 2 threads here against 1.7 s at 1 (thread start-up per op)
+    # and, we believe, the silent start-up of three runs side by side on a 16-core GPU host
+    # (2026-11-26) that never reached step 1 in 530 s.
+    replies = chain.from_iterable(compress(data.input_ids[i], data.loss_mask[i]) for i in indices)
+    flat = torch.tensor(list(replies), dtype=torch.long)
+    return torch.bincount(flat, minlength=vocab).to(torch.float64)
 
 
 class Conversations(torch.utils.data.Dataset):

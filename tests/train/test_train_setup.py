@@ -70,3 +70,18 @@ def test_missing_extras_name_the_extra_to_install(monkeypatch, tmp_path, caplog)
         report.write_report({"methods": {}, "by_category": {}}, tmp_path / "report")
     assert (tmp_path / "report" / "report.json").is_file() and not list((tmp_path / "report").glob("*.png"))
     assert "headstart[plots]" in caplog.text
+
+
+def test_token_counts_count_reply_tokens_of_the_chosen_conversations():
+    """The draft vocabulary's counts: reply tokens only (loss mask 1), of the given conversations."""
+    from headstart.train.data import TrainData, token_counts
+
+    data = TrainData(
+        input_ids=[[1, 2, 3, 3], [3, 4, 4], [5, 5, 5]],
+        loss_mask=[[0, 1, 1, 1], [0, 0, 1], [1, 1, 1]],
+        fingerprint=None,
+        description="tiny",
+    )
+    counts = token_counts(data, [0, 1], vocab=8)
+    assert counts.dtype == torch.float64 and counts.tolist() == [0, 0, 1, 2, 1, 0, 0, 0]
+    assert token_counts(data, [], vocab=8).tolist() == [0.0] * 8
