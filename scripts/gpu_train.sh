@@ -8,7 +8,7 @@
 #   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts)
 #   device calls 1-3 of gpu_stage.sh (they stage GGUF parts 1-3), then the fourth:
 #     carry [".gpu/wheels", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
-#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=480 s of training)
+#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=400 s of training)
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
 #   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
 #   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
@@ -16,12 +16,15 @@
 #     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
 # Issue 35's GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
-# side by side on every kept conversation):  SIZES=0 DFLASH_LAYERS="1 2" STEPS=800 scripts/gpu_train.sh device
+# side by side on every kept conversation), as the fourth call (timeout_s 600: its smoke ~40 s,
+# the budget, the finishing and the collection ~100 s):
+#   SIZES=0 DFLASH_LAYERS="1 2" STEPS=900 BUDGET=400 scripts/gpu_train.sh device
 # SIZES (default "5000 15000 0": 0 = every kept conversation), DFLASH_LAYERS (DFlash runs of that
 # many layers on all the data, beside them), FINISH (default 1: a run the budget stopped still
 # writes its head from its newest checkpoint, so every run returns one), STEPS (default 1000, equal steps:
 # on an H100 (2026-11-25) the smallest of three parallel runs made 2,000 steps in 430 s and the
-# larger two went slower (1,108 and 855 steps when that machine was lost), so 1,000 should fit one
+# larger two went slower (1,108 and 855 steps when that machine was lost; their start-up counted
+# tokens in 2x22k tiny threaded ops, fixed since), so 1,000 should fit one
 # call; for equal epochs: STEPS= EPOCHS=3), BUDGET (seconds of training per call), RESUME=1.
 # A run stopped by the budget keeps a checkpoint in runs/scaling/eagle3-N/checkpoints (on the
 # machine, while it stays warm) and its held-out evaluations so far in its log.
@@ -30,7 +33,7 @@
 #   RESUME=1 DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=600 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
 set -euo pipefail
 OUT=${OUT:-runs/train-out}
-BUDGET=${BUDGET:-480}
+BUDGET=${BUDGET:-400}
 SIZES=${SIZES-5000 15000 0}
 DFLASH_LAYERS=${DFLASH_LAYERS:-}
 source "$(dirname "$0")/gpu_common.sh"
