@@ -102,8 +102,8 @@ class DistillConfig:
     seed: int = 0
     """Seed for sampling (replies and data-free prompts); each batch reseeds from it."""
     engine: Literal["headstart", "generate", "dataset", "openai"] = "headstart"
-    """Who writes the replies: `headstart` (continuous batching through headstart's own forward,
-    the fast default), `generate` (transformers' generate over static batches, any model),
+    """Who writes the replies: `headstart` (continuous batching through headstart's decoding
+    engine, the one `generate` and `serve` run: the fast default), `generate` (transformers' generate over static batches, any model),
     `dataset` (no generation: the data's own assistant turns, rendered with the target's chat
     template; a conversation ends at its first user turn without a reply), or `openai` (an
     OpenAI-compatible chat-completions server serving the target: base_url and model)."""
