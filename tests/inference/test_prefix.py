@@ -15,14 +15,21 @@ from headstart.inference.prefix import common_prefix
 from headstart.target import load_target
 from tests.tiny import FAMILIES, make_target_dir
 
+CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CASES = [(family, "cpu") for family in sorted(FAMILIES)] + [
+    pytest.param(family, "cuda", marks=CUDA) for family in ("llama", "mistral", "gemma3_text")
+]  # on CUDA in float32: distillation's settings (scripts/gpu_distill.sh), logic not bf16 noise
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_replies_after_a_shared_prefix_equal_generate_alone(family, tmp_path):
-    target = load_target(str(make_target_dir(tmp_path, family, seed=11, **FAMILIES[family])))
+
+@pytest.mark.parametrize(("family", "device"), CASES)
+def test_replies_after_a_shared_prefix_equal_generate_alone(family, device, tmp_path):
+    path = make_target_dir(tmp_path, family, seed=11, **FAMILIES[family])
+    target = load_target(str(path), device=device, dtype="float32")
     prompts = [target.chat.user_prompt_ids(f"question number {i} " + "x" * (3 * i % 11)) for i in range(7)]
     alone = {}
     for i, p in enumerate(prompts):
-        out = target.model.generate(torch.tensor([p]), max_new_tokens=18, min_new_tokens=18, do_sample=False)
+        ids = torch.tensor([p], device=target.device)
+        out = target.model.generate(ids, max_new_tokens=18, min_new_tokens=18, do_sample=False)
         alone[i] = out[0, len(p) :].tolist()
     got = {}
     requests = [
