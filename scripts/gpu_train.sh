@@ -19,6 +19,10 @@
 # side by side on every kept conversation), as the fourth call (timeout_s 600: its smoke ~40 s,
 # the budget, the finishing and the collection ~100 s):
 #   SIZES=0 DFLASH_LAYERS="1 2" STEPS=900 BUDGET=400 scripts/gpu_train.sh device
+# and here, after the unpack (a run finished from its checkpoint reports 0 train tok/s in its
+# results: its training figures are the log's "stopped" summary):
+#   .venv/bin/python scripts/plot_scaling.py --x epochs --title "DFlash against EAGLE-3 on SmolLM2-135M" \
+#     --output docs/scaling/smollm2-dflash-vs-eagle3-gpu runs/gpu-scaling/results-*.json
 # SIZES (default "5000 15000 0": 0 = every kept conversation), DFLASH_LAYERS (DFlash runs of that
 # many layers on all the data, beside them), FINISH (default 1: a run the budget stopped still
 # writes its head from its newest checkpoint, so every run returns one), STEPS (default 1000, equal steps:
