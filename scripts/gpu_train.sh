@@ -48,7 +48,7 @@ device() {
   local start=$SECONDS code=0 watchdog
   smoke || { collect; return 1; }
   # past the budget and the finishing, the runs still alive print their stacks before the backstop
-  ( sleep "$((BUDGET + 80))"; stacks_then_stop $(pgrep -f 'headstart train' || true) ) &
+  watch_then_stop "$((BUDGET + 80))" runs
   watchdog=$!
   # the budget ends each run cleanly (checkpoint, then exit); the timeout is only a backstop.
   # CPU threads split between the runs: each would start one per core (16), and a process's tiny
@@ -76,7 +76,7 @@ smoke() {  # one process, two steps on 64 conversations, 120 s at most: a start-
     "data.path=[data/smollm2-kept/sg]" "data.eval_path=[data/smollm2-kept/sgeval]" data.max_records=64 \
     max_steps=2 eval_every=2 save_every=2 output_dir=runs/smoke > runs/smoke.log 2>&1 &
   pid=$!
-  ( sleep 120; stacks_then_stop "$pid" ) &
+  watch_then_stop 120 "$pid"
   local watchdog=$!
   wait "$pid" || code=$?
   kill "$watchdog" 2>/dev/null || true
@@ -87,6 +87,17 @@ smoke() {  # one process, two steps on 64 conversations, 120 s at most: a start-
     cp runs/smoke.log "$OUT/"
     return 1
   fi
+}
+
+watch_then_stop() {  # SECONDS PID|runs: in the background, after SECONDS, stacks_then_stop that process (runs:
+  # every `headstart train` still alive). Killing the watcher (TERM) kills its sleep too, and it
+  # holds none of the script's output open: a later call on the same warm machine is never hit.
+  (
+    trap 'kill "$nap" 2>/dev/null; exit 0' TERM
+    sleep "$1" & nap=$!
+    wait "$nap"
+    if [[ "$2" == runs ]]; then stacks_then_stop $(pgrep -f 'headstart train' || true); else stacks_then_stop "$2"; fi
+  ) </dev/null >/dev/null 2>&1 &
 }
 
 stacks_then_stop() {  # PID...: every thread's stack into the run's log (headstart's SIGUSR1), then

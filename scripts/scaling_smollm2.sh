@@ -76,7 +76,7 @@ finish() {  # NAME COMMAND...: keep the run's results; with FINISH=1 a run BUDGE
   local name=$1 last
   shift
   if [[ ! -f "runs/scaling/$name/results.json" && "${FINISH:-0}" == 1 ]]; then
-    last=$(ls -d "runs/scaling/$name"/checkpoints/step-* 2>/dev/null | tail -n 1)
+    last=$(ls -d "runs/scaling/$name"/checkpoints/step-* 2>/dev/null | tail -n 1 || true)  # none: nothing to finish
     if [[ -n "$last" ]]; then
       echo "== $name: finishing from $(basename "$last")"
       "$1" "$2" --resume "${@:3}" max_steps="$((10#${last##*step-}))" time_budget_s=0 || return 1
@@ -88,6 +88,8 @@ finish() {  # NAME COMMAND...: keep the run's results; with FINISH=1 a run BUDGE
 launch() {  # NAME RECIPE STEPS OVERRIDES...: one run, alone or (PARALLEL=1) in the background
   local name=$1 recipe=$2 steps=$3 run
   shift 3
+  # a resumed run's results are written again (an earlier call may have finished it early)
+  [[ "${RESUME:-0}" != 1 ]] || rm -f "runs/scaling/$name/results.json"
   # a checkpoint every quarter: a run cut by a deadline (SIGTERM) keeps its steps for --resume
   run=(headstart train "${flags[@]}" --recipe "$recipe" target="$TARGET" "$paths" "data.eval_path=[$SRC/sgeval]" max_steps="$steps"
        eval_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))" save_every="$(( steps / 4 > 0 ? steps / 4 : 1 ))"
@@ -101,9 +103,17 @@ launch() {  # NAME RECIPE STEPS OVERRIDES...: one run, alone or (PARALLEL=1) in 
   fi
 }
 
+count_records() {  # SIZE SOURCE...: conversations a run of that size trains on (0 = all of them)
+  python3 -c "
+import sys
+from headstart.distill import load_distilled
+n = sum(len(load_distilled(p)) for p in sys.argv[2:])
+print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$@"
+}
+
 train() {  # SIZE...: EAGLE-3 at each data size (0 = all); DFLASH_LAYERS="1 2" adds DFlash runs on all
-  # the data (recipes/train_smollm2_dflash_gpu.yaml, that many layers) beside them, at the steps of
-  # the last size: equal data, steps and wall time for the comparison of issue 35
+  # the data (recipes/train_smollm2_dflash_gpu.yaml, that many layers) beside them, at STEPS (else
+  # EPOCHS over all the data): with SIZES=0, equal data, steps and wall time for issue 35
   local size records steps name sources=() pids=() failed=0 layers
   for name in sg sgv3 gsm8k datafree; do  # the sources distill wrote, in its order
     [[ -f "$SRC/$name/distill_meta.json" ]] && sources+=("$SRC/$name")
@@ -114,16 +124,14 @@ train() {  # SIZE...: EAGLE-3 at each data size (0 = all); DFLASH_LAYERS="1 2" a
   [[ "${RESUME:-0}" == 1 ]] && flags+=(--resume)  # before the overrides: argparse takes no flag after them
   mkdir -p runs/scaling "$OUT"
   for size in "$@"; do
-    records=$(python3 -c "
-import sys
-from headstart.distill import load_distilled
-n = sum(len(load_distilled(p)) for p in sys.argv[2:])
-print(min(n, int(sys.argv[1])) if int(sys.argv[1]) else n)" "$size" "${sources[@]}")
+    records=$(count_records "$size" "${sources[@]}")
     steps=${STEPS:-$(( (records * EPOCHS + 31) / 32 ))}
     echo "== size $size: $records conversations, $steps steps ($(python3 -c "print(round($steps * 32 / $records, 1))") epochs)"
     launch "eagle3-$records" recipes/train_smollm2_eagle3_scaling.yaml "$steps" \
       data.max_records="$records" data.max_records_from=each loss.eval_ttt_steps=6
   done
+  [[ -z "${DFLASH_LAYERS:-}" ]] || records=$(count_records 0 "${sources[@]}")  # DFlash: all the data
+  steps=${STEPS:-$(( (${records:-0} * EPOCHS + 31) / 32 ))}
   for layers in ${DFLASH_LAYERS:-}; do
     echo "== DFlash, $layers layer(s): $records conversations, $steps steps"
     launch "dflash-l$layers" recipes/train_smollm2_dflash_gpu.yaml "$steps" head.num_layers="$layers" \

@@ -158,9 +158,15 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
 
         source = decoder_layers(target_model)
         deepest = max(self.feature_layers)
+        if deepest + len(self.layers) >= len(source):
+            raise HeadstartError(
+                f"head.init_layers=target copies target layers {deepest + 1}..{deepest + len(self.layers)} (after "
+                f"the deepest tap, {deepest}), but the target has layers 0..{len(source) - 1}",
+                "tap a lower layer (head.feature_layers), draft with fewer layers, or set head.init_layers=random",
+            )
         left: list[str] = []
         for index, layer in enumerate(self.layers):
-            donor = source[min(deepest + 1 + index, len(source) - 1)]
+            donor = source[deepest + 1 + index]
             theirs = dict(donor.named_parameters())
             for name, param in layer.named_parameters():
                 mine = name.rsplit(".", 1)[0]
@@ -172,7 +178,7 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
         slot = self.feature_layers.index(deepest)
         self.fc.weight.zero_()
         self.fc.weight[:, slot * hidden : (slot + 1) * hidden] = torch.eye(hidden, dtype=self.fc.weight.dtype)
-        norm = getattr(source[min(deepest + 1, len(source) - 1)], "input_layernorm", None)
+        norm = getattr(source[deepest + 1], "input_layernorm", None)
         if norm is not None and _same_norm(norm, self.hidden_norm):
             self.hidden_norm.weight.copy_(norm.weight.to(self.hidden_norm.weight.dtype))
         else:

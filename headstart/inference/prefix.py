@@ -42,8 +42,9 @@ class SharedPrefix:
         if count < 2:
             return []
         shared = min(common_prefix(members), min(len(p) for p in members) - 1)
-        self.ids = list(members[0][:shared])
-        self.cache = self._run(self.ids)
+        ids = list(members[0][:shared])
+        cache = self._run(ids)  # first: a forward that fails leaves the kept pair as it was
+        self.ids, self.cache = ids, cache
         return self.ids
 
     def rows(self, shared: int, rows: int, reserve: int = 0) -> Any:

@@ -54,3 +54,9 @@ def test_other_kinds_refuse_it():
         HeadSpec(kind="eagle3", init_layers="target")
     with pytest.raises(HeadstartError, match="unknown head.init_layers"):
         HeadSpec(kind="dflash", init_layers="donor")
+
+
+def test_no_donor_past_the_last_layer(llama):
+    """The tiny target has layers 0 and 1: tapping layer 1 leaves no layer after it to copy."""
+    with pytest.raises(HeadstartError, match="init_layers=target copies target layers 2..2"):
+        build_head(HeadSpec(kind="dflash", num_layers=1, init_layers="target", feature_layers=[1]), llama)
