@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from headstart.inference.grouping import prefill_overhead_tokens, split_sorted
+from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.sampling import probabilities
@@ -247,10 +247,10 @@ class ContinuousBatcher:
         take = sorted(
             (queue.popleft() for _ in range(min(len(free), len(queue)))), key=lambda r: len(r.prompt)
         )
-        for size in split_sorted([len(r.prompt) for r in take], self.prefill_tokens, self.prefill_overhead):
-            group, take = take[:size], take[size:]
+        lengths = [len(r.prompt) for r in take]
+        for group in prefill_groups(take, lengths, self.prefill_tokens, self.prefill_overhead):
             cache, valid, logits = self._prefill(group, free, slots, cache, valid, logits)
-            free = free[size:]
+            free = free[len(group) :]
         self.stats.prefill_s += time.perf_counter() - start
         return cache, valid, logits
 

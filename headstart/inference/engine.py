@@ -27,7 +27,9 @@ import torch
 from headstart.inference import cache as kv
 from headstart.inference.drafters import make_drafter
 from headstart.inference.drafting import static_plan
+from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.plain import SamplingConfig
+from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats
 from headstart.inference.sampling import RowGenerators
@@ -64,8 +66,6 @@ class Engine:
         self.decoder = decoder
         # Plain and uncaptured only (a drafter reads every position's features): newcomers that
         # open with the same >= this many tokens prefill them once (inference/prefix.py); 0 = off
-        from headstart.inference.prefix import SharedPrefix
-
         usable = decoder.heads is None and decoder.captured is None and shared_prefix > 0
         self.prefix = SharedPrefix(decoder.target, shared_prefix) if usable else None
         self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
@@ -360,14 +360,8 @@ class EngineBatcher:
     def _groups(self, requests: list[Any]) -> list[list[Any]]:
         """Consecutive (length-sorted) requests, each group's padded prompt tokens within budget,
         split where padding costs more than another forward (inference/grouping.py)."""
-        from headstart.inference.grouping import prefill_overhead_tokens, split_sorted
-
         overhead = prefill_overhead_tokens(self.target.device)
-        groups: list[list[Any]] = []
-        for size in split_sorted([len(r.prompt) for r in requests], self.prefill_tokens, overhead):
-            groups.append(requests[:size])
-            requests = requests[size:]
-        return groups
+        return prefill_groups(requests, [len(r.prompt) for r in requests], self.prefill_tokens, overhead)
 
     def _job(self, request: Any) -> Job:
         rule = StopRule(request.sampling.max_new_tokens, frozenset(self.target.eos_token_ids))

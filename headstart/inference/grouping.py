@@ -10,7 +10,10 @@ small dynamic programme (n <= the batch: n^2 work, microseconds).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def prefill_overhead_tokens(device: Any) -> int:
@@ -44,3 +47,12 @@ def split_sorted(lengths: list[int], budget: int, overhead: int) -> list[int]:
         sizes.append(end - cut[end])
         end = cut[end]
     return sizes[::-1]
+
+
+def prefill_groups(items: Sequence[T], lengths: list[int], budget: int, overhead: int) -> list[list[T]]:
+    """`items` (sorted by their `lengths`, ascending) cut into the groups `split_sorted` picks."""
+    groups, start = [], 0
+    for size in split_sorted(lengths, budget, overhead):
+        groups.append(list(items[start : start + size]))
+        start += size
+    return groups

@@ -63,3 +63,11 @@ def test_lengths_must_be_sorted_and_devices_have_overheads():
     with pytest.raises(ValueError, match="ascending"):
         split_sorted([5, 3], budget=100, overhead=0)
     assert prefill_overhead_tokens("cpu") < prefill_overhead_tokens("cuda:0")
+
+
+def test_prefill_groups_cut_the_items_as_split_sorted_says():
+    from headstart.inference.grouping import prefill_groups
+
+    items = ["a", "b", "c", "long"]
+    assert prefill_groups(items, [20, 20, 20, 240], budget=4096, overhead=32) == [["a", "b", "c"], ["long"]]
+    assert prefill_groups([], [], budget=10, overhead=0) == []
