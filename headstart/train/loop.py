@@ -115,17 +115,26 @@ def check_run_dir(out: Path, resume: bool) -> None:
 class Budget:
     """When a time-budgeted run must stop: before the next step (with an evaluation or a
     checkpoint due then, their last cost too) and the checkpoint that ends the run would pass
-    the deadline. Costs are the longest seen so far (start-up noise makes the first step slow)."""
+    the deadline. The step clock starts when start-up ends (`ready`), and the first step, which
+    pays the warm-up (allocator, kernels, compiles), counts only until a second one is timed;
+    after that a step costs the longest seen since (step times wander on a shared machine)."""
 
     def __init__(self, seconds: float, started: float) -> None:
         self.started = started
         self.deadline = started + seconds if seconds > 0 else None
         self.step_s = self.eval_s = self.save_s = 0.0
+        self.steps = 0
+        self.last = time.perf_counter()
+
+    def ready(self) -> None:
+        """Start-up is over: the next step is timed from now, not from the process start."""
         self.last = time.perf_counter()
 
     def stepped(self) -> None:
         now = time.perf_counter()
-        self.step_s, self.last = max(self.step_s, now - self.last), now
+        took, self.last = now - self.last, now
+        self.steps += 1
+        self.step_s = took if self.steps <= 2 else max(self.step_s, took)
 
     def timed(self, kind: str, since: float) -> None:
         """Record how long an evaluation or a checkpoint took (and restart the step clock)."""
@@ -199,6 +208,7 @@ def _train(
         desc=f"train {cfg.head.kind}",
     )
     start = time.perf_counter()
+    budget.ready()
     window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
     parts_window: list[torch.Tensor] = []
     model.train()
