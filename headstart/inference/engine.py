@@ -93,10 +93,23 @@ class Engine:
     # ---- joining ------------------------------------------------------------------------------
     @torch.no_grad()
     def add(self, jobs: list[Job]) -> list[Job]:
-        """Prefill `jobs` (one forward) and merge them into the live batch; their first token comes
-        from the prefill. Returns the jobs that already finished on that token."""
+        """Prefill `jobs` and merge them into the live batch; their first token comes from the
+        prefill. Returns the jobs that already finished on that token. One forward, or two when
+        only some prompts open with the shared prefix and what it saves them outweighs a forward."""
         if not jobs:
             return []
+        shared, opens = self._shared([j.prompt for j in jobs])
+        inside = [j for j, yes in zip(jobs, opens, strict=True) if yes]
+        outside = [j for j, yes in zip(jobs, opens, strict=True) if not yes]
+        saves = shared * len(inside)  # prompt tokens the inside rows would not run
+        if not outside:
+            return self._add(jobs, shared)
+        if inside and saves > prefill_overhead_tokens(self.decoder.target.device):
+            return self._add(outside, 0) + self._add(inside, shared)
+        return self._add(jobs, 0)
+
+    def _add(self, jobs: list[Job], shared: int) -> list[Job]:
+        """One prefill of `jobs`, whose prompts all open with the kept prefix's first `shared` tokens."""
         decoder, device = self.decoder, self.decoder.target.device
         if self.state is not None and decoder.heads is not None and not _fresh_drafters(decoder.heads):
             from headstart.errors import HeadstartError
@@ -106,7 +119,6 @@ class Engine:
                 "pass heads (a head module), not a drafter",
             )
         pad = decoder.target.tokenizer.pad_token_id or 0
-        shared = self._shared([j.prompt for j in jobs])
         prompts = prepare_prompts([j.prompt[shared:] for j in jobs], None, pad, 1, None, False, device)
         drafter = make_drafter(decoder.heads, decoder.target.vocab_size, decoder._tree_depth())
         generators = self._generators(jobs)
@@ -136,14 +148,14 @@ class Engine:
         return self._take([[t] for t in first], [1] * len(first), rows=range(len(self.jobs) - len(jobs), len(self.jobs)),
                           counted=False)  # fmt: skip
 
-    def _shared(self, prompts: list[list[int]]) -> int:
-        """How many leading tokens of `prompts` come from the shared prefix (all of them must
-        open with it, each with more after it); 0 when there is none."""
+    def _shared(self, prompts: list[list[int]]) -> tuple[int, list[bool]]:
+        """The shared prefix's length for `prompts` (0 for none) and which of them open with it
+        (each with more after it)."""
         if self.prefix is None or len(prompts) < 2 and not self.prefix.ids:
-            return 0
+            return 0, [False] * len(prompts)
         ids = self.prefix.pick(prompts)
         n = len(ids)
-        return n if n and all(len(p) > n and p[:n] == ids for p in prompts) else 0
+        return n, [bool(n) and len(p) > n and p[:n] == ids for p in prompts]
 
     def _merge(self, state: DecodeState, drafter: Any) -> None:
         """Stack the newcomers' rows under the live ones (caches left-padded to one width)."""

@@ -47,3 +47,27 @@ def test_common_prefix():
     assert common_prefix([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert common_prefix([[5], [6]]) == 0
     assert common_prefix([[1, 2], [1, 2]]) == 2
+
+
+def test_a_prompt_without_the_prefix_does_not_stop_the_others_sharing_it(tmp_path):
+    """An admission group in which one prompt lacks the shared prefix prefills that one apart
+    (a second forward) and the rest after the prefix, and every reply still equals `generate`."""
+    path = make_target_dir(tmp_path, "llama", seed=11, **FAMILIES["llama"])
+    target = load_target(str(path), device="cpu", dtype="float32")
+    prompts = [target.chat.user_prompt_ids(f"question number {i} " + "y" * (5 * i % 7)) for i in range(6)]
+    prompts.insert(2, list(range(40, 61)))  # raw ids: no chat template
+    alone = {}
+    for i, p in enumerate(prompts):
+        out = target.model.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12, do_sample=False)
+        alone[i] = out[0, len(p) :].tolist()
+    got = {}
+    requests = [
+        Request(key=i, prompt=p, sampling=SamplingConfig(max_new_tokens=12)) for i, p in enumerate(prompts)
+    ]
+    batcher = EngineBatcher(target, max_batch=8, admit_every=8, prefill_tokens=4096)
+    stats = batcher.run(requests, lambda request, reply: got.__setitem__(request.key, reply.token_ids))
+    shared = common_prefix([p for i, p in enumerate(prompts) if i != 2])
+    assert shared * 6 > 32  # the split pays on the CPU (grouping.prefill_overhead_tokens)
+    assert stats.prefix_reused >= 6 * 8  # the six chat prompts shared their opening
+    for i, reference in alone.items():
+        assert got[i] == reference[: len(got[i])], i
