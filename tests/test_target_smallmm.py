@@ -210,3 +210,69 @@ def test_packing_context_leaves_rows_past_the_calibrated_range_to_mkl(monkeypatc
     with torch.no_grad(), packer.rows(2):
         used = [m.forward.__qualname__ for m in packer.linears if "forward" in m.__dict__]
     assert used and all(name.startswith("_small_forward") for name in used)
+
+
+def _gguf_blocks(kind: int, outer: int, inner: int, seed: int):
+    """Random weights quantised by gguf-py, repacked for the kernel, and gguf-py's own dequantised
+    fp32 weight (the model's weight for a GGUF target)."""
+    import gguf
+    import numpy as np
+
+    from headstart.target.gguf_blocks import Q4_1, BlockWeight, repack
+
+    qtype = gguf.GGMLQuantizationType.Q4_1 if kind == Q4_1 else gguf.GGMLQuantizationType.Q8_0
+    w = np.random.default_rng(seed).standard_normal((outer, inner)).astype(np.float32)
+    raw = gguf.quants.quantize(w, qtype)
+    qs, d, m, _ = repack(raw, kind, outer, inner)
+    return BlockWeight(kind, qs, d, m, 0, 0), torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy())
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", [0, 1], ids=["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("inner", [32, 576, 1536])
+@pytest.mark.parametrize("outer", [1, 6, 193])
+def test_gguf_blocks_give_the_dequantised_weights_bits(kind, inner, outer):
+    """Reading a GGUF target's blocks is the fp32 kernel on gguf-py's dequantised weights, bit for
+    bit, at every row count and thread count (so decoding stays exact, only faster)."""
+    blocks, dense = _gguf_blocks(kind, outer, inner, seed=inner + outer + kind)
+    kernel = small_matmul()
+    torch.manual_seed(outer)
+    x, b = torch.randn(MAX_ROWS, inner), torch.randn(outer)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in (1, 2, 3, 5, 8, 11, 16, 37, 64):
+                for bias in (b, None):
+                    got = kernel.linear_blocks(x[:rows], blocks, bias)
+                    assert torch.equal(got, kernel.linear(x[:rows], dense, bias)), (threads, rows)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_bound_linear_reads_blocks_up_to_their_calibrated_rows(monkeypatch):
+    blocks, dense = _gguf_blocks(0, 40, 64, seed=3)
+    kernel = small_matmul()
+    monkeypatch.setattr(kernel, "block_rows", 2)
+    calls = []
+    real = kernel._blocks_fn
+    monkeypatch.setattr(kernel, "_blocks_fn", lambda *a: calls.append(a[4]) or real(*a))
+    x = torch.randn(4, 64)
+    for rows in (1, 2, 4):
+        fast = kernel.bind(dense, None, rows, blocks)
+        assert torch.equal(fast(x[:rows]), kernel.linear(x[:rows], dense))
+    assert len(calls) == 2  # 1 and 2 rows read the blocks, 4 the fp32 weight
+
+
+def test_block_rows_are_measured_once_and_overridable(monkeypatch, tmp_path):
+    kernel = small_matmul()
+    if kernel is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setattr(smallmm, "_measure_block_rows", lambda _k: 4)
+    record = tmp_path / "k.blocks.json"
+    assert smallmm.calibrated_block_rows(kernel, record) == min(4, kernel.max_rows)
+    monkeypatch.setattr(smallmm, "_measure_block_rows", lambda _k: pytest.fail("measured twice"))
+    assert smallmm.calibrated_block_rows(kernel, record) == min(4, kernel.max_rows)
+    monkeypatch.setenv("HEADSTART_BLOCK_ROWS", "0")
+    assert smallmm.calibrated_block_rows(kernel, record) == 0

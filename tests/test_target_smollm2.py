@@ -57,3 +57,28 @@ def test_tree_forward_matches_sequential_on_smollm2(smollm2):
         torch.testing.assert_close(tree.logits[0, node], ref.logits[0, -1], rtol=0, atol=1e-4)
         assert tree.logits[0, node].argmax() == ref.logits[0, -1].argmax()
         torch.testing.assert_close(tree.layers[14][0, node], ref.hidden_states[15][0, -1], rtol=0, atol=1e-4)
+
+
+def test_every_linear_reads_the_gguf_blocks_with_the_same_bits(smollm2, monkeypatch):
+    """The embedded Q4_1 GGUF: all 210 layer weights (Q4_1, q/k rows matched back from GGUF's
+    rope order) and the tied lm_head (Q8_0 embeddings) keep their blocks, and decode forwards that
+    read them equal ones that read the fp32 weights bit for bit (target/gguf_blocks.py)."""
+    from torch import nn
+
+    from headstart.target.gguf_blocks import blocks_for
+    from headstart.target.packing import PackedLinears
+    from headstart.target.smallmm import small_matmul
+
+    kernel = small_matmul()
+    if kernel is None:
+        pytest.skip("no C compiler: the kernel did not build")
+    linears = [m for m in smollm2.model.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 211 and all(blocks_for(m) is not None for m in linears)
+    packer = PackedLinears.for_model(smollm2.model)
+    ids = torch.tensor([smollm2.chat.user_prompt_ids("Name three colours.")[-8:]])
+    logits = {}
+    for block_rows in (0, kernel.max_rows):
+        monkeypatch.setattr(kernel, "block_rows", block_rows)
+        with torch.no_grad(), packer.rows(8):
+            logits[block_rows] = smollm2.model(ids).logits
+    assert torch.equal(logits[0], logits[kernel.max_rows])

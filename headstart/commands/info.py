@@ -26,7 +26,18 @@ def cpu_kernel_status(target: Any) -> str:
         return "off" if os.environ.get("HEADSTART_PACKED", "1") == "0" else "n/a"
     kernel = small_matmul()
     if kernel is not None:
-        return f"small-row kernel ({kernel.path})"
+        from torch import nn
+
+        from headstart.target.gguf_blocks import blocks_for
+
+        linears = [m for m in target.model.modules() if isinstance(m, nn.Linear)]
+        kept = sum(blocks_for(m) is not None for m in linears)
+        blocks = (
+            f"; GGUF blocks for {kept} of {len(linears)} linears, read up to {kernel.block_rows} rows"
+            if kept
+            else ""
+        )
+        return f"small-row kernel up to {kernel.max_rows} rows ({kernel.path}){blocks}"
     return "MKL packed weights" if mkl_packing_available() else "n/a"
 
 

@@ -241,6 +241,10 @@ def load_target(
     model = _load_model(source, _torch_dtype(dtype, device), revision, weights)
     if weights:
         model.to(device)
+        if kind in ("embedded", "gguf"):  # CPU fp32 decoding reads the file's blocks (same bits)
+            from headstart.target.gguf_blocks import attach
+
+            attach(model, path, Path(source))
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:

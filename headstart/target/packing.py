@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headstart.target.gguf_blocks import blocks_for
 from headstart.target.smallmm import MAX_ROWS as SMALL_MAX_ROWS
 from headstart.target.smallmm import SmallMatmul, small_matmul
 
@@ -161,7 +162,8 @@ def packed(packers: Iterable[PackedLinears | None], rows: int) -> Iterator[None]
 
 
 def _small_forward(module: nn.Linear, kernel: SmallMatmul, rows: int) -> Any:
-    fast = kernel.bind(module.weight, module.bias, rows)  # None: the weight does not fit
+    # a GGUF target's blocks where they are kept and still equal the weight: same bits, less memory
+    fast = kernel.bind(module.weight, module.bias, rows, blocks_for(module))  # None: the weight does not fit
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():  # the kernel has no backward

@@ -22,7 +22,7 @@
  * bit (a tree verify's matmuls equal sequential decoding's) on any one build.
  */
 #include <stddef.h>
-#if defined(__FMA__) || defined(__AVX512F__)
+#if defined(__FMA__) || defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -151,6 +151,100 @@ void headstart_small_matmul(const float *x, long ldx, const float *w, const floa
     if (b)
         for (long m = 0; m < M; m++)
             for (long n = 0; n < N; n++) y[m * ldy + n] += b[n];
+}
+
+/* ---- weights kept in the GGUF's blocks (Q4_1, Q8_0) -----------------------------------------
+ *
+ * A GGUF target's fp32 weights are its blocks dequantised (gguf-py: w = d * q + m for Q4_1, d * q
+ * for Q8_0, in fp32). Reading the blocks instead moves 0.75 (Q4_1) or 1.125 (Q8_0) bytes per
+ * weight instead of 4, and a decode step is a pass over the weights. Each thread dequantises 4
+ * weight rows into a buffer it keeps in L1/L2 and runs the fp32 block above on it, so every output
+ * is the same fused multiply-add chain over the same fp32 weights as the fp32 entry point: the
+ * results are equal bit for bit (tests/test_target_smallmm.py). d * q is exact in fp32 (an fp16
+ * d has 11 significant bits and q at most 8), so fma(q, d, m) rounds once where gguf-py's
+ * (d * q) + m also rounds once: the same fp32 weight. Layout (repacked by smallmm.py): Q4_1 nibbles
+ * (N, K/2) bytes, block j of a row holding element i in the low nibble of byte i and i + 16 in the
+ * high one (GGUF's order); d and m (N, K/32) fp32. Q8_0: (N, K) int8 and d (N, K/32). K % 32 == 0. */
+typedef unsigned char vbu __attribute__((vector_size(LANES), aligned(1), may_alias));
+typedef signed char vbs __attribute__((vector_size(LANES), aligned(1), may_alias));
+typedef int vi __attribute__((vector_size(LANES * 4)));
+
+static inline void store(float *p, vf v) { *(vf *)p = v; }
+
+/* LANES bytes widened to ints: one vpmovzx/vpmovsx where the ISA has it (GCC 12 lowered the
+ * generic __builtin_convertvector of a byte vector to 16 scalar loads and inserts: 3x slower). */
+static inline vi widen_u8(const unsigned char *p) {
+#if LANES == 16 && defined(__AVX512F__)
+    return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#elif LANES == 8 && defined(__AVX2__)
+    return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    return __builtin_convertvector(*(const vbu *)p, vi);
+#endif
+}
+
+static inline vi widen_s8(const signed char *p) {
+#if LANES == 16 && defined(__AVX512F__)
+    return (vi)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+#elif LANES == 8 && defined(__AVX2__)
+    return (vi)_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    return __builtin_convertvector(*(const vbs *)p, vi);
+#endif
+}
+
+static void dequant_q4_1(const unsigned char *qs, const float *d, const float *m, long K, float *out) {
+    for (long b = 0; b < K / 32; b++) {
+        vf dv = (vf){0} + d[b], mv = (vf){0} + m[b];
+        const unsigned char *q = qs + 16 * b;
+        _Pragma("GCC unroll 4") for (int o = 0; o < 32; o += LANES) {
+            vi n = widen_u8(q + (o & 15));
+            n = o >= 16 ? n >> 4 : n & 15;
+            store(out + 32 * b + o, madd(mv, __builtin_convertvector(n, vf), dv));
+        }
+    }
+}
+
+static void dequant_q8_0(const signed char *qs, const float *d, long K, float *out) {
+    for (long b = 0; b < K / 32; b++) {
+        vf dv = (vf){0} + d[b];
+        _Pragma("GCC unroll 4") for (int o = 0; o < 32; o += LANES)
+            store(out + 32 * b + o, __builtin_convertvector(widen_s8(qs + 32 * b + o), vf) * dv);
+    }
+}
+
+/* kind 0: Q4_1 (qs nibbles, d, m); kind 1: Q8_0 (qs int8, d; m unused). Otherwise as
+ * headstart_small_matmul, with y computed from the dequantised weights. */
+void headstart_small_matmul_blocks(const float *x, long ldx, int kind, const void *qs, const float *d,
+                                   const float *m, const float *b, float *y, long ldy, long M, long N,
+                                   long K, int threads) {
+    long blocks = (N + 3) / 4, per = K / 32; /* per: scale blocks per weight row */
+    long row_bytes = kind == 0 ? K / 2 : K;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) if (threads > 1)
+#endif
+    {
+        float *w = __builtin_alloca(4 * K * sizeof(float) + 64);
+        w = (float *)(((unsigned long)w + 63) & ~63UL);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long i = 0; i < blocks; i++) {
+            long rows = N - 4 * i < 4 ? N - 4 * i : 4;
+            for (long r = 0; r < rows; r++) {
+                long n = 4 * i + r;
+                const unsigned char *q = (const unsigned char *)qs + n * row_bytes;
+                if (kind == 0) dequant_q4_1(q, d + n * per, m + n * per, K, w + r * K);
+                else dequant_q8_0((const signed char *)q, d + n * per, K, w + r * K);
+            }
+            if (rows == 4) block4(x, ldx, w, K, y + 4 * i, ldy, M);
+            else
+                for (long r = 0; r < rows; r++) block1(x, ldx, w + r * K, K, y + 4 * i + r, ldy, M);
+        }
+    }
+    if (b)
+        for (long mm = 0; mm < M; mm++)
+            for (long n = 0; n < N; n++) y[mm * ldy + n] += b[n];
 }
 
 /* For the loader: the lane width this build was made for (a sanity check, not a capability). */

@@ -61,6 +61,7 @@ import tempfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,6 +88,12 @@ class SmallMatmul:
         self._fn.restype = None
         pointer, long = ctypes.c_void_p, ctypes.c_long
         self._fn.argtypes = [pointer, long, pointer, pointer, pointer, long, long, long, long, ctypes.c_int]
+        # the same product from a GGUF target's quantised blocks (target/gguf_blocks.py), same bits
+        self._blocks_fn = lib.headstart_small_matmul_blocks
+        self._blocks_fn.restype = None
+        self._blocks_fn.argtypes = [pointer, long, ctypes.c_int, pointer, pointer, pointer, pointer, pointer,
+                                    long, long, long, long, ctypes.c_int]  # fmt: skip
+        self.block_rows = max_rows  # up to this many rows the blocks are read (`calibrated_rows`)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x (M, K) fp32 with unit stride in K; weight (N, K) contiguous fp32; bias (N,) or None.
@@ -99,21 +106,43 @@ class SmallMatmul:
         )  # fmt: skip
         return out
 
+    def linear_blocks(self, x: torch.Tensor, blocks: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`linear` with the weight read from its GGUF blocks (`gguf_blocks.BlockWeight`): equal to
+        `linear` on the dequantised weight bit for bit. Same conditions on x and bias."""
+        rows, inner = x.shape
+        outer = blocks.qs.shape[0]
+        out = torch.empty(rows, outer, dtype=torch.float32)
+        self._blocks_fn(
+            x.data_ptr(), x.stride(0), blocks.kind, blocks.qs.data_ptr(), blocks.d.data_ptr(),
+            0 if blocks.m is None else blocks.m.data_ptr(), 0 if bias is None else bias.data_ptr(),
+            out.data_ptr(), out.stride(0), rows, outer, inner, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
     def bind(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int
+        self, weight: torch.Tensor, bias: torch.Tensor | None, rows: int, blocks: Any = None
     ) -> Callable[[torch.Tensor], torch.Tensor | None] | None:
         """`linear` for one weight and row count with the weight's checks and pointers taken once:
         a forward makes ~200 such calls, and the general path's checks, reshapes and pointer reads
         cost ~11 us a call (~2.5 ms of a 40 ms SmolLM2 verify). The callable takes contiguous fp32
         CPU inputs (..., K) of `rows` rows and returns None for anything else (the caller then takes
-        the general path); None when the weight does not fit. Same kernel, same bits."""
+        the general path); None when the weight does not fit. Same kernel, same bits. `blocks`: the
+        weight's GGUF blocks, read instead of it up to `block_rows` rows (the same bits again)."""
         if not (1 <= rows <= self.max_rows and self.weight_fits(weight, bias)):
             return None
-        call, threads = self._fn, torch.get_num_threads()
+        threads = torch.get_num_threads()
         outer, inner = weight.shape
         w_ptr, b_ptr = weight.data_ptr(), 0 if bias is None else bias.data_ptr()
         size = rows * inner
         f32 = torch.float32
+        if blocks is not None and rows <= self.block_rows:
+            fn, kind, d, m = self._blocks_fn, blocks.kind, blocks.d.data_ptr(), blocks.m
+            q, m = blocks.qs.data_ptr(), 0 if m is None else m.data_ptr()
+
+            def call(x_ptr: int, ldx: int, _w: int, b: int, y: int, ldy: int, *sizes: int) -> None:
+                fn(x_ptr, ldx, kind, q, d, m, b, y, ldy, *sizes)
+        else:
+            call = self._fn
 
         def linear(x: torch.Tensor) -> torch.Tensor | None:
             if (
@@ -233,6 +262,7 @@ def small_matmul() -> SmallMatmul | None:
         log.warning("headstart: small-row CPU matmul kernel unavailable, using PyTorch's (%s)", err)
         return None
     kernel.max_rows = calibrated_rows(kernel, library.with_suffix(".rows.json"))
+    kernel.block_rows = calibrated_block_rows(kernel, library.with_suffix(".blocks.json"))
     return kernel
 
 
@@ -279,23 +309,22 @@ def calibrated_rows(kernel: SmallMatmul, record: Path) -> int:
     return rows
 
 
-def _measure_rows(kernel: SmallMatmul) -> int:
+def best_pair(mine: Callable[[], object], other: Callable[[], object], reps: int = 7) -> tuple[float, float]:
+    """Best times of the two, timed alternately (a burst of load hits both, not one)."""
     import time
 
-    from headstart.target.packing import MIN_ROWS, mkl_packing_available, packed_rows
+    mine(), other()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(reps):
+        for fn, out in ((mine, times[0]), (other, times[1])):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return min(times[0]), min(times[1])
 
-    def best_pair(
-        mine: Callable[[], object], other: Callable[[], object], reps: int = 7
-    ) -> tuple[float, float]:
-        """Best times of the two, timed alternately (a burst of load hits both, not one)."""
-        mine(), other()
-        times: tuple[list[float], list[float]] = ([], [])
-        for _ in range(reps):
-            for fn, out in ((mine, times[0]), (other, times[1])):
-                start = time.perf_counter()
-                fn()
-                out.append(time.perf_counter() - start)
-        return min(times[0]), min(times[1])
+
+def _measure_rows(kernel: SmallMatmul) -> int:
+    from headstart.target.packing import MIN_ROWS, mkl_packing_available, packed_rows
 
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, 576, generator=generator) for n in (1536, 8192)]
@@ -320,5 +349,72 @@ def _measure_rows(kernel: SmallMatmul) -> int:
         for rows in ROW_BUCKETS:
             if not kernel_wins(rows) and not kernel_wins(rows):  # a loss must repeat to count
                 break
+            won = rows
+    return won
+
+
+def calibrated_block_rows(kernel: SmallMatmul, record: Path) -> int:
+    """The most rows (up to the kernel's own `max_rows`) for which reading GGUF blocks is no
+    slower than reading fp32 weights on this CPU. Both give the same bits, so this is speed only:
+    the blocks halve the memory a step moves but add the dequantising, which wins at few rows and
+    loses once the matmul is compute-bound (measured: up to 8 rows with AVX-512, 2 with AVX2).
+    Measured once per machine and thread count (~1 s) into `record`; HEADSTART_BLOCK_ROWS overrides."""
+    override = os.environ.get("HEADSTART_BLOCK_ROWS", "").strip()
+    if override.isdigit():
+        return min(int(override), kernel.max_rows)
+    threads = str(torch.get_num_threads())
+    try:
+        saved = json.loads(record.read_text())
+        if threads in saved:
+            return min(int(saved[threads]), kernel.max_rows)
+    except (OSError, ValueError, TypeError):
+        saved = {}
+    rows = _measure_block_rows(kernel)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({**saved, threads: rows}))
+        os.replace(tmp, record)
+    except OSError:
+        pass
+    log.info("headstart: GGUF blocks read up to %d rows at %s threads", rows, threads)
+    return min(rows, kernel.max_rows)
+
+
+def _measure_block_rows(kernel: SmallMatmul) -> int:
+    """Synthetic Q4_1 (MLP projections) and Q8_0 (a vocabulary) weights shaped as SmolLM2's, ~80 MB
+    of them in fp32: more than a CPU's last-level cache, as a decoder's weights are (a weight that
+    stays cached would favour the fp32 side)."""
+    from headstart.target.gguf_blocks import Q4_1, Q8_0, BlockWeight
+
+    generator = torch.Generator().manual_seed(0)
+    weights = []
+    for kind, rows, inner in [(Q4_1, 1536, 576)] * 12 + [(Q8_0, 8192, 576)] * 2:
+        d = (torch.rand(rows, inner // 32, generator=generator) * 0.01).half().float()
+        if kind == Q4_1:
+            qs = torch.randint(0, 256, (rows, inner // 2), dtype=torch.uint8, generator=generator)
+            m = (torch.rand(rows, inner // 32, generator=generator) * -0.05).half().float()
+            values = torch.cat([(qs.view(rows, -1, 16) & 15), qs.view(rows, -1, 16) >> 4], -1).float()
+            dense = (d[..., None] * values + m[..., None]).reshape(rows, inner)
+        else:
+            qs = torch.randint(-128, 128, (rows, inner), dtype=torch.int8, generator=generator)
+            m = None
+            dense = (d[..., None] * qs.view(rows, -1, 32).float()).reshape(rows, inner)
+        weights.append((BlockWeight(kind, qs, d, m, 0, 0), dense))
+
+    def every(x: torch.Tensor, blocks: bool) -> None:
+        for block, dense in weights:
+            kernel.linear_blocks(x, block) if blocks else kernel.linear(x, dense)
+
+    won = 0
+    with torch.no_grad():
+        for rows in ROW_BUCKETS:
+            if rows > kernel.max_rows:
+                break
+            x = torch.randn(rows, 576, generator=generator)
+            blocks, dense = functools.partial(every, x, True), functools.partial(every, x, False)
+            if all(
+                mine > other for mine, other in (best_pair(blocks, dense, 5), best_pair(blocks, dense, 5))
+            ):
+                break  # a loss must repeat to count
             won = rows
     return won

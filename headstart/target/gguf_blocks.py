@@ -1,0 +1,212 @@
+"""A GGUF target's linear weights kept in the file's quantised blocks, for the CPU decode kernel.
+
+Why: a GGUF target (the embedded SmolLM2 is Q4_1, its lm_head Q8_0) is loaded as fp32, its
+blocks dequantised, so a decode step streams 4 bytes per weight (538 MB for SmolLM2). The blocks
+hold the same weights in 0.75 (Q4_1) or 1.125 (Q8_0) bytes. `smallmm.c`'s block entry point
+dequantises them on the fly into the very fp32 weights the model holds and runs the same
+multiply-add chain, so its outputs equal the fp32 kernel's bit for bit: decoding is faster and
+nothing else changes (greedy output stays `generate`'s).
+
+What it keeps, per `nn.Linear` whose GGUF tensor is Q4_1 or Q8_0: the blocks repacked as
+smallmm.c reads them (nibbles or int8 rows, fp32 scales and mins), in the module's row order
+(llama's q/k rows are permuted between GGUF and transformers: found by matching rows). A module
+is attached only when its blocks dequantise to exactly its weight; anything else (another quant
+type, a mismatch, a weight changed in place since) keeps the fp32 path. Cost: about 0.8 bytes per
+weight of extra memory (~100 MB for SmolLM2) and ~1 s at load. `HEADSTART_GGUF_BLOCKS=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+Q4_1, Q8_0 = 0, 1  # smallmm.c's `kind`
+_BLOCKS: weakref.WeakKeyDictionary[nn.Linear, BlockWeight] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class BlockWeight:
+    """One weight's blocks as smallmm.c reads them; `version` and `pointer`: the fp32 weight they
+    equal (an in-place change or a swapped tensor makes them stale)."""
+
+    kind: int
+    qs: torch.Tensor  # Q4_1: (N, K/2) uint8 nibbles; Q8_0: (N, K) int8
+    d: torch.Tensor  # (N, K/32) fp32 scales
+    m: torch.Tensor | None  # (N, K/32) fp32 mins (Q4_1)
+    version: int
+    pointer: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
+
+def blocks_for(module: nn.Linear) -> BlockWeight | None:
+    """The module's blocks when they still equal its weight, else None."""
+    found = _BLOCKS.get(module)
+    weight = module.weight
+    if found is None or weight._version != found.version or weight.data_ptr() != found.pointer:
+        return None
+    return found
+
+
+def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> int:
+    """Keep the blocks of every linear of `model` (fp32, CPU) whose GGUF tensor is Q4_1 or Q8_0
+    and dequantises to exactly its weight; returns how many were attached. With `cache_dir` (the
+    converted model's directory), the repacked blocks are kept there in CACHE_FILE: reading the
+    GGUF's metadata alone takes ~3.5 s (its tokenizer arrays), the kept file well under one."""
+    if os.environ.get("HEADSTART_GGUF_BLOCKS", "1") == "0":
+        return 0
+    linears = {
+        name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and _fp32_cpu(m.weight)
+    }
+    if not linears:  # a GPU or bf16 target: its kernels read the weights as they are
+        return 0
+    kept = cache_dir / CACHE_FILE if cache_dir is not None else None
+    found = _read_kept(kept, linears) if kept is not None and kept.is_file() else None
+    if found is None:
+        found = _from_gguf(model, linears, gguf_path)
+        if kept is not None:
+            _write_kept(kept, found)
+    for name, blocks in found.items():
+        module = linears[name]
+        _BLOCKS[module] = BlockWeight(blocks.kind, blocks.qs, blocks.d, blocks.m, module.weight._version,
+                                      module.weight.data_ptr())  # fmt: skip
+    log.info(
+        "GGUF blocks kept for %d of %d linears (%.0f MB; decode reads them instead of fp32): %s",
+        len(found), len(linears), sum(b.nbytes for b in found.values()) / 2**20, Path(gguf_path).name,
+    )  # fmt: skip
+    return len(found)
+
+
+CACHE_FILE = "gguf_blocks.safetensors"
+
+
+def _from_gguf(model: nn.Module, linears: dict[str, nn.Linear], gguf_path: Path) -> dict[str, BlockWeight]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_path))
+    field = reader.fields.get("general.architecture")
+    arch_name = bytes(field.parts[field.data[0]]).decode() if field is not None else ""
+    arch = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}.get(arch_name)
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if arch is None or not layers:
+        return {}
+    names = gguf.get_tensor_name_map(arch, layers)
+    tensors = {t.name: t for t in reader.tensors}
+    embeddings = getattr(model.get_input_embeddings(), "weight", None)
+    found = {}
+    for qualified, module in linears.items():
+        name = names.get_name(f"{qualified}.weight", try_suffixes=(".weight",))
+        tensor = tensors.get(name or "")
+        if tensor is None and module.weight is embeddings:
+            tensor = tensors.get("token_embd.weight")  # a tied lm_head: the GGUF keeps only the embeddings
+        blocks = _blocks(tensor, module.weight, gguf) if tensor is not None else None
+        if blocks is not None:
+            found[qualified] = blocks
+    return found
+
+
+def _read_kept(path: Path, linears: dict[str, nn.Linear]) -> dict[str, BlockWeight] | None:
+    """The kept blocks (written after they were checked against these very weights, in the
+    converted directory of the same GGUF), or None when the file does not fit the model."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            kinds = json.loads((f.metadata() or {}).get("kinds", "{}"))
+            found = {}
+            for name, kind in kinds.items():
+                module = linears.get(name)
+                qs, d = f.get_tensor(f"{name}.qs"), f.get_tensor(f"{name}.d")
+                m = f.get_tensor(f"{name}.m") if kind == Q4_1 else None
+                rows, inner = module.weight.shape if module is not None else (-1, -1)
+                if qs.shape[0] != rows or d.shape != (rows, inner // 32):
+                    return None
+                found[name] = BlockWeight(kind, qs, d, m, 0, 0)
+            return found
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        log.warning("warning: ignoring the kept GGUF blocks %s (%s): reading the GGUF again", path, err)
+        return None
+
+
+def _write_kept(path: Path, found: dict[str, BlockWeight]) -> None:
+    """Write atomically; a directory we may not write (a shared cache) just keeps nothing."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, blocks in found.items():
+        tensors[f"{name}.qs"], tensors[f"{name}.d"] = blocks.qs, blocks.d
+        if blocks.m is not None:
+            tensors[f"{name}.m"] = blocks.m
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        save_file(tensors, str(tmp), metadata={"kinds": json.dumps({n: b.kind for n, b in found.items()})})
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        log.debug("GGUF blocks not kept in %s: %s", path.parent, err)
+
+
+def _fp32_cpu(weight: torch.Tensor) -> bool:
+    return weight.dtype == torch.float32 and weight.device.type == "cpu" and weight.dim() == 2
+
+
+def _blocks(tensor: Any, weight: torch.Tensor, gguf: Any) -> BlockWeight | None:
+    """`tensor`'s blocks repacked in `weight`'s row order, or None when they are of another type
+    or do not dequantise to exactly `weight`."""
+    rows, inner = weight.shape
+    kind = {gguf.GGMLQuantizationType.Q4_1: Q4_1, gguf.GGMLQuantizationType.Q8_0: Q8_0}.get(
+        tensor.tensor_type
+    )
+    if kind is None or inner % 32 or tuple(int(n) for n in tensor.shape) != (inner, rows):
+        return None
+    qs, d, m, dense = repack(np.asarray(tensor.data), kind, rows, inner)
+    order = _row_order(dense, weight.detach())
+    if order is None:
+        return None
+    if order is not ...:
+        qs, d = qs[order].contiguous(), d[order].contiguous()
+        m = m[order].contiguous() if m is not None else None
+    return BlockWeight(kind, qs, d, m, weight._version, weight.data_ptr())
+
+
+def repack(raw: np.ndarray, kind: int, rows: int, inner: int) -> tuple[torch.Tensor, ...]:
+    """A GGUF tensor's raw Q4_1 or Q8_0 blocks (rows x inner weights) as smallmm.c reads them:
+    (qs, d, m or None), and the fp32 weight they dequantise to, computed as gguf-py does."""
+    raw = raw.reshape(rows, inner // 32, -1)  # (N, K/32, block bytes)
+    d = torch.from_numpy(raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
+    if kind == Q4_1:
+        m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        qs = torch.from_numpy(np.ascontiguousarray(raw[..., 4:]).reshape(rows, inner // 2))
+        nibbles = qs.view(rows, inner // 32, 16).long()
+        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()  # gguf-py's element order
+        return qs, d, m, (d[..., None] * values + m[..., None]).reshape(rows, inner)  # (d * q) + m
+    qs = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, inner))
+    return qs, d, None, (d[..., None] * qs.view(rows, inner // 32, 32).float()).reshape(rows, inner)
+
+
+def _row_order(dense: torch.Tensor, weight: torch.Tensor) -> Any:
+    """`...` when `dense` equals `weight`; else the row index putting `dense`'s rows in `weight`'s
+    order (transformers permutes llama's q/k rows out of GGUF's rope layout) when one does; None."""
+    if torch.equal(dense, weight):
+        return ...
+    if dense.shape[0] > 16384:  # row matching is for the attention projections, not vocabularies
+        return None
+    where = {dense[i].numpy().tobytes(): i for i in range(dense.shape[0])}
+    order = [where.get(weight[i].numpy().tobytes()) for i in range(weight.shape[0])]
+    if any(i is None for i in order):
+        return None
+    index = torch.tensor(order)
+    return index if torch.equal(dense[index], weight) else None

@@ -1,0 +1,112 @@
+"""A GGUF target's linears keep the file's Q4_1/Q8_0 blocks (target/gguf_blocks.py) for the CPU
+decode kernel: found by name (llama's permuted q/k rows matched back), attached only where they
+dequantise to exactly the weight, kept beside the converted model, and decoding reads them with
+the very same bits as the fp32 weights."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from headstart.target import gguf_blocks
+from headstart.target.packing import PackedLinears
+from headstart.target.smallmm import small_matmul
+from tests.tiny import make_target_dir
+
+Q4_1, Q8_0 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows (rope halves interleaved)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.fixture
+def quantised(tmp_path):
+    """A tiny llama whose weights are its GGUF's blocks dequantised, and that GGUF file."""
+    model = AutoModelForCausalLM.from_pretrained(
+        make_target_dir(tmp_path, "llama"), dtype=torch.float32
+    ).eval()
+    cfg = model.config
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    writer = gguf.GGUFWriter(str(tmp_path / "tiny.gguf"), "llama")
+    with torch.no_grad():
+        for qualified, module in model.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            qtype = Q8_0 if qualified == "lm_head" else Q4_1
+            raw = gguf.quants.quantize(module.weight.numpy(), qtype)
+            module.weight.copy_(torch.from_numpy(gguf.quants.dequantize(raw, qtype)))
+            stored = module.weight.numpy()
+            if qualified.endswith(("q_proj", "k_proj")):
+                heads = cfg.num_attention_heads if qualified.endswith("q_proj") else cfg.num_key_value_heads
+                stored = _permute(stored, heads)
+            name = names.get_name(f"{qualified}.weight", try_suffixes=(".weight",))
+            writer.add_tensor(name, gguf.quants.quantize(stored, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return model, tmp_path / "tiny.gguf"
+
+
+def _linears(model):
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_every_linear_keeps_its_blocks_and_they_are_kept_on_disk(quantised, tmp_path, monkeypatch):
+    model, path = quantised
+    kept = tmp_path / "converted"
+    kept.mkdir()
+    assert gguf_blocks.attach(model, path, kept) == len(_linears(model))
+    assert all(gguf_blocks.blocks_for(m) is not None for m in _linears(model))
+    assert (kept / gguf_blocks.CACHE_FILE).is_file()
+    gguf_blocks._BLOCKS.clear()
+    monkeypatch.setattr(gguf_blocks, "_from_gguf", lambda *a: pytest.fail("read the GGUF again"))
+    assert gguf_blocks.attach(model, path, kept) == len(_linears(model))  # from the kept file
+
+
+def test_a_weight_that_differs_from_its_blocks_keeps_the_fp32_path(quantised):
+    model, path = quantised
+    layer = model.model.layers[0].mlp.up_proj
+    with torch.no_grad():
+        layer.weight[0, 0] += 1e-3  # no longer what the file holds
+    assert gguf_blocks.attach(model, path) == len(_linears(model)) - 1
+    assert gguf_blocks.blocks_for(layer) is None
+    down = model.model.layers[0].mlp.down_proj
+    assert gguf_blocks.blocks_for(down) is not None
+    with torch.no_grad():
+        down.weight.mul_(1.0)  # changed in place: the blocks are stale
+    assert gguf_blocks.blocks_for(down) is None
+
+
+def test_off_switch_and_gpu_or_bf16_targets(quantised, monkeypatch):
+    model, path = quantised
+    monkeypatch.setenv("HEADSTART_GGUF_BLOCKS", "0")
+    assert gguf_blocks.attach(model, path) == 0
+    monkeypatch.delenv("HEADSTART_GGUF_BLOCKS")
+    assert gguf_blocks.attach(model.to(torch.bfloat16), path) == 0
+
+
+@pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_decode_forwards_read_the_blocks_with_the_same_bits(quantised, rows, monkeypatch):
+    model, path = quantised
+    kernel = small_matmul()
+    monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)
+    ids = torch.arange(3, 3 + rows)[None]
+    packer = PackedLinears.for_model(model)
+    with torch.no_grad(), packer.rows(rows):
+        fp32 = model(ids).logits
+    read = []
+    real = kernel._blocks_fn
+    monkeypatch.setattr(kernel, "_blocks_fn", lambda *a: read.append(1) or real(*a))
+    assert gguf_blocks.attach(model, path) == len(_linears(model))
+    with torch.no_grad(), packer.rows(rows):
+        blocks = model(ids).logits
+    assert len(read) == len(_linears(model))  # every linear read its blocks
+    assert torch.equal(blocks, fp32)
