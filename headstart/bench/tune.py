@@ -198,8 +198,10 @@ def tune(
     # keep every candidate's packs while tuning: a re-pack inside a timed run would charge ~0.4 s
     # (SmolLM2) to it. Cost: one copy of the weights per distinct bucket, freed afterwards.
     buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}
+    # plain decoding (no drafts) runs every prompt too: whether the heads pay at all on this hardware
+    plain = SpeculativeDecoder(target, None)
     with probe.packed.keeping(len(buckets)) if probe.packed else contextlib.nullcontext():
-        return _measure(target, decoders, candidates, prompts, max_new_tokens, prune)
+        return _measure(target, decoders, candidates, prompts, max_new_tokens, prune, plain)
 
 
 def _measure(
@@ -209,8 +211,11 @@ def _measure(
     prompts: list[str],
     max_new_tokens: int,
     prune: float,
+    plain: Any = None,
 ) -> dict[str, Any]:
-    """Decode the calibration prompts with every candidate, interleaved; the tuning report."""
+    """Decode the calibration prompts with every candidate, interleaved; the tuning report. With
+    `plain` (a decoder without heads), each prompt is also decoded plainly, never pruned: the
+    report then says how the best tree compares with no speculation (`over_plain`)."""
     import torch
 
     from headstart.bench.cost import verify_cost_ms
@@ -218,15 +223,22 @@ def _measure(
 
     sampling = SamplingConfig(max_new_tokens=max_new_tokens)
     ids = [target.chat.user_prompt_ids(p) for p in prompts]
-    for decoder in decoders.values():  # warm-up
+    for decoder in [*decoders.values(), *([plain] if plain is not None else [])]:  # warm-up
         decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
+    reference = {"new_tokens": 0, "wall_s": 0.0, "rates": []}
     totals = {
         spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0, "rates": []}
         for spec in candidates
     }
     live = list(candidates)
-    with tqdm(total=len(ids) * len(candidates), desc="tune", unit="run") as bar:
+    with tqdm(total=len(ids) * (len(candidates) + (plain is not None)), desc="tune", unit="run") as bar:
         for index, prompt in enumerate(ids):
+            if plain is not None:
+                stats = plain.generate([prompt], sampling=sampling).stats
+                reference["new_tokens"] += stats.new_tokens
+                reference["wall_s"] += stats.wall_s
+                reference["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
+                bar.update(1)
             for spec in live:
                 stats = decoders[spec].generate([prompt], sampling=sampling).stats
                 row = totals[spec]
@@ -260,8 +272,18 @@ def _measure(
         result["behind"], result["behind_se"] = gap, (se if math.isfinite(se) else None)  # None: 1 prompt
         if not math.isfinite(se) or gap <= 2 * se:
             within_noise.append(result["tree"])
+    over_plain = None
+    if plain is not None:
+        gap, se = paired_gap(best_rates, reference["rates"])  # > 0: the best tree is faster
+        over_plain = {
+            "plain_tokens_per_s": reference["new_tokens"] / max(reference["wall_s"], 1e-9),
+            "speedup": results[0]["tokens_per_s"] * reference["wall_s"] / max(reference["new_tokens"], 1),
+            "gap": gap,
+            "gap_se": se if math.isfinite(se) else None,
+        }
     return {
         "tree": results[0]["tree"],
+        "over_plain": over_plain,
         "within_noise": within_noise,
         "device": str(target.device),
         "threads": torch.get_num_threads(),

@@ -63,6 +63,18 @@ def run(args: argparse.Namespace) -> int:
             gap = f"{100 * row['behind']:5.1f}% +- {se}"
         print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}  {gap}")
     print("verify forward ms by nodes:", report["verify_cost_ms"])
+    plain = report.get("over_plain")
+    if plain:
+        print(
+            f"plain decoding (no drafts, same prompts, interleaved): {plain['plain_tokens_per_s']:.2f} tokens/s; "
+            f"the best tree runs at {plain['speedup']:.2f}x of it"
+        )
+        se = plain["gap_se"]
+        if se is not None and plain["gap"] < -2 * se:
+            print(
+                "note: on this hardware these heads cost more than they save: decode with --no-heads, "
+                "or train heads that accept more (a verify of k nodes costs the times printed above)"
+            )
     if report["within_noise"]:
         print(
             f"note: {', '.join(report['within_noise'])} ran within this machine's noise of the best "

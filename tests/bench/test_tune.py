@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from headstart.bench.tune import (
     TUNED_FILE,
     _survivors,
@@ -92,8 +94,11 @@ def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
     runners_up = [row for row in report["candidates"] if row["tree"] != report["tree"]]
     assert all(math.isfinite(row["behind"]) and row["behind_se"] >= 0 for row in runners_up)
     assert set(report["within_noise"]) <= {row["tree"] for row in runners_up}
+    plain = report["over_plain"]  # plain decoding ran every prompt beside the trees
+    assert plain["plain_tokens_per_s"] > 0 and plain["gap_se"] >= 0
+    assert plain["speedup"] == pytest.approx(rates[report["tree"]] / plain["plain_tokens_per_s"])
     out = capsys.readouterr().out
-    assert "best:" in out and "behind the best" in out
+    assert "best:" in out and "behind the best" in out and "plain decoding (no drafts" in out
 
 
 def test_tune_needs_heads(tiny_llama, tmp_path):
