@@ -100,6 +100,36 @@ def test_packing_context_uses_the_kernel(rows, monkeypatch):
 
 
 @needs_kernel
+def test_bound_forwards_are_kept_until_a_weight_or_the_threads_change():
+    """Binding every linear to the kernel is done once per row count, not per forward (it was a
+    third of a SmolLM2 decode step), and redone when what it captured changes."""
+    model = _model()
+    packer = PackedLinears.for_model(model)
+    x = torch.randn(2, 48)
+
+    def bound() -> list:
+        with torch.no_grad(), packer.rows(2):
+            out = model(x)
+            forwards = [m.__dict__["forward"] for m in packer.linears]
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)  # model(x) outside: F.linear
+        return forwards
+
+    first = bound()
+    assert all(a is b for a, b in zip(first, bound(), strict=True))
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # in place: the bound weights are stale
+    second = bound()
+    assert all(a is not b for a, b in zip(first, second, strict=True))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1 if before > 1 else 2)
+        assert all(a is not b for a, b in zip(second, bound(), strict=True))
+    finally:
+        torch.set_num_threads(before)
+    assert not any("forward" in m.__dict__ for m in packer.linears)
+
+
+@needs_kernel
 def test_bound_linear_is_the_same_kernel_and_refuses_what_it_cannot_take():
     kernel = small_matmul()
     w, b = torch.randn(40, 48), torch.randn(40)

@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 
 Q4_1, Q8_0 = 0, 1  # smallmm.c's `kind`
 _BLOCKS: weakref.WeakKeyDictionary[nn.Linear, BlockWeight] = weakref.WeakKeyDictionary()
+_attached = [0]  # bumped by every attach: forwards bound before it may not read the new blocks
+
+
+def generation() -> int:
+    """Changes whenever blocks are attached (packing.py keys its bound forwards on it)."""
+    return _attached[0]
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> 
         found = _from_gguf(model, linears, gguf_path)
         if kept is not None:
             _write_kept(kept, found)
+    _attached[0] += 1
     for name, blocks in found.items():
         module = linears[name]
         _BLOCKS[module] = BlockWeight(blocks.kind, blocks.qs, blocks.d, blocks.m, module.weight._version,
