@@ -120,14 +120,17 @@ def test_a_tree_tuned_elsewhere_is_named(tmp_path, capsys):
 
 
 def test_sampling_drops_a_tuned_lookup_branch(tmp_path):
-    """The shipped heads' tuned tree has a lookup branch, which exact sampling cannot use with a
-    static tree: sampling runs the tuned tree without it; greedy and an explicit --tree keep theirs."""
+    """A tuned tree with a lookup branch (the shipped heads' until 2026-11-26), which exact sampling
+    cannot use with a static tree: sampling runs the tuned tree without it; greedy and an explicit
+    --tree keep theirs."""
     from headstart.bench.tune import tree_for_run
-    from headstart.heads.defaults import shipped_heads
 
-    heads = shipped_heads("smollm2")["smollm2-eagle3"]
+    heads = tmp_path / "heads"
+    heads.mkdir()
+    report = {"tree": "[[0],[0,0],[1]]+lookup:4", "device": "cpu", "threads": 2}
+    (heads / TUNED_FILE).write_text(json.dumps(report))
     tuned = tree_for_run(None, heads, "cpu", 2)
-    assert tuned is not None and "+lookup:" in tuned
+    assert tuned == "[[0],[0,0],[1]]+lookup:4"
     assert tree_for_run(None, heads, "cpu", 2, greedy=False) == tuned.partition("+lookup:")[0]
     assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False) == "chain:1+lookup:4"
 
