@@ -5,6 +5,8 @@ the very same bits as the fp32 weights."""
 
 from __future__ import annotations
 
+import json
+
 import gguf
 import numpy as np
 import pytest
@@ -110,3 +112,46 @@ def test_decode_forwards_read_the_blocks_with_the_same_bits(quantised, rows, mon
         blocks = model(ids).logits
     assert len(read) == len(_linears(model))  # every linear read its blocks
     assert torch.equal(blocks, fp32)
+
+
+def test_a_damaged_or_foreign_kept_file_is_read_again_from_the_gguf(quantised, tmp_path, caplog):
+    model, path = quantised
+    kept = tmp_path / "converted"
+    kept.mkdir()
+    (kept / gguf_blocks.CACHE_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}")  # truncated
+    assert gguf_blocks.attach(model, path, kept) == len(_linears(model))
+    assert "ignoring the kept GGUF blocks" in caplog.text
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(kept / gguf_blocks.CACHE_FILE)  # rewritten whole by the attach above
+    save_file(tensors, kept / gguf_blocks.CACHE_FILE, metadata={"kinds": "{}"})  # no format: an old layout
+    gguf_blocks.detach(model)
+    assert gguf_blocks.attach(model, path, kept) == len(_linears(model))
+    name = next(n for n in tensors if n.endswith(".d"))
+    tensors[name] = tensors[name] * 2  # blocks that no longer give the weight
+    kinds = {n.removesuffix(".qs"): 0 if "lm_head" not in n else 1 for n in tensors if n.endswith(".qs")}
+    save_file(
+        tensors,
+        kept / gguf_blocks.CACHE_FILE,
+        metadata={"format": gguf_blocks.FORMAT, "kinds": json.dumps(kinds)},
+    )
+    assert gguf_blocks._read_kept(kept / gguf_blocks.CACHE_FILE, dict(model.named_modules())) is None
+
+
+def test_an_unwritable_directory_keeps_nothing_and_loads(quantised, tmp_path):
+    model, path = quantised
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert gguf_blocks.attach(model, path, not_a_dir) == len(_linears(model))
+
+
+def test_detach_and_a_failing_attach_leave_the_fp32_weights(quantised, monkeypatch, caplog):
+    model, path = quantised
+    gguf_blocks.attach(model, path)
+    gguf_blocks.detach(model)
+    assert all(gguf_blocks.blocks_for(m) is None for m in _linears(model))
+    from headstart.target import load
+
+    monkeypatch.setattr(gguf_blocks, "attach", lambda *a: (_ for _ in ()).throw(KeyError("no tensor map")))
+    load._attach_blocks(model, path, path.parent)  # a warning, not a failed load
+    assert "reads the fp32 weights" in caplog.text

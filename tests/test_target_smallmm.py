@@ -127,6 +127,22 @@ def test_bound_forwards_are_kept_until_a_weight_or_the_threads_change():
     finally:
         torch.set_num_threads(before)
     assert not any("forward" in m.__dict__ for m in packer.linears)
+    model[0].bias.data = torch.full_like(model[0].bias, 100.0)  # new storage, same tensor object
+    with torch.no_grad(), packer.rows(2):
+        out = model(x)
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_context_inside_another_gives_the_outer_its_forwards_back():
+    model = _model()
+    packer = PackedLinears.for_model(model)
+    with torch.no_grad(), packer.rows(2):
+        outer = [m.__dict__["forward"] for m in packer.linears]
+        with packer.rows(3):
+            assert all(m.__dict__["forward"] is not f for m, f in zip(packer.linears, outer, strict=True))
+        assert all(m.__dict__["forward"] is f for m, f in zip(packer.linears, outer, strict=True))
+    assert not any("forward" in m.__dict__ for m in packer.linears)
 
 
 @needs_kernel

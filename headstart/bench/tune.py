@@ -233,13 +233,16 @@ def _measure(
     live = list(candidates)
     with tqdm(total=len(ids) * (len(candidates) + (plain is not None)), desc="tune", unit="run") as bar:
         for index, prompt in enumerate(ids):
-            if plain is not None:
-                stats = plain.generate([prompt], sampling=sampling).stats
-                reference["new_tokens"] += stats.new_tokens
-                reference["wall_s"] += stats.wall_s
-                reference["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
-                bar.update(1)
-            for spec in live:
+            # plain decoding first on even prompts, last on odd ones: no position bias in the pairs
+            order = ([None] if index % 2 == 0 else []) + live + ([None] if index % 2 else [])
+            for spec in order if plain is not None else live:
+                if spec is None:
+                    stats = plain.generate([prompt], sampling=sampling).stats
+                    reference["new_tokens"] += stats.new_tokens
+                    reference["wall_s"] += stats.wall_s
+                    reference["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
+                    bar.update(1)
+                    continue
                 stats = decoders[spec].generate([prompt], sampling=sampling).stats
                 row = totals[spec]
                 row["new_tokens"] += stats.new_tokens

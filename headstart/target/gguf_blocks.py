@@ -13,10 +13,15 @@ smallmm.c reads them (nibbles or int8 rows, fp32 scales and mins), in the module
 is attached only when its blocks dequantise to exactly its weight; anything else (another quant
 type, a mismatch, a weight changed in place since) keeps the fp32 path. Cost: about 0.8 bytes per
 weight of extra memory (~100 MB for SmolLM2) and ~1 s at load. `HEADSTART_GGUF_BLOCKS=0` turns it off.
+
+The blocks assume a frozen target, as headstart keeps it. A weight changed by an ordinary tensor op
+(its `_version` moves) or replaced falls back to fp32 by itself; one changed behind autograd's back
+(`weight.data.mul_(...)`, `.data = ...`) cannot be seen: call `detach(model)` after such a change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +37,7 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 Q4_1, Q8_0 = 0, 1  # smallmm.c's `kind`
+MAX_INNER = 65536  # 4 rows of this many fp32 weights: 1 MiB of each thread's stack
 _BLOCKS: weakref.WeakKeyDictionary[nn.Linear, BlockWeight] = weakref.WeakKeyDictionary()
 _attached = [0]  # bumped by every attach: forwards bound before it may not read the new blocks
 
@@ -67,17 +73,33 @@ def blocks_for(module: nn.Linear) -> BlockWeight | None:
     return found
 
 
+def detach(model: nn.Module) -> None:
+    """Drop every block kept for `model`'s linears: decoding reads the fp32 weights again."""
+    for module in model.modules():
+        _BLOCKS.pop(module, None)
+    _attached[0] += 1
+
+
+def usable() -> bool:
+    """Whether decoding can read blocks here: not switched off, and the small-row kernel built and
+    reads them for at least one row count (else keeping them would only cost memory)."""
+    if os.environ.get("HEADSTART_GGUF_BLOCKS", "1") == "0":
+        return False
+    from headstart.target.smallmm import small_matmul
+
+    kernel = small_matmul()
+    return kernel is not None and kernel.block_rows > 0
+
+
 def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> int:
     """Keep the blocks of every linear of `model` (fp32, CPU) whose GGUF tensor is Q4_1 or Q8_0
     and dequantises to exactly its weight; returns how many were attached. With `cache_dir` (the
     converted model's directory), the repacked blocks are kept there in CACHE_FILE: reading the
     GGUF's metadata alone takes ~3.5 s (its tokenizer arrays), the kept file well under one."""
-    if os.environ.get("HEADSTART_GGUF_BLOCKS", "1") == "0":
-        return 0
     linears = {
         name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and _fp32_cpu(m.weight)
     }
-    if not linears:  # a GPU or bf16 target: its kernels read the weights as they are
+    if not linears or not usable():  # a GPU or bf16 target: its kernels read the weights as they are
         return 0
     kept = cache_dir / CACHE_FILE if cache_dir is not None else None
     found = _read_kept(kept, linears) if kept is not None and kept.is_file() else None
@@ -125,27 +147,55 @@ def _from_gguf(model: nn.Module, linears: dict[str, nn.Linear], gguf_path: Path)
     return found
 
 
+FORMAT = "1"  # the kept file's layout; another (or none) is read again from the GGUF
+
+
 def _read_kept(path: Path, linears: dict[str, nn.Linear]) -> dict[str, BlockWeight] | None:
-    """The kept blocks (written after they were checked against these very weights, in the
-    converted directory of the same GGUF), or None when the file does not fit the model."""
+    """The kept blocks, or None when the file is damaged, of another format or does not fit the
+    model. Written after the blocks were checked against these weights (the converted directory of
+    the same GGUF); each tensor's first row is checked again here (~a millisecond in all)."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            kinds = json.loads((f.metadata() or {}).get("kinds", "{}"))
+            meta = f.metadata() or {}
+            if meta.get("format") != FORMAT:
+                return None
             found = {}
-            for name, kind in kinds.items():
+            for name, kind in json.loads(meta.get("kinds", "{}")).items():
                 module = linears.get(name)
+                if module is None or kind not in (Q4_1, Q8_0):
+                    return None
                 qs, d = f.get_tensor(f"{name}.qs"), f.get_tensor(f"{name}.d")
                 m = f.get_tensor(f"{name}.m") if kind == Q4_1 else None
-                rows, inner = module.weight.shape if module is not None else (-1, -1)
-                if qs.shape[0] != rows or d.shape != (rows, inner // 32):
+                if not _fits(kind, qs, d, m, module.weight):
                     return None
                 found[name] = BlockWeight(kind, qs, d, m, 0, 0)
             return found
-    except (OSError, ValueError, KeyError, RuntimeError) as err:
+    except Exception as err:  # noqa: BLE001 - safetensors' own error type is not an OSError
         log.warning("warning: ignoring the kept GGUF blocks %s (%s): reading the GGUF again", path, err)
         return None
+
+
+def _fits(kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, weight: torch.Tensor) -> bool:
+    """Blocks of the layout smallmm.c reads, for this weight's shape, whose first row dequantises
+    to the weight's first row."""
+    rows, inner = weight.shape
+    scales = (rows, inner // 32)
+    if kind == Q4_1:
+        shapes = qs.dtype == torch.uint8 and qs.shape == (rows, inner // 2) and m is not None
+        shapes = shapes and m.dtype == torch.float32 and m.shape == scales
+    else:
+        shapes = qs.dtype == torch.int8 and qs.shape == (rows, inner)
+    if not (shapes and d.dtype == torch.float32 and d.shape == scales and inner % 32 == 0):
+        return False
+    if kind == Q4_1:
+        nibbles = qs[0].view(inner // 32, 16).long()
+        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()
+        first = (d[0][:, None] * values + m[0][:, None]).reshape(inner)
+    else:
+        first = (d[0][:, None] * qs[0].view(inner // 32, 32).float()).reshape(inner)
+    return torch.equal(first, weight[0].detach())
 
 
 def _write_kept(path: Path, found: dict[str, BlockWeight]) -> None:
@@ -158,11 +208,13 @@ def _write_kept(path: Path, found: dict[str, BlockWeight]) -> None:
         if blocks.m is not None:
             tensors[f"{name}.m"] = blocks.m
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    kinds = json.dumps({n: b.kind for n, b in found.items()})
     try:
-        save_file(tensors, str(tmp), metadata={"kinds": json.dumps({n: b.kind for n, b in found.items()})})
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "kinds": kinds})
         os.replace(tmp, path)
-    except OSError as err:
-        tmp.unlink(missing_ok=True)
+    except Exception as err:  # noqa: BLE001 - safetensors' I/O errors are not OSErrors
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         log.debug("GGUF blocks not kept in %s: %s", path.parent, err)
 
 
@@ -178,6 +230,8 @@ def _blocks(tensor: Any, weight: torch.Tensor, gguf: Any) -> BlockWeight | None:
         tensor.tensor_type
     )
     if kind is None or inner % 32 or tuple(int(n) for n in tensor.shape) != (inner, rows):
+        return None
+    if inner > MAX_INNER:  # smallmm.c dequantises 4 rows of it onto each thread's stack
         return None
     qs, d, m, dense = repack(np.asarray(tensor.data), kind, rows, inner)
     order = _row_order(dense, weight.detach())

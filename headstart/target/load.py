@@ -242,9 +242,7 @@ def load_target(
     if weights:
         model.to(device)
         if kind in ("embedded", "gguf"):  # CPU fp32 decoding reads the file's blocks (same bits)
-            from headstart.target.gguf_blocks import attach
-
-            attach(model, path, Path(source))
+            _attach_blocks(model, path, Path(source))
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
@@ -266,6 +264,22 @@ def load_target(
     target.fingerprint = fingerprint(target, kind, source_hash, revision)
     target.load_s = time.perf_counter() - start
     return target
+
+
+def _attach_blocks(model: Any, gguf_path: Path, converted: Path) -> None:
+    """An optimisation: anything going wrong in it leaves the fp32 weights in charge, in one line."""
+    import logging
+
+    from headstart.target.gguf_blocks import attach
+
+    try:
+        attach(model, gguf_path, converted)
+    except Exception as err:  # noqa: BLE001 - gguf-py, safetensors and numpy raise their own types
+        logging.getLogger(__name__).warning(
+            "warning: decoding reads the fp32 weights, not the GGUF's blocks (%s: %s)",
+            type(err).__name__,
+            err,
+        )
 
 
 def read_chat_template(value: str | None) -> str | None:

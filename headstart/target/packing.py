@@ -148,23 +148,24 @@ class PackedLinears:
         # an instance attribute shadows the class's forward until the context closes; written to
         # __dict__ directly (not a parameter, buffer or submodule): nn.Module.__setattr__ and
         # __delattr__ cost ~7 us a module, ~1.6 ms a SmolLM2 forward
+        before = [module.__dict__.get("forward") for module in self.linears]  # a context around this one
         for module, forward in zip(self.linears, forwards, strict=True):
             module.__dict__["forward"] = forward
         try:
             yield
         finally:
-            for module in self.linears:
-                module.__dict__.pop("forward", None)
+            for module, forward in zip(self.linears, before, strict=True):
+                if forward is None:
+                    module.__dict__.pop("forward", None)
+                else:
+                    module.__dict__["forward"] = forward
 
     def _small_forwards(self, kernel: SmallMatmul, rows: int) -> list[Any]:
         """Every linear's kernel-bound forward for `rows` rows, bound once and kept while the
         weights, the thread count, the kernel's row ranges and the attached GGUF blocks stay as they
         were. Binding all of SmolLM2's 211 linears took ~4 ms, a third of a 1-token forward."""
         key = (rows, torch.get_num_threads(), kernel.max_rows, kernel.block_rows, generation())
-        params = [m._parameters for m in self.linears]
-        state = tuple(
-            n for p in params for w in (p["weight"],) for n in (id(w), w.data_ptr(), w._version, id(p.get("bias")))
-        )  # fmt: skip
+        state = tuple(_bound_state(m._parameters) for m in self.linears)
         found = self._bound.get(key)
         if found is not None and found[0] == state:
             self._bound.move_to_end(key)
@@ -184,6 +185,25 @@ def packed(packers: Iterable[PackedLinears | None], rows: int) -> Iterator[None]
             if packer is not None:
                 stack.enter_context(packer.rows(rows))
         yield
+
+
+def _bound_state(params: dict[str, Any]) -> tuple[Any, ...]:
+    """What a bound forward captured of a linear: its tensors, their storage, layout and version
+    (an in-place op moves `_version`; a write through `.data` does not: see gguf_blocks.detach)."""
+    state: tuple[Any, ...] = ()
+    for tensor in (params.get("weight"), params.get("bias")):
+        if tensor is None:
+            state += (None,)
+        else:
+            state += (
+                id(tensor),
+                tensor.data_ptr(),
+                tensor._version,
+                tensor.dtype,
+                tensor.shape,
+                tensor.stride(),
+            )
+    return state
 
 
 def _small_forward(module: nn.Linear, kernel: SmallMatmul, rows: int) -> Any:

@@ -139,7 +139,10 @@ class SmallMatmul:
             fn, kind, d, m = self._blocks_fn, blocks.kind, blocks.d.data_ptr(), blocks.m
             q, m = blocks.qs.data_ptr(), 0 if m is None else m.data_ptr()
 
-            def call(x_ptr: int, ldx: int, _w: int, b: int, y: int, ldy: int, *sizes: int) -> None:
+            # `_held` keeps the blocks alive as long as this binding: the pointers above stay valid
+            def call(
+                x_ptr: int, ldx: int, _w: int, b: int, y: int, ldy: int, *sizes: int, _held: Any = blocks
+            ) -> None:
                 fn(x_ptr, ldx, kind, q, d, m, b, y, ldy, *sizes)
         else:
             call = self._fn
