@@ -231,6 +231,14 @@ void headstart_small_matmul_blocks(const float *x, long ldx, int kind, const voi
 #endif
         for (long i = 0; i < blocks; i++) {
             long rows = N - 4 * i < 4 ? N - 4 * i : 4;
+            /* the quantised rows two blocks ahead into L2 (the fp32 block's own prefetch points into
+             * this thread's buffer): all SmolLM2 matmuls, 2 threads, 8 rows 16.1 -> 13.9 ms, 1 row
+             * 5.8 -> 5.6 (three interleaved runs, AVX-512) */
+            if (i + 2 < blocks) {
+                long from = (4 * i + 8) * row_bytes, to = (4 * i + 12) * row_bytes;
+                to = to < N * row_bytes ? to : N * row_bytes;
+                for (long o = from; o < to; o += 64) __builtin_prefetch((const char *)qs + o, 0, LOCALITY);
+            }
             for (long r = 0; r < rows; r++) {
                 long n = 4 * i + r;
                 const unsigned char *q = (const unsigned char *)qs + n * row_bytes;
