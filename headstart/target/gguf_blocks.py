@@ -189,13 +189,8 @@ def _fits(kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, 
         shapes = qs.dtype == torch.int8 and qs.shape == (rows, inner)
     if not (shapes and d.dtype == torch.float32 and d.shape == scales and inner % 32 == 0):
         return False
-    if kind == Q4_1:
-        nibbles = qs[0].view(inner // 32, 16).long()
-        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()
-        first = (d[0][:, None] * values + m[0][:, None]).reshape(inner)
-    else:
-        first = (d[0][:, None] * qs[0].view(inner // 32, 32).float()).reshape(inner)
-    return torch.equal(first, weight[0].detach())
+    first = dequantise(kind, qs[:1], d[:1], None if m is None else m[:1])
+    return torch.equal(first[0], weight[0].detach())
 
 
 def _write_kept(path: Path, found: dict[str, BlockWeight]) -> None:
@@ -251,11 +246,22 @@ def repack(raw: np.ndarray, kind: int, rows: int, inner: int) -> tuple[torch.Ten
     if kind == Q4_1:
         m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
         qs = torch.from_numpy(np.ascontiguousarray(raw[..., 4:]).reshape(rows, inner // 2))
-        nibbles = qs.view(rows, inner // 32, 16).long()
-        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()  # gguf-py's element order
-        return qs, d, m, (d[..., None] * values + m[..., None]).reshape(rows, inner)  # (d * q) + m
-    qs = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, inner))
-    return qs, d, None, (d[..., None] * qs.view(rows, inner // 32, 32).float()).reshape(rows, inner)
+    else:
+        m = None
+        qs = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, inner))
+    return qs, d, m, dequantise(kind, qs, d, m)
+
+
+def dequantise(kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+    """The fp32 weight (N, K) of blocks in smallmm.c's layout, computed as gguf-py does: Q4_1
+    (d * q) + m with element i the low nibble of byte i and i + 16 its high one; Q8_0 d * q."""
+    rows, blocks = d.shape
+    if kind == Q4_1:
+        assert m is not None
+        nibbles = qs.view(rows, blocks, 16).long()
+        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()
+        return (d[..., None] * values + m[..., None]).reshape(rows, 32 * blocks)
+    return (d[..., None] * qs.view(rows, blocks, 32).float()).reshape(rows, 32 * blocks)
 
 
 def _row_order(dense: torch.Tensor, weight: torch.Tensor) -> Any:

@@ -93,7 +93,7 @@ class SmallMatmul:
         self._blocks_fn.restype = None
         self._blocks_fn.argtypes = [pointer, long, ctypes.c_int, pointer, pointer, pointer, pointer, pointer,
                                     long, long, long, long, ctypes.c_int]  # fmt: skip
-        self.block_rows = max_rows  # up to this many rows the blocks are read (`calibrated_rows`)
+        self.block_rows = max_rows  # up to this many rows the blocks are read (`calibrated_block_rows`)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x (M, K) fp32 with unit stride in K; weight (N, K) contiguous fp32; bias (N,) or None.
@@ -359,8 +359,9 @@ def _measure_rows(kernel: SmallMatmul) -> int:
 def calibrated_block_rows(kernel: SmallMatmul, record: Path) -> int:
     """The most rows (up to the kernel's own `max_rows`) for which reading GGUF blocks is no
     slower than reading fp32 weights on this CPU. Both give the same bits, so this is speed only:
-    the blocks halve the memory a step moves but add the dequantising, which wins at few rows and
-    loses once the matmul is compute-bound (measured: up to 8 rows with AVX-512, 2 with AVX2).
+    the blocks move a fifth of the memory but add the dequantising, which wins at few rows and ties
+    or loses once the matmul is compute-bound (measured: AVX-512 wins to 8 rows and ties past
+    them, AVX2 wins at 1-2 rows only).
     Measured once per machine and thread count (~1 s) into `record`; HEADSTART_BLOCK_ROWS overrides."""
     override = os.environ.get("HEADSTART_BLOCK_ROWS", "").strip()
     if override.isdigit():
@@ -387,7 +388,7 @@ def _measure_block_rows(kernel: SmallMatmul) -> int:
     """Synthetic Q4_1 (MLP projections) and Q8_0 (a vocabulary) weights shaped as SmolLM2's, ~80 MB
     of them in fp32: more than a CPU's last-level cache, as a decoder's weights are (a weight that
     stays cached would favour the fp32 side)."""
-    from headstart.target.gguf_blocks import Q4_1, Q8_0, BlockWeight
+    from headstart.target.gguf_blocks import Q4_1, Q8_0, BlockWeight, dequantise
 
     generator = torch.Generator().manual_seed(0)
     weights = []
@@ -396,13 +397,10 @@ def _measure_block_rows(kernel: SmallMatmul) -> int:
         if kind == Q4_1:
             qs = torch.randint(0, 256, (rows, inner // 2), dtype=torch.uint8, generator=generator)
             m = (torch.rand(rows, inner // 32, generator=generator) * -0.05).half().float()
-            values = torch.cat([(qs.view(rows, -1, 16) & 15), qs.view(rows, -1, 16) >> 4], -1).float()
-            dense = (d[..., None] * values + m[..., None]).reshape(rows, inner)
         else:
             qs = torch.randint(-128, 128, (rows, inner), dtype=torch.int8, generator=generator)
             m = None
-            dense = (d[..., None] * qs.view(rows, -1, 32).float()).reshape(rows, inner)
-        weights.append((BlockWeight(kind, qs, d, m, 0, 0), dense))
+        weights.append((BlockWeight(kind, qs, d, m, 0, 0), dequantise(kind, qs, d, m)))
 
     def every(x: torch.Tensor, blocks: bool) -> None:
         for block, dense in weights:
