@@ -155,3 +155,55 @@ def test_detach_and_a_failing_attach_leave_the_fp32_weights(quantised, monkeypat
     monkeypatch.setattr(gguf_blocks, "attach", lambda *a: (_ for _ in ()).throw(KeyError("no tensor map")))
     load._attach_blocks(model, path, path.parent)  # a warning, not a failed load
     assert "reads the fp32 weights" in caplog.text
+
+
+def _rounded_to_bf16(model: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    return model
+
+
+@pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
+def test_bf16_rows_are_kept_only_for_weights_that_are_bf16(tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(make_target_dir(tmp_path)).eval()
+    assert gguf_blocks.attach_bf16(model) == 0  # random fp32 weights: nothing is exactly bf16
+    _rounded_to_bf16(model)
+    linears = _linears(model)
+    assert gguf_blocks.attach_bf16(model) == len(linears)
+    assert all(gguf_blocks.blocks_for(m).kind == gguf_blocks.BF16 for m in linears)
+    assert gguf_blocks.attach_bf16(model) == 0  # already kept
+    with torch.no_grad():
+        linears[0].weight.add_(1e-3)  # changed in place: stale, back to fp32
+    assert gguf_blocks.blocks_for(linears[0]) is None
+    assert gguf_blocks.attach_bf16(model.to(torch.bfloat16)) == 0  # a bf16 model reads its own weights
+
+
+@pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
+def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_tokens(tmp_path, monkeypatch):
+    """A checkpoint saved in bf16 and loaded as fp32 (what the Hub's checkpoints are on a CPU):
+    every linear reads its bf16 rows, and greedy decoding still equals transformers' generate."""
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.target import load_target
+
+    model = _rounded_to_bf16(AutoModelForCausalLM.from_pretrained(make_target_dir(tmp_path)))
+    source = tmp_path / "bf16-checkpoint"
+    model.to(torch.bfloat16).save_pretrained(source)
+    make_target_dir(tmp_path)  # the tokenizer beside it
+    from tests.tiny import make_tokenizer
+
+    make_tokenizer().save_pretrained(source)
+    kernel = small_matmul()
+    monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)
+    target = load_target(str(source))
+    linears = _linears(target.model)
+    assert all(gguf_blocks.blocks_for(m) is not None for m in linears)
+    read = []
+    real = kernel._blocks_fn
+    monkeypatch.setattr(kernel, "_blocks_fn", lambda *a: read.append(a[2]) or real(*a))
+    prompt = [5, 9, 14, 3, 22]
+    got = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=12).sequences
+    assert read and set(read) == {gguf_blocks.BF16}
+    with torch.no_grad():
+        expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)
+    assert torch.equal(got, expected)

@@ -297,6 +297,33 @@ def test_gguf_blocks_give_the_dequantised_weights_bits(kind, inner, outer):
 
 
 @needs_kernel
+@pytest.mark.parametrize("inner", [7, 32, 100, 1728])
+@pytest.mark.parametrize("outer", [1, 6, 193])
+def test_bf16_rows_give_the_fp32_weights_bits(inner, outer):
+    """bf16 rows of a weight whose values are all bf16 (a head shipped in bf16) are the fp32 kernel
+    on that weight bit for bit, at every row and thread count, any K (a 16-lane body and a tail)."""
+    from headstart.target.gguf_blocks import BF16, BlockWeight, dequantise
+
+    torch.manual_seed(inner * outer)
+    dense = torch.randn(outer, inner).bfloat16()
+    blocks = BlockWeight(BF16, dense.view(torch.int16), torch.empty(0), None, 0, 0)
+    dense = dense.float()
+    assert torch.equal(dequantise(BF16, blocks.qs, blocks.d, None), dense)
+    kernel = small_matmul()
+    x, b = torch.randn(MAX_ROWS, inner), torch.randn(outer)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rows in (1, 2, 3, 8, 11, 64):
+                for bias in (b, None):
+                    got = kernel.linear_blocks(x[:rows], blocks, bias)
+                    assert torch.equal(got, kernel.linear(x[:rows], dense, bias)), (threads, rows)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
 def test_bound_linear_reads_blocks_up_to_their_calibrated_rows(monkeypatch):
     blocks, dense = _gguf_blocks(0, 40, 64, seed=3)
     kernel = small_matmul()

@@ -28,15 +28,17 @@ def cpu_kernel_status(target: Any) -> str:
     if kernel is not None:
         from torch import nn
 
-        from headstart.target.gguf_blocks import blocks_for
+        from headstart.target.gguf_blocks import BF16, blocks_for
 
         linears = [m for m in target.model.modules() if isinstance(m, nn.Linear)]
-        kept = sum(blocks_for(m) is not None for m in linears)
-        blocks = (
-            f"; GGUF blocks for {kept} of {len(linears)} linears, read up to {kernel.block_rows} rows"
-            if kept
-            else ""
+        found = [b for b in map(blocks_for, linears) if b is not None]
+        rows = sum(b.kind == BF16 for b in found)
+        kinds = " and ".join(
+            f"{what} for {count} of {len(linears)} linears"
+            for what, count in (("GGUF blocks", len(found) - rows), ("bf16 rows", rows))
+            if count
         )
+        blocks = f"; {kinds}, read up to {kernel.block_rows} rows" if found else ""
         return f"small-row kernel up to {kernel.max_rows} rows ({kernel.path}){blocks}"
     return "MKL packed weights" if mkl_packing_available() else "n/a"
 

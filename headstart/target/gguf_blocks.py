@@ -14,6 +14,10 @@ is attached only when its blocks dequantise to exactly its weight; anything else
 type, a mismatch, a weight changed in place since) keeps the fp32 path. Cost: about 0.8 bytes per
 weight of extra memory (~100 MB for SmolLM2) and ~1 s at load. `HEADSTART_GGUF_BLOCKS=0` turns it off.
 
+The same path reads bf16 rows (`attach_bf16`) of any fp32 weight whose values are all exactly
+bf16: draft heads (shipped and exported in bf16, decoded in fp32) and checkpoints stored in bf16.
+Widening bf16 to fp32 is exact, so again the bits are the fp32 kernel's, in half its memory.
+
 The blocks assume a frozen target, as headstart keeps it. A weight changed by an ordinary tensor op
 (its `_version` moves) or replaced falls back to fp32 by itself; one changed behind autograd's back
 (`weight.data.mul_(...)`, `.data = ...`) cannot be seen: call `detach(model)` after such a change.
@@ -36,7 +40,7 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-Q4_1, Q8_0 = 0, 1  # smallmm.c's `kind`
+Q4_1, Q8_0, BF16 = 0, 1, 2  # smallmm.c's `kind`
 MAX_INNER = 65536  # 4 rows of this many fp32 weights: 1 MiB of each thread's stack
 _BLOCKS: weakref.WeakKeyDictionary[nn.Linear, BlockWeight] = weakref.WeakKeyDictionary()
 _attached = [0]  # bumped by every attach: forwards bound before it may not read the new blocks
@@ -53,8 +57,8 @@ class BlockWeight:
     equal (an in-place change or a swapped tensor makes them stale)."""
 
     kind: int
-    qs: torch.Tensor  # Q4_1: (N, K/2) uint8 nibbles; Q8_0: (N, K) int8
-    d: torch.Tensor  # (N, K/32) fp32 scales
+    qs: torch.Tensor  # Q4_1: (N, K/2) uint8 nibbles; Q8_0: (N, K) int8; BF16: (N, K) int16 (the bits)
+    d: torch.Tensor  # (N, K/32) fp32 scales (BF16: empty)
     m: torch.Tensor | None  # (N, K/32) fp32 mins (Q4_1)
     version: int
     pointer: int
@@ -117,6 +121,36 @@ def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> 
         len(found), len(linears), sum(b.nbytes for b in found.values()) / 2**20, Path(gguf_path).name,
     )  # fmt: skip
     return len(found)
+
+
+def attach_bf16(model: nn.Module) -> int:
+    """Keep bf16 rows of every fp32 CPU linear of `model` whose weight is exactly bf16 (see the
+    module doc); returns how many. No file: the conversion takes ~10 ms per million weights.
+    Cost: 2 bytes per such weight of extra memory."""
+    linears = [
+        m for m in model.modules()
+        if isinstance(m, nn.Linear) and _fp32_cpu(m.weight) and m.in_features <= MAX_INNER and m not in _BLOCKS
+        and _bf16_values(m.weight[:1])  # one row turns down an fp32-trained weight at once
+    ]  # fmt: skip
+    if not linears or not usable():  # a GPU, bf16 or fp32-valued model: nothing to read instead
+        return 0
+    count = 0
+    for module in linears:
+        weight = module.weight.detach()
+        if not _bf16_values(weight):  # not bf16 values (or NaN): fp32 stays
+            continue
+        bits = weight.to(torch.bfloat16).view(torch.int16).contiguous()
+        _BLOCKS[module] = BlockWeight(BF16, bits, weight.new_empty(0), None, module.weight._version,
+                                      module.weight.data_ptr())  # fmt: skip
+        count += 1
+    if count:
+        _attached[0] += 1
+    return count
+
+
+def _bf16_values(weight: torch.Tensor) -> bool:
+    weight = weight.detach()
+    return torch.equal(weight.to(torch.bfloat16).float(), weight)
 
 
 CACHE_FILE = "gguf_blocks.safetensors"
@@ -254,7 +288,10 @@ def repack(raw: np.ndarray, kind: int, rows: int, inner: int) -> tuple[torch.Ten
 
 def dequantise(kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
     """The fp32 weight (N, K) of blocks in smallmm.c's layout, computed as gguf-py does: Q4_1
-    (d * q) + m with element i the low nibble of byte i and i + 16 its high one; Q8_0 d * q."""
+    (d * q) + m with element i the low nibble of byte i and i + 16 its high one; Q8_0 d * q;
+    BF16 the bits widened."""
+    if kind == BF16:
+        return qs.view(torch.bfloat16).float()
     rows, blocks = d.shape
     if kind == Q4_1:
         assert m is not None

@@ -164,7 +164,8 @@ void headstart_small_matmul(const float *x, long ldx, const float *w, const floa
  * d has 11 significant bits and q at most 8), so fma(q, d, m) rounds once where gguf-py's
  * (d * q) + m also rounds once: the same fp32 weight. Layout (repacked by smallmm.py): Q4_1 nibbles
  * (N, K/2) bytes, block j of a row holding element i in the low nibble of byte i and i + 16 in the
- * high one (GGUF's order); d and m (N, K/32) fp32. Q8_0: (N, K) int8 and d (N, K/32). K % 32 == 0. */
+ * high one (GGUF's order); d and m (N, K/32) fp32. Q8_0: (N, K) int8 and d (N, K/32). K % 32 == 0
+ * for both (bf16, below, takes any K). */
 typedef unsigned char vbu __attribute__((vector_size(LANES), aligned(1), may_alias));
 typedef signed char vbs __attribute__((vector_size(LANES), aligned(1), may_alias));
 typedef int vi __attribute__((vector_size(LANES * 4)));
@@ -213,13 +214,39 @@ static void dequant_q8_0(const signed char *qs, const float *d, long K, float *o
     }
 }
 
-/* kind 0: Q4_1 (qs nibbles, d, m); kind 1: Q8_0 (qs int8, d; m unused). Otherwise as
- * headstart_small_matmul, with y computed from the dequantised weights. */
+/* bf16 rows (N, K) of a weight whose fp32 values are all exactly bf16 (heads shipped in bf16, a
+ * checkpoint stored in bf16 and loaded as fp32): widening is a 16-bit shift, exact, so the fp32
+ * block sees the same weights and gives the same bits in half the memory of fp32. Any K. */
+static inline vi widen_u16(const unsigned short *p) {
+#if LANES == 16 && defined(__AVX512F__)
+    return (vi)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+#elif LANES == 8 && defined(__AVX2__)
+    return (vi)_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+#else
+    typedef unsigned short vhu __attribute__((vector_size(LANES * 2), aligned(2), may_alias));
+    return __builtin_convertvector(*(const vhu *)p, vi);
+#endif
+}
+
+static void dequant_bf16(const unsigned short *qs, long K, float *out) {
+    long k = 0;
+    for (; k + LANES <= K; k += LANES) {
+        store(out + k, (vf)(widen_u16(qs + k) << 16)); /* a vector cast keeps the bits */
+    }
+    for (; k < K; k++) {
+        unsigned int bits = (unsigned int)qs[k] << 16;
+        __builtin_memcpy(out + k, &bits, 4);
+    }
+}
+
+/* kind 0: Q4_1 (qs nibbles, d, m); kind 1: Q8_0 (qs int8, d; m unused); kind 2: bf16 (qs (N, K)
+ * 16-bit, d and m unused). Otherwise as headstart_small_matmul, with y computed from the
+ * dequantised weights. */
 void headstart_small_matmul_blocks(const float *x, long ldx, int kind, const void *qs, const float *d,
                                    const float *m, const float *b, float *y, long ldy, long M, long N,
                                    long K, int threads) {
     long blocks = (N + 3) / 4, per = K / 32; /* per: scale blocks per weight row */
-    long row_bytes = kind == 0 ? K / 2 : K;
+    long row_bytes = kind == 0 ? K / 2 : kind == 1 ? K : 2 * K;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) if (threads > 1)
 #endif
@@ -243,7 +270,8 @@ void headstart_small_matmul_blocks(const float *x, long ldx, int kind, const voi
                 long n = 4 * i + r;
                 const unsigned char *q = (const unsigned char *)qs + n * row_bytes;
                 if (kind == 0) dequant_q4_1(q, d + n * per, m + n * per, K, w + r * K);
-                else dequant_q8_0((const signed char *)q, d + n * per, K, w + r * K);
+                else if (kind == 1) dequant_q8_0((const signed char *)q, d + n * per, K, w + r * K);
+                else dequant_bf16((const unsigned short *)q, K, w + r * K);
             }
             if (rows == 4) block4(x, ldx, w, K, y + 4 * i, ldy, M);
             else

@@ -380,7 +380,7 @@ def calibrated_block_rows(kernel: SmallMatmul, record: Path) -> int:
         os.replace(tmp, record)
     except OSError:
         pass
-    log.info("headstart: GGUF blocks read up to %d rows at %s threads", rows, threads)
+    log.info("headstart: GGUF blocks and bf16 rows read up to %d rows at %s threads", rows, threads)
     return min(rows, kernel.max_rows)
 
 
