@@ -182,7 +182,8 @@ def test_bf16_rows_are_kept_only_for_weights_that_are_bf16(tmp_path):
 @pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
 def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_tokens(tmp_path, monkeypatch):
     """A checkpoint saved in bf16 and loaded as fp32 (what the Hub's checkpoints are on a CPU):
-    every linear reads its bf16 rows, and greedy decoding still equals transformers' generate."""
+    once decoding starts every linear reads its bf16 rows, and greedy decoding still equals
+    transformers' generate."""
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.target import load_target
 
@@ -197,12 +198,14 @@ def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_toke
     monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)
     target = load_target(str(source))
     linears = _linears(target.model)
-    assert all(gguf_blocks.blocks_for(m) is not None for m in linears)
+    assert not any(map(gguf_blocks.blocks_for, linears))  # training never holds them
+    decoder = SpeculativeDecoder(target, None)
+    assert all(gguf_blocks.blocks_for(m).kind == gguf_blocks.BF16 for m in linears)
     read = []
     real = kernel._blocks_fn
     monkeypatch.setattr(kernel, "_blocks_fn", lambda *a: read.append(a[2]) or real(*a))
     prompt = [5, 9, 14, 3, 22]
-    got = SpeculativeDecoder(target, None).generate(prompt, max_new_tokens=12).sequences
+    got = decoder.generate(prompt, max_new_tokens=12).sequences
     assert read and set(read) == {gguf_blocks.BF16}
     with torch.no_grad():
         expected = target.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)

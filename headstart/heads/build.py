@@ -151,9 +151,4 @@ def load_heads_for_inference(path: str | Path, target: Any) -> Any:
     """`load_heads` for decoding: checked against and bound to `target`, in its dtype, eval, frozen."""
     heads = load_heads(path, target)
     heads.to(dtype=target.dtype).eval().requires_grad_(False)
-    from headstart.target.gguf_blocks import attach_bf16
-
-    # bf16-stored heads decoded in fp32 on a CPU: the kernel reads their bf16 rows (same bits,
-    # half the memory; the shipped SmolLM2 EAGLE-3 head drafts and observes in 2.0 ms a step, not 2.4)
-    attach_bf16(heads)
     return heads

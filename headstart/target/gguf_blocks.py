@@ -125,8 +125,9 @@ def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> 
 
 def attach_bf16(model: nn.Module) -> int:
     """Keep bf16 rows of every fp32 CPU linear of `model` whose weight is exactly bf16 (see the
-    module doc); returns how many. No file: the conversion takes ~10 ms per million weights.
-    Cost: 2 bytes per such weight of extra memory."""
+    module doc); returns how many. Called where decoding starts (`PackedLinears.for_model`), so
+    training never holds them. No file: one conversion, at the first decode. Cost: 2 bytes per
+    such weight of extra memory (a weight whose first row is not bf16 is turned down at once)."""
     linears = [
         m for m in model.modules()
         if isinstance(m, nn.Linear) and _fp32_cpu(m.weight) and m.in_features <= MAX_INNER and m not in _BLOCKS

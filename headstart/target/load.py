@@ -241,9 +241,8 @@ def load_target(
     model = _load_model(source, _torch_dtype(dtype, device), revision, weights)
     if weights:
         model.to(device)
-        # CPU fp32 decoding reads the GGUF's blocks, or the bf16 rows of a checkpoint stored in bf16
-        # (the same bits either way; target/gguf_blocks.py)
-        _attach_blocks(model, path if kind in ("embedded", "gguf") else None, Path(source))
+        if kind in ("embedded", "gguf"):  # CPU fp32 decoding reads the file's blocks (same bits)
+            _attach_blocks(model, path, Path(source))
     model.eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
@@ -267,18 +266,14 @@ def load_target(
     return target
 
 
-def _attach_blocks(model: Any, gguf_path: Path | None, converted: Path) -> None:
-    """An optimisation: anything going wrong in it leaves the fp32 weights in charge, in one line.
-    `gguf_path` None: not a GGUF, its weights' exact bf16 rows where they have them."""
+def _attach_blocks(model: Any, gguf_path: Path, converted: Path) -> None:
+    """An optimisation: anything going wrong in it leaves the fp32 weights in charge, in one line."""
     import logging
 
-    from headstart.target.gguf_blocks import attach, attach_bf16
+    from headstart.target.gguf_blocks import attach
 
     try:
-        if gguf_path is not None:
-            attach(model, gguf_path, converted)
-        else:
-            attach_bf16(model)
+        attach(model, gguf_path, converted)
     except Exception as err:  # noqa: BLE001 - gguf-py, safetensors and numpy raise their own types
         logging.getLogger(__name__).warning(
             "warning: decoding reads the fp32 weights, not the GGUF's blocks (%s: %s)",

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headstart.target.gguf_blocks import blocks_for, generation
+from headstart.target.gguf_blocks import attach_bf16, blocks_for, generation
 from headstart.target.smallmm import MAX_ROWS as SMALL_MAX_ROWS
 from headstart.target.smallmm import SmallMatmul, small_matmul
 
@@ -100,6 +100,9 @@ class PackedLinears:
         if not mkl_packing_available() and small_matmul() is None:
             return None
         if model not in _SHARED:
+            # decoding reads bf16-valued weights (heads stored in bf16, a bf16 checkpoint) as bf16
+            # rows, same bits: attached here, where decoding starts, so training never pays the memory
+            attach_bf16(model)
             _SHARED[model] = cls(model)
         return _SHARED[model]
 

@@ -116,13 +116,15 @@ def test_greedy_matches_generate(request, target, prompts, kind, tree, device):
         assert out.stats.new_tokens == 40 * len(batch)
 
 
+def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
 @pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
 @pytest.mark.parametrize("kind", ["real-eagle3", "real-dflash"])  # Medusa's heads run as one stacked matmul
 def test_heads_saved_in_bf16_draft_from_their_bf16_rows(target, prompts, kind, tmp_path, monkeypatch):
     """Heads stored in bf16 and decoded in fp32 on a CPU read their bf16 rows (half the memory):
     the same drafts bit for bit (the same steps accepted), and generate's tokens."""
-    from torch import nn
-
     from headstart.heads import load_heads_for_inference
     from headstart.target import gguf_blocks
 
@@ -130,14 +132,17 @@ def test_heads_saved_in_bf16_draft_from_their_bf16_rows(target, prompts, kind, t
     monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)
     path = _real_heads(kind, target).to(torch.bfloat16).save_pretrained(tmp_path / kind)
     rows, fp32 = load_heads_for_inference(path, target), load_heads_for_inference(path, target)
-    gguf_blocks.detach(fp32)
-    own = [m for m in rows.modules() if isinstance(m, nn.Linear)]
-    assert own and all(gguf_blocks.blocks_for(m).kind == gguf_blocks.BF16 for m in own)
+    assert not any(map(gguf_blocks.blocks_for, _linears(rows)))  # kept only once decoding starts
+    decoders = [SpeculativeDecoder(target, rows, tree="static")]
+    monkeypatch.setenv("HEADSTART_GGUF_BLOCKS", "0")  # the same heads on their fp32 weights
+    decoders.append(SpeculativeDecoder(target, fp32, tree="static"))
+    monkeypatch.delenv("HEADSTART_GGUF_BLOCKS")
+    assert _linears(rows) and all(gguf_blocks.blocks_for(m).kind == gguf_blocks.BF16 for m in _linears(rows))
+    assert not any(map(gguf_blocks.blocks_for, _linears(fp32)))
     read = []
     real = kernel._blocks_fn
     monkeypatch.setattr(kernel, "_blocks_fn", lambda *a: read.append(a[2]) or real(*a))
-    outs = [SpeculativeDecoder(target, heads, tree="static").generate(prompts, max_new_tokens=30, eos_token_id=None)
-            for heads in (rows, fp32)]  # fmt: skip
+    outs = [decoder.generate(prompts, max_new_tokens=30, eos_token_id=None) for decoder in decoders]
     assert gguf_blocks.BF16 in read
     assert outs[0].stats.per_row_steps == outs[1].stats.per_row_steps  # the same drafts accepted
     for ids, got, other in zip(prompts, outs[0].token_ids, outs[1].token_ids, strict=True):
