@@ -164,23 +164,63 @@ def _rounded_to_bf16(model: nn.Module) -> nn.Module:
     return model
 
 
-@pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
-def test_bf16_rows_are_kept_only_for_weights_that_are_bf16(tmp_path):
+@pytest.fixture
+def calibrated_to_read_blocks(monkeypatch):
+    """The kernel reads blocks at every row count, whatever this machine's calibration found."""
+    if small_matmul() is None:
+        pytest.skip("no C compiler: the kernel did not build")
+    monkeypatch.setattr(small_matmul(), "block_rows", small_matmul().max_rows)
+
+
+def test_bf16_rows_are_kept_only_for_weights_that_are_bf16(tmp_path, calibrated_to_read_blocks, monkeypatch):
     model = AutoModelForCausalLM.from_pretrained(make_target_dir(tmp_path)).eval()
     assert gguf_blocks.attach_bf16(model) == 0  # random fp32 weights: nothing is exactly bf16
     _rounded_to_bf16(model)
-    linears = _linears(model)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[1:, 0] += 1e-3  # bf16 in its first row only
+    linears = [m for m in _linears(model) if m is not model.model.layers[0].mlp.up_proj]
+    monkeypatch.setenv("HEADSTART_BF16_ROWS", "0")
+    assert gguf_blocks.attach_bf16(model) == 0
+    monkeypatch.delenv("HEADSTART_BF16_ROWS")
     assert gguf_blocks.attach_bf16(model) == len(linears)
     assert all(gguf_blocks.blocks_for(m).kind == gguf_blocks.BF16 for m in linears)
+    assert gguf_blocks.blocks_for(model.model.layers[0].mlp.up_proj) is None
     assert gguf_blocks.attach_bf16(model) == 0  # already kept
     with torch.no_grad():
         linears[0].weight.add_(1e-3)  # changed in place: stale, back to fp32
     assert gguf_blocks.blocks_for(linears[0]) is None
-    assert gguf_blocks.attach_bf16(model.to(torch.bfloat16)) == 0  # a bf16 model reads its own weights
+    fresh = _rounded_to_bf16(AutoModelForCausalLM.from_pretrained(make_target_dir(tmp_path)))
+    assert gguf_blocks.attach_bf16(fresh.to(torch.bfloat16)) == 0  # a bf16 model reads its own weights
 
 
-@pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
-def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_tokens(tmp_path, monkeypatch):
+def test_bf16_rows_are_shared_by_tied_linears_and_skip_linears_never_called(calibrated_to_read_blocks):
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.unused = nn.Linear(32, 8), nn.Linear(32, 8), nn.Linear(32, 8)
+            self.b.weight = self.a.weight
+            _rounded_to_bf16(self)
+
+        def linears_not_called(self) -> list[nn.Module]:
+            return [self.unused]
+
+    model = Tied()
+    assert gguf_blocks.attach_bf16(model) == 2
+    assert gguf_blocks.blocks_for(model.a) is gguf_blocks.blocks_for(model.b)
+    assert gguf_blocks.blocks_for(model.unused) is None
+
+
+def test_bf16_values_is_a_bit_test_not_a_float_compare():
+    """A subnormal bf16 cannot hold compares equal under flush-to-zero; the bit test says no."""
+    odd = torch.tensor([1.0, 0.0]).view(torch.int32)
+    odd[1] = 0x00012345
+    assert not gguf_blocks._bf16_values(odd.view(torch.float32)[None])
+    assert gguf_blocks._bf16_values(torch.tensor([[1.0, -0.0, float("inf"), 2.0**-130]]).bfloat16().float())
+
+
+def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_tokens(
+    tmp_path, calibrated_to_read_blocks, monkeypatch
+):
     """A checkpoint saved in bf16 and loaded as fp32 (what the Hub's checkpoints are on a CPU):
     once decoding starts every linear reads its bf16 rows, and greedy decoding still equals
     transformers' generate."""
@@ -195,7 +235,6 @@ def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_toke
 
     make_tokenizer().save_pretrained(source)
     kernel = small_matmul()
-    monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)
     target = load_target(str(source))
     linears = _linears(target.model)
     assert not any(map(gguf_blocks.blocks_for, linears))  # training never holds them

@@ -301,11 +301,16 @@ def test_gguf_blocks_give_the_dequantised_weights_bits(kind, inner, outer):
 @pytest.mark.parametrize("outer", [1, 6, 193])
 def test_bf16_rows_give_the_fp32_weights_bits(inner, outer):
     """bf16 rows of a weight whose values are all bf16 (a head shipped in bf16) are the fp32 kernel
-    on that weight bit for bit, at every row and thread count, any K (a 16-lane body and a tail)."""
+    on that weight bit for bit, at every row and thread count, any K (a vector body and a tail),
+    special values included (signed zeros, subnormals, infinities)."""
     from headstart.target.gguf_blocks import BF16, BlockWeight, dequantise
 
     torch.manual_seed(inner * outer)
-    dense = torch.randn(outer, inner).bfloat16()
+    dense = torch.randn(outer, inner)
+    dense.view(-1)[:: max(2, inner // 3)] = torch.tensor(
+        [-0.0, 1e-40, -1e-39, float("inf"), float("-inf")]
+    ).repeat(dense.numel())[: dense.view(-1)[:: max(2, inner // 3)].numel()]
+    dense = dense.bfloat16()
     blocks = BlockWeight(BF16, dense.view(torch.int16), torch.empty(0), None, 0, 0)
     dense = dense.float()
     assert torch.equal(dequantise(BF16, blocks.qs, blocks.d, None), dense)
@@ -318,7 +323,8 @@ def test_bf16_rows_give_the_fp32_weights_bits(inner, outer):
             for rows in (1, 2, 3, 8, 11, 64):
                 for bias in (b, None):
                     got = kernel.linear_blocks(x[:rows], blocks, bias)
-                    assert torch.equal(got, kernel.linear(x[:rows], dense, bias)), (threads, rows)
+                    want = kernel.linear(x[:rows], dense, bias)  # as bits: NaNs (inf - inf) included
+                    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (threads, rows)
     finally:
         torch.set_num_threads(before)
 

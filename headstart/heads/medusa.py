@@ -75,6 +75,11 @@ class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
                 for proj in self.lm_heads:
                     proj.weight.copy_(weight)
 
+    def linears_not_called(self) -> list[nn.Module]:
+        """Own projections read only as draft-vocabulary row subsets (`draft_logits`), never called
+        as modules: the CPU kernel keeps no bf16 rows of them (gguf_blocks.attach_bf16)."""
+        return list(self.lm_heads) if self.lm_heads is not None and self.has_draft_vocab else []
+
     def projection(self, k: int) -> nn.Module:
         if self.lm_heads is not None:
             return self.lm_heads[k]

@@ -16,7 +16,7 @@ weight of extra memory (~100 MB for SmolLM2) and ~1 s at load. `HEADSTART_GGUF_B
 
 The same path reads bf16 rows (`attach_bf16`) of any fp32 weight whose values are all exactly
 bf16: draft heads (shipped and exported in bf16, decoded in fp32) and checkpoints stored in bf16.
-Widening bf16 to fp32 is exact, so again the bits are the fp32 kernel's, in half its memory.
+Widening bf16 to fp32 is exact, so again the bits are the fp32 kernel's, reading half the bytes.
 
 The blocks assume a frozen target, as headstart keeps it. A weight changed by an ordinary tensor op
 (its `_version` moves) or replaced falls back to fp32 by itself; one changed behind autograd's back
@@ -125,33 +125,45 @@ def attach(model: nn.Module, gguf_path: Path, cache_dir: Path | None = None) -> 
 
 def attach_bf16(model: nn.Module) -> int:
     """Keep bf16 rows of every fp32 CPU linear of `model` whose weight is exactly bf16 (see the
-    module doc); returns how many. Called where decoding starts (`PackedLinears.for_model`), so
-    training never holds them. No file: one conversion, at the first decode. Cost: 2 bytes per
-    such weight of extra memory (a weight whose first row is not bf16 is turned down at once)."""
+    module doc) and that the kernel reads; returns how many. Called where decoding starts
+    (`PackedLinears.for_model`), so training never holds them. No file: one conversion, at the
+    first decode. Cost: 2 bytes per such weight of extra memory, held while the module lives (a
+    weight whose first row is not bf16 is turned down at once; linears sharing a weight share
+    the rows). `HEADSTART_BF16_ROWS=0` (or `HEADSTART_GGUF_BLOCKS=0`) turns it off. A model may
+    name linears it never calls as modules (`linears_not_called()`, e.g. projections it reads
+    row subsets of): they get none."""
+    if os.environ.get("HEADSTART_BF16_ROWS", "1") == "0":
+        return 0
+    skipped = {id(m) for m in getattr(model, "linears_not_called", tuple)()}
     linears = [
         m for m in model.modules()
-        if isinstance(m, nn.Linear) and _fp32_cpu(m.weight) and m.in_features <= MAX_INNER and m not in _BLOCKS
+        if isinstance(m, nn.Linear) and id(m) not in skipped and m not in _BLOCKS
+        and "forward" not in m.__dict__  # a patched forward (packing.py leaves those alone)
+        and _fp32_cpu(m.weight) and m.weight.is_contiguous() and m.in_features <= MAX_INNER
         and _bf16_values(m.weight[:1])  # one row turns down an fp32-trained weight at once
     ]  # fmt: skip
     if not linears or not usable():  # a GPU, bf16 or fp32-valued model: nothing to read instead
         return 0
-    count = 0
+    shared: dict[tuple[int, int], BlockWeight] = {}  # (pointer, version) -> rows: a tied weight once
     for module in linears:
         weight = module.weight.detach()
-        if not _bf16_values(weight):  # not bf16 values (or NaN): fp32 stays
-            continue
-        bits = weight.to(torch.bfloat16).view(torch.int16).contiguous()
-        _BLOCKS[module] = BlockWeight(BF16, bits, weight.new_empty(0), None, module.weight._version,
-                                      module.weight.data_ptr())  # fmt: skip
-        count += 1
+        key = (weight.data_ptr(), module.weight._version)
+        if key not in shared:
+            if not _bf16_values(weight):  # not bf16 values: fp32 stays
+                continue
+            bits = (weight.view(torch.int32) >> 16).to(torch.int16)  # the high halves: exact
+            shared[key] = BlockWeight(BF16, bits, weight.new_empty(0), None, *reversed(key))
+        _BLOCKS[module] = shared[key]
+    count = sum(m in _BLOCKS for m in linears)
     if count:
         _attached[0] += 1
     return count
 
 
 def _bf16_values(weight: torch.Tensor) -> bool:
-    weight = weight.detach()
-    return torch.equal(weight.to(torch.bfloat16).float(), weight)
+    """Every value's low 16 bits are zero: a bit test (a float compare would pass a subnormal
+    under flush-to-zero that bf16 cannot hold)."""
+    return not bool((weight.detach().contiguous().view(torch.int32) & 0xFFFF).any())
 
 
 CACHE_FILE = "gguf_blocks.safetensors"

@@ -217,6 +217,8 @@ static void dequant_q8_0(const signed char *qs, const float *d, long K, float *o
 /* bf16 rows (N, K) of a weight whose fp32 values are all exactly bf16 (heads shipped in bf16, a
  * checkpoint stored in bf16 and loaded as fp32): widening is a 16-bit shift, exact, so the fp32
  * block sees the same weights and gives the same bits in half the memory of fp32. Any K. */
+typedef unsigned int vu __attribute__((vector_size(LANES * 4)));
+
 static inline vi widen_u16(const unsigned short *p) {
 #if LANES == 16 && defined(__AVX512F__)
     return (vi)_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -231,7 +233,7 @@ static inline vi widen_u16(const unsigned short *p) {
 static void dequant_bf16(const unsigned short *qs, long K, float *out) {
     long k = 0;
     for (; k + LANES <= K; k += LANES) {
-        store(out + k, (vf)(widen_u16(qs + k) << 16)); /* a vector cast keeps the bits */
+        store(out + k, (vf)((vu)widen_u16(qs + k) << 16)); /* vector casts keep the bits */
     }
     for (; k < K; k++) {
         unsigned int bits = (unsigned int)qs[k] << 16;
