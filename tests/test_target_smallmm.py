@@ -355,3 +355,28 @@ def test_block_rows_are_measured_once_and_overridable(monkeypatch, tmp_path):
     assert smallmm.calibrated_block_rows(kernel, record) == min(4, kernel.max_rows)
     monkeypatch.setenv("HEADSTART_BLOCK_ROWS", "0")
     assert smallmm.calibrated_block_rows(kernel, record) == 0
+
+
+@needs_kernel
+def test_linear_takes_the_kernel_only_where_it_can(monkeypatch):
+    """`smallmm.linear` (a matmul against a tensor that is no module's weight, e.g. Medusa's
+    draft-vocabulary rows): the kernel's bits for fp32 CPU inputs of up to max_rows rows outside
+    autograd; F.linear (with its gradient) for anything else."""
+    from headstart.target.smallmm import linear
+
+    kernel = small_matmul()
+    used = []
+    real = kernel.linear
+    monkeypatch.setattr(kernel, "linear", lambda *a: used.append(1) or real(*a))
+    x, w = torch.randn(3, 1, 64), torch.randn(40, 64)
+    with torch.no_grad():
+        got = linear(x, w)
+        assert used and torch.equal(got, real(x.reshape(3, 64), w).view(3, 1, 40))
+        used.clear()
+        linear(torch.randn(kernel.max_rows + 1, 64), w)  # too many rows
+        linear(x.bfloat16(), w.bfloat16())  # not fp32
+    assert not used
+    x.requires_grad_(True)
+    out = linear(x, w)
+    assert not used and out.requires_grad
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w))

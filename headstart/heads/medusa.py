@@ -118,9 +118,13 @@ class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
         count = self.num_heads if count is None else min(count, self.num_heads)
         rows = self.draft_rows(count) if rows is None else rows
         states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
+        # the rows are no module's weight: the CPU kernel by hand (F.linear cost ~1 ms a step
+        # for SmolLM2's 8192 rows; smallmm.linear falls back to it under autograd or compile)
+        from headstart.target.smallmm import linear
+
         if self.lm_heads is None:  # one matmul through the shared rows
-            return nn.functional.linear(states, rows[0])
-        return torch.stack([nn.functional.linear(states[k], rows[k]) for k in range(count)])
+            return linear(states, rows[0])
+        return torch.stack([linear(states[k], rows[k]) for k in range(count)])
 
     def draft_rows(self, count: int) -> list[torch.Tensor]:
         """The projections' draft-vocabulary rows the first `count` heads use (one shared)."""

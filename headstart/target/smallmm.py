@@ -269,6 +269,19 @@ def small_matmul() -> SmallMatmul | None:
     return kernel
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, weight) through the kernel where it takes the inputs as they are (fp32 CPU,
+    at most its `max_rows` rows, no autograd, not while torch.compile traces), else F.linear: for
+    a matmul against a tensor that is no module's weight (Medusa's draft-vocabulary rows, which
+    the packing of nn.Linear modules never sees)."""
+    kernel = small_matmul() if not (torch.is_grad_enabled() or torch.compiler.is_compiling()) else None
+    if kernel is not None and x.dim() >= 2:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] <= kernel.max_rows and kernel.fits(flat, weight, None):
+            return kernel.linear(flat, weight).view(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight)
+
+
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 RECORD_VERSION = 2
 

@@ -74,6 +74,8 @@ def test_medusa_draft_vocab_projects_onto_its_rows_only(target, shared, tmp_path
     full, draft = heads(hidden, 2), heads.draft_logits(hidden, 2)
     assert draft.shape == (2, 2, 5, 4)
     torch.testing.assert_close(draft, full[..., [5, 7, 9, 40]], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # decoding: the rows through the CPU kernel (smallmm.linear), same numbers
+        torch.testing.assert_close(heads.draft_logits(hidden, 2), draft, rtol=1e-5, atol=1e-5)
     heads.save_pretrained(tmp_path / "vocab")
     again = load_heads(tmp_path / "vocab", target)
     assert again.draft_ids().tolist() == [5, 7, 9, 40]
