@@ -274,7 +274,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     at most its `max_rows` rows, no autograd, not while torch.compile traces), else F.linear: for
     a matmul against a tensor that is no module's weight (Medusa's draft-vocabulary rows, which
     the packing of nn.Linear modules never sees)."""
-    kernel = small_matmul() if not (torch.is_grad_enabled() or torch.compiler.is_compiling()) else None
+    cpu_fp32 = x.device.type == "cpu" and x.dtype == torch.float32  # else no kernel is built (a GPU)
+    eager = not (torch.is_grad_enabled() or torch.compiler.is_compiling())
+    kernel = small_matmul() if cpu_fp32 and eager else None
     if kernel is not None and x.dim() >= 2:
         flat = x.reshape(-1, x.shape[-1])
         if flat.shape[0] <= kernel.max_rows and kernel.fits(flat, weight, None):
