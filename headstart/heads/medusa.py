@@ -10,6 +10,7 @@ from torch import nn
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.vocab import DraftVocab
+from headstart.target.smallmm import linear
 
 
 class ResBlock(nn.Module):
@@ -120,8 +121,6 @@ class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
         states = torch.stack([self.heads[k](hidden) for k in range(count)])  # (K, B, T, H)
         # the rows are no module's weight: the CPU kernel by hand (F.linear cost ~1 ms a step
         # for SmolLM2's 8192 rows; smallmm.linear falls back to it under autograd or compile)
-        from headstart.target.smallmm import linear
-
         if self.lm_heads is None:  # one matmul through the shared rows
             return linear(states, rows[0])
         return torch.stack([linear(states[k], rows[k]) for k in range(count)])

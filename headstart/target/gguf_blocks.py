@@ -147,13 +147,13 @@ def attach_bf16(model: nn.Module) -> int:
     shared: dict[tuple[int, int], BlockWeight] = {}  # (pointer, version) -> rows: a tied weight once
     for module in linears:
         weight = module.weight.detach()
-        key = (weight.data_ptr(), module.weight._version)
-        if key not in shared:
+        pointer, version = weight.data_ptr(), module.weight._version
+        if (pointer, version) not in shared:
             if not _bf16_values(weight):  # not bf16 values: fp32 stays
                 continue
             bits = (weight.view(torch.int32) >> 16).to(torch.int16)  # the high halves: exact
-            shared[key] = BlockWeight(BF16, bits, weight.new_empty(0), None, *reversed(key))
-        _BLOCKS[module] = shared[key]
+            shared[pointer, version] = BlockWeight(BF16, bits, weight.new_empty(0), None, version, pointer)
+        _BLOCKS[module] = shared[pointer, version]
     count = sum(m in _BLOCKS for m in linears)
     if count:
         _attached[0] += 1
