@@ -8,7 +8,9 @@ held-out prompts (greedy, a chain of K drafts per step), and decodes the same pr
 headstart's import of the same directory on the chain tree `chain:K`. Both sides print how many
 drafted tokens the target accepted: a head that llama.cpp reads as headstart does accepts at about
 the same rate (not exactly: llama.cpp runs the quantised GGUF, headstart its dequantised weights,
-so the greedy texts part after a while). Also llama.cpp's plain decode speed (`llama-bench`).
+so the greedy texts part after a while). Also llama.cpp's plain decode speed (`llama-bench`), and
+what a verify of K+1 tokens costs it against one token (`llama-bench -p 1,K+1`): a chain of K pays
+off in llama.cpp only where the tokens a step commits exceed that ratio plus the draft's own cost.
 
     python scripts/check_llamacpp.py --export runs/exported/eagle --llama-cpp path/to/llama.cpp \\
         --gguf path/to/SmolLM2-135M-Instruct.Q4_1.gguf --prompts ../shared/data/eval/mt_bench/question.jsonl \\
@@ -62,7 +64,7 @@ def llama_side(args: argparse.Namespace, draft: Path, prompts: list[str]) -> dic
     totals = {"drafted": 0, "accepted": 0, "tokens": 0, "seconds": 0.0}
     for prompt in prompts:
         cmd = [str(binary), "-m", args.gguf, "-md", str(draft), "--spec-type", spec_type(args.export),
-               "--spec-draft-n-max", str(args.k), "-p", prompt, "-n", str(args.max_new_tokens),
+               "--spec-draft-n-max", str(args.k), "--spec-draft-p-min", str(args.p_min), "-p", prompt, "-n", str(args.max_new_tokens),
                "--temp", "0", "--top-k", "1", "--seed", "0", "-t", str(args.threads),
                "-td", str(args.threads)]  # fmt: skip
         run = subprocess.run(cmd, capture_output=True, text=True)
@@ -74,6 +76,23 @@ def llama_side(args: argparse.Namespace, draft: Path, prompts: list[str]) -> dic
         totals["tokens"] += int(found["decoded"][1])
         totals["seconds"] += float(found["decoded"][2])
     return totals
+
+
+def batch_cost(args: argparse.Namespace) -> float:
+    """What one forward over K+1 tokens (a chain's verify) costs llama.cpp, in single-token forwards.
+
+    `llama-bench -p 1,K+1` times prompt batches of 1 and K+1 tokens (no draft): a step of
+    speculation commits at most K+1 tokens for this price plus the draft's. On a CPU whose kernels
+    are compute-bound at one token, the ratio nears K+1 and no head can pay.
+    """
+    binary = Path(args.llama_cpp) / "build" / "bin" / "llama-bench"
+    cmd = [str(binary), "-m", args.gguf, "-t", str(args.threads), "-p", f"1,{args.k + 1}", "-n", "0",
+           "-r", "5", "-o", "json"]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        sys.exit(f"llama-bench failed:\n{run.stderr[-3000:]}")
+    rates = {row["n_prompt"]: float(row["avg_ts"]) for row in json.loads(run.stdout)}
+    return (args.k + 1) / rates[args.k + 1] * rates[1]
 
 
 def headstart_side(args: argparse.Namespace, questions: list[str]) -> dict[str, float]:
@@ -118,6 +137,10 @@ def main() -> None:
     parser.add_argument("--prompts", required=True)
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--k", type=int, default=3, help="drafts per step (a chain)")
+    parser.add_argument(
+        "--p-min", type=float, default=0.0,
+        help="llama.cpp's --spec-draft-p-min: stop a draft where the head's top probability is lower",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--python", default=sys.executable, help="python for llama.cpp's converter")
@@ -134,7 +157,7 @@ def main() -> None:
         convert(args, Path(target.model.name_or_path), draft)
         sides = {"llama.cpp": llama_side(args, draft, prompts), "headstart": headstart_side(args, questions)}
     print(f"{len(questions)} prompts, {args.max_new_tokens} new tokens, greedy, chain of {args.k}, "
-          f"{args.threads} threads, {spec_type(args.export)}")  # fmt: skip
+          f"{args.threads} threads, {spec_type(args.export)}, llama.cpp p-min {args.p_min}")  # fmt: skip
     print("| decoder | drafted | accepted | accept rate | tokens/s |\n|---|---:|---:|---:|---:|")
     for name, t in sides.items():
         rate = t["accepted"] / max(t["drafted"], 1)
@@ -144,6 +167,10 @@ def main() -> None:
     print(
         f"| llama.cpp alone (llama-bench tg{args.max_new_tokens}) | - | - | - | {plain_llama_speed(args):.1f} |"
     )
+    cost = batch_cost(args)
+    print(f"llama.cpp's forward over {args.k + 1} tokens costs {cost:.2f} single-token forwards here "
+          f"(llama-bench pp1 and pp{args.k + 1}): a step must commit more than {cost:.2f} tokens "
+          f"(accept more than {cost - 1:.2f} of its {args.k} drafts) before the draft's own cost")  # fmt: skip
 
 
 if __name__ == "__main__":
