@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -88,18 +89,21 @@ def measure(url: str, model: str, prompts: list[str], concurrency: int, max_toke
     }
 
 
-def start_serve(args_text: str) -> tuple[subprocess.Popen, str, str]:
+def start_serve(args_text: str, log: Path) -> tuple[subprocess.Popen, str, str]:
+    """`headstart serve ARGS` on a free port, its stderr in LOG (a pipe nobody reads fills up and
+    stalls the server once it has logged 64 KiB); its URL and model id once /v1/models answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     words = shlex.split(args_text)
     cmd = [sys.executable, "-m", "headstart", "serve", "--port", str(port), *words]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"headstart serve {args_text} failed:\n{proc.stderr.read()[-2000:]}")
+            sys.exit(f"headstart serve {args_text} failed (its log: {log}):\n{tail(log)}")
         try:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as reply:
                 model = json.loads(reply.read())["data"][0]["id"]
@@ -107,7 +111,19 @@ def start_serve(args_text: str) -> tuple[subprocess.Popen, str, str]:
         except OSError:
             time.sleep(0.5)
     proc.kill()
-    sys.exit(f"headstart serve {args_text} did not start")
+    sys.exit(f"headstart serve {args_text} did not answer in 300 s (its log: {log}):\n{tail(log)}")
+
+
+def tail(log: Path, chars: int = 2000) -> str:
+    return log.read_text(errors="replace")[-chars:] if log.exists() else ""
+
+
+def save(rows: list[dict], output: str | None) -> None:
+    """The rows so far, rewritten after each (a run cut short keeps what it measured)."""
+    if output:
+        path = Path(output)
+        path.with_suffix(".tmp").write_text(json.dumps(rows, indent=2))
+        path.with_suffix(".tmp").replace(path)
 
 
 def served_model(url: str) -> str:
@@ -130,7 +146,10 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output", default=None, help="the rows as JSON, rewritten after each")
+    parser.add_argument(
+        "--logs", default=None, help="folder for each started server's log (default: a temporary one)"
+    )
     args = parser.parse_args()
 
     from headstart.bench.questions import load_questions
@@ -140,18 +159,21 @@ def main() -> None:
         prompts = [questions[i % len(questions)] for i in range(args.requests)]
     else:  # evenly spread over the file: every category of an MT-bench-ordered file, not the first few
         prompts = [questions[i * len(questions) // args.requests] for i in range(args.requests)]
-    rows = []
+    rows: list[dict] = []
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="bench-serve-"))
+    logs.mkdir(parents=True, exist_ok=True)
     servers = [("serve " + s, s) for s in args.serve] + [(u, None) for u in args.url]
-    for label, serve_args in servers:
+    for number, (label, serve_args) in enumerate(servers):
         proc = None
         if serve_args is not None:
-            proc, url, model = start_serve(serve_args)
+            proc, url, model = start_serve(serve_args, logs / f"serve-{number}.log")
         else:
             url, model = label, served_model(label)
         try:
             for concurrency in args.concurrency:
                 row = {"server": label, **measure(url, model, prompts, concurrency, args.max_tokens)}
                 rows.append(row)
+                save(rows, args.output)
                 print(json.dumps(row), file=sys.stderr)
         finally:
             if proc is not None:
@@ -168,8 +190,6 @@ def main() -> None:
         print(f"| {row['server']} | {row['concurrency']} | {row['tokens_per_s']} | {ratio:.2f}x | "
               f"{row['ttft_p50_s']}/{row['ttft_p99_s']} | {row['latency_p50_s']}/{row['latency_p99_s']} | "
               f"{row['failed']} |")  # fmt: skip
-    if args.output:
-        Path(args.output).write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

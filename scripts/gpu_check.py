@@ -15,6 +15,12 @@ Sections (--sections, in this order; each skips itself when the time budget runs
            EAGLE-3 (the shipped heads), each eager and captured; tok/s, ms per target forward,
            tau, and each method's tokens against `generate`'s. Methods are interleaved per
            question; one warm-up question (not timed) compiles the graphs first.
+  serve    issue 38's load on the device: `headstart serve` on the same GGUF with the shipped
+           heads and with --no-heads, each driven by scripts/bench_serve.py (the `openai` client,
+           --serve-requests streamed greedy requests at concurrency 1, 4 and 8, --max-new-tokens
+           each): aggregate tok/s, TTFT and latency p50/p99, failed responses; serve.json and the
+           servers' logs. Needs fastapi, uvicorn and openai, which the image lacks: gpu_stage.sh
+           puts their wheels in .gpu/serve-wheels (carry it; the call installs them first).
 
 The machine is bare and reaches nothing: `scripts/gpu_stage.sh` (run here first) fills the
 ignored folder .gpu/ with what it lacks (wheels for gguf and datasets, 40 MT-bench questions, the
@@ -22,7 +28,8 @@ GGUF in four parts of 25 MB, since a call carries at most 64 MiB with the reposi
 and prints the device commands. Dry run on a CPU: `python scripts/gpu_check.py --dry-run
 --out /tmp/gc` (tiny shapes, 2 questions, 16 tokens, the CPU).
 
-Outputs in --out: gpu_check.json (every figure, rewritten after each), gpu_check.log, pytest.txt.
+Outputs in --out: gpu_check.json (every figure, rewritten after each), gpu_check.log, pytest.txt,
+serve.json and serve-logs.tar.gz.
 """
 
 from __future__ import annotations
@@ -319,6 +326,47 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
             )
 
 
+# ---- headstart serve under load -----------------------------------------------------------------
+def section_serve(args: argparse.Namespace, report: Report) -> None:
+    import signal
+    import tarfile
+    import tempfile
+
+    limit = report.left() - 20
+    if limit < 90:  # two server start-ups (~15 s each on a GPU) and the warm-ups
+        report.log(f"serve: skipped (time: {report.left():.0f} s left)")
+        return
+    requests, concurrency = (2, ["1", "2"]) if args.dry_run else (args.serve_requests, ["1", "4", "8"])
+    served = f"--target {args.target} --device {args.device}"
+    # the logs travel as one tarball: a call returns 8 files at most
+    output, logs = report.out / "serve.json", Path(tempfile.mkdtemp(prefix="serve-logs-"))
+    command = [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--serve", served,
+               "--serve", f"{served} --no-heads", "--questions", args.questions, "--requests", str(requests),
+               "--concurrency", *concurrency, "--max-tokens", str(args.max_new_tokens),
+               "--output", str(output), "--logs", str(logs)]  # fmt: skip
+    report.log(f"serve: {' '.join(command)} (at most {limit:.0f} s)")
+    # its own session: on a timeout the servers it started go too (they would hold the GPU)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        text, _ = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text = f"{proc.communicate()[0]}\nTIMED OUT after {limit:.0f} s"
+    (report.out / "serve.txt").write_text(text)
+    rows = json.loads(output.read_text()) if output.exists() else []
+    report.put("serve", "exit_code", proc.returncode)
+    report.put("serve", "rows", rows)
+    if any(logs.iterdir()):
+        with tarfile.open(report.out / "serve-logs.tar.gz", "w:gz") as tar:
+            tar.add(logs, arcname="serve-logs")
+    for row in rows:
+        report.log(f"serve: {row['server']} concurrency {row['concurrency']}: {row['tokens_per_s']} tok/s, "
+                   f"{row['failed']} failed")  # fmt: skip
+    if proc.returncode:
+        report.log(f"serve: exit {proc.returncode}: {text.strip()[-1500:]}")
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -326,7 +374,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-SECTIONS = {"pytest": section_pytest, "shape8b": section_shape8b, "smollm2": section_smollm2}
+SECTIONS = {
+    "pytest": section_pytest,
+    "shape8b": section_shape8b,
+    "smollm2": section_smollm2,
+    "serve": section_serve,
+}
 
 
 def main() -> int:
@@ -339,6 +392,7 @@ def main() -> int:
     parser.add_argument("--num-questions", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--serve-requests", type=int, default=32, help="serve's requests per concurrency")
     parser.add_argument(
         "--methods",
         type=lambda text: [m.strip() for m in text.split(",") if m.strip()],

@@ -21,6 +21,11 @@ gpu_prepare() {
   if [[ -d .gpu/wheels ]] && ! python -c "import gguf, datasets" 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --root-user-action=ignore .gpu/wheels/*.whl
   fi
+  # `headstart serve` and its load benchmark (gpu_check.py --sections serve): fastapi, uvicorn and
+  # openai with what they need beyond the image, resolved from the carried folder only
+  if [[ -d .gpu/serve-wheels ]] && ! python -c "import fastapi, uvicorn, openai" 2>/dev/null; then
+    python -m pip install -q --no-index --find-links .gpu/serve-wheels --root-user-action=ignore fastapi uvicorn openai
+  fi
   mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
   printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"
   chmod +x "$STAGE/bin/headstart"

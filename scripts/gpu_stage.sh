@@ -17,6 +17,8 @@
 #      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
 #      (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
 #      --methods generate,plain_eager,eagle3_eager)
+#      or, for issue 38's load on the GPU, carry ".gpu/serve-wheels" too (~63 MB with the rest, under
+#      the 64 MiB) and run --sections serve (or smollm2,serve with --budget 540)
 #   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers;
 #   or distillation's engine against the old loop, what retiring inference/continuous.py waits on:
 #      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/bench_batchers.py
@@ -35,6 +37,12 @@ rm -f .gpu/wheels/*.whl
 $PY -m pip download -q --no-deps --only-binary :all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/wheels \
   gguf "datasets==$($PY -c 'import datasets; print(datasets.__version__)')" "dill<0.4.2" "multiprocess<0.70.20"
+# `headstart serve`'s stack and the openai client (gpu_check.py's serve section), with their own
+# needs, pinned to ours: carried only by a call that runs that section (~6.4 MB)
+rm -rf .gpu/serve-wheels
+$PY -m pip download -q --only-binary :all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .gpu/serve-wheels \
+  $($PY -m pip list --format freeze 2>/dev/null | grep -i -E '^(fastapi|uvicorn|openai)==')
 rm -f .gpu/smollm2.part*
 split -b 25000000 --numeric-suffixes=1 -a 1 "$GGUF" .gpu/smollm2.part
 (cd .gpu && sha256sum "$GGUF" | sed "s#  .*#  smollm2.gguf#" > smollm2.sha256)
