@@ -110,8 +110,8 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
         return value
     if tp is str and isinstance(value, str | int | float):
         return str(value)
-    if isinstance(tp, type) and isinstance(value, tp):
-        return value
+    if isinstance(tp, type) and isinstance(value, tp) and not (tp is int and isinstance(value, bool)):
+        return value  # (bool is an int subclass: `max_steps=true` is a mistake, not 1)
     raise HeadstartError(
         f"'{flag}' expects {getattr(tp, '__name__', tp)}, got {value!r}", f"fix the value of {flag}"
     )

@@ -5,10 +5,13 @@ losing it to the default handler, which ends the process at once."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -28,3 +31,48 @@ def stop_signals_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+class StopRequest:
+    """What the signal handlers of `stop_at_step_end` share with the training loop."""
+
+    def __init__(self) -> None:
+        self.armed = False  # False (start-up, the end): a signal interrupts at once
+        self.signal: str | None = None  # the first signal's name, once one came while armed
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+
+@contextlib.contextmanager
+def stop_at_step_end() -> Iterator[StopRequest]:
+    """SIGINT (Ctrl-C) and SIGTERM, while the request is armed, ask the training loop to stop
+    after the step it is in: it saves a checkpoint there and exits. Raising KeyboardInterrupt in the
+    middle of a step instead would save a state from inside it (accelerate's micro-step counter
+    advanced, or the weights updated while the step number was not), and `--resume` would then
+    part from the uninterrupted run. A second signal, or one while not armed, raises
+    KeyboardInterrupt at once (the checkpoints already written stay; the steps after them are lost)."""
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop  # handlers can only be set from the main thread
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if not stop.armed or stop.requested:
+            raise KeyboardInterrupt
+        stop.signal = signal.Signals(signum).name
+        log.warning(
+            f"{stop.signal}: stopping after this step, with a checkpoint (send it again to stop at once, "
+            "losing the steps since the last checkpoint)"
+        )
+
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # ignored on purpose by a shell's `&`
+        signals.append(signal.SIGINT)
+    before = {number: signal.signal(number, handler) for number in signals}
+    try:
+        yield stop
+    finally:
+        for number, previous in before.items():
+            signal.signal(number, previous)

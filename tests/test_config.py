@@ -50,6 +50,9 @@ def test_type_errors_name_the_flag(tmp_path):
         load_config(Recipe, None, ["steps=fast"])
     with pytest.raises(HeadstartError, match="'use_lora' must be true or false"):
         load_config(Recipe, None, ["use_lora=maybe"])
+    for word in ("true", "yes", "on"):  # YAML booleans; bool is an int subclass, not a count
+        with pytest.raises(HeadstartError, match="'steps' expects int"):
+            load_config(Recipe, None, [f"steps={word}"])
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: [1,\n")
     with pytest.raises(HeadstartError, match="not valid YAML"):

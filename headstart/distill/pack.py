@@ -52,7 +52,10 @@ def pack(
         shard_dir = data_dir(tmp)
         shard_dir.mkdir(parents=True)
         files = _write_shards(table, shard_dir, max_bytes)
-        shutil.copyfile(Path(src) / META, tmp / META)
+        # the features stay behind, so the meta must not promise them: offline training would pass
+        # its checks and then fail on the first batch, after loading the target
+        packed_meta = {**meta, "feature_layers": []}
+        (tmp / META).write_text(json.dumps(packed_meta, indent=1) + "\n")
         if (Path(src) / "summary.json").is_file():
             shutil.copyfile(Path(src) / "summary.json", tmp / "summary.json")
         manifest.update(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from headstart.errors import HeadstartError
@@ -55,8 +56,11 @@ class DataConfig:
                 f"data.holdout must be a fraction < 1 or a whole number of conversations, got {self.holdout}",
                 "set data.holdout=0.05 (5%) or data.holdout=96 (96 conversations)",
             )
+        # the same directory however spelt (trailing slash, relative, a symlink): trained on and
+        # held out at once, every held-out figure would be inflated
+        named = [str(Path(p).resolve()) for p in self.path + self.eval_path]
         repeated = sorted(
-            {p for p in self.path + self.eval_path if (self.path + self.eval_path).count(p) > 1}
+            {p for p, real in zip(self.path + self.eval_path, named, strict=True) if named.count(real) > 1}
         )
         if repeated:
             raise HeadstartError(
@@ -245,6 +249,11 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise HeadstartError(
                     f"{name} must be >= 1, got {getattr(self, name)}", f"set {name}=1 or more"
+                )
+        for name, example in (("save_every", "200 (0 = only at the end)"), ("eval_batches", "0 (all)")):
+            if getattr(self, name) < 0:
+                raise HeadstartError(
+                    f"{name} must be >= 0, got {getattr(self, name)}", f"set {name}={example}"
                 )
         from headstart.inference.plain import check_seed
 

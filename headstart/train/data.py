@@ -114,6 +114,12 @@ def _load_one(path: str, mode: str) -> TrainData:
     meta = read_meta(path)
     rows = load_distilled(path)
     features = None
+    if mode == "offline" and not meta.get("feature_layers"):
+        raise HeadstartError(
+            f"offline training reads cached features, and {path} has none (distilled without "
+            "--cache-features, or packed: packing leaves them behind)",
+            "distil with --cache-features, or set data.mode=online",
+        )
     if mode == "offline":
         from headstart.distill import load_features
 

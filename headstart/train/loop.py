@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from headstart.config import to_dict
-from headstart.interrupts import stop_signals_interrupt
+from headstart.interrupts import StopRequest, stop_at_step_end
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
@@ -74,8 +74,8 @@ def train(
     created = not out.exists()
     lock = lock_dir(out, "headstart train") if os.environ.get("RANK", "0") == "0" else None
     try:
-        with stop_signals_interrupt():
-            return _train(cfg, data, resume, target, tqdm, command, Budget(cfg.time_budget_s, started))
+        with stop_at_step_end() as stop:
+            return _train(cfg, data, resume, target, tqdm, command, Budget(cfg.time_budget_s, started), stop)
     finally:
         if lock is not None:
             lock.close()
@@ -152,7 +152,7 @@ class Budget:
 
 def _train(
     cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None,
-    budget: Budget,
+    budget: Budget, stop: StopRequest,
 ) -> dict[str, Any]:  # fmt: skip
     if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
         from headstart.errors import HeadstartError
@@ -184,6 +184,8 @@ def _train(
     out = Path(cfg.output_dir)
     ckpt_root = out / "checkpoints"
     state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}
+    if resume and not state:
+        check_nothing_to_lose(out)
     step = int(state.get("step", 0))
     tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
     history: list[dict[str, Any]] = list(state.get("history", []))
@@ -212,6 +214,7 @@ def _train(
     window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
     parts_window: list[torch.Tensor] = []
     model.train()
+    stop.armed = True  # from here a signal stops the run after its current step
     try:
         while step < cfg.max_steps:
             batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
@@ -264,17 +267,16 @@ def _train(
                 due = eval_loader is not None and (
                     (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps
                 )
-                out_of_time = (  # cost: with a budget, one tiny gather and host sync per step
-                    budget.deadline is not None
-                    and step < cfg.max_steps
-                    and bool(
-                        accelerator.gather(
-                            torch.tensor([budget.exhausted(due)], device=accelerator.device)
-                        ).any()
-                    )
-                )  # every process stops at the same step
-                if (cfg.save_every and step % cfg.save_every == 0 and step < cfg.max_steps) or out_of_time:
+                out_of_time, asked = agreed_stops(accelerator, budget, due, stop, step < cfg.max_steps)
+                # the last step saves too: `--resume max_steps=MORE` goes on from the finished head
+                if (
+                    (cfg.save_every and step % cfg.save_every == 0)
+                    or out_of_time
+                    or asked
+                    or step == cfg.max_steps
+                ):
                     since = time.perf_counter()
+                    check_weights_finite(accelerator, model, step, ckpt_root)
                     extra = {
                         "tokens": accelerator.reduce(tokens.clone(), "sum").item()
                         / accelerator.num_processes,
@@ -285,21 +287,35 @@ def _train(
                 if out_of_time:
                     bar.close()
                     return stopped_summary(accelerator, cfg, step, history, tokens, state, budget, saved_at)
+                if asked:
+                    bar.close()
+                    from headstart.errors import Interrupted
+
+                    raise Interrupted(
+                        f"training stopped at step {step} ({stop.signal}); checkpoint {saved_at}",
+                        "rerun the same command with --resume to continue",
+                    )
                 if step >= cfg.max_steps:
                     break
             epoch += 1
-    except KeyboardInterrupt:  # Ctrl-C: keep the steps done, say how to go on
+    except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): at once, from inside a step
         bar.close()
+        # nothing is saved here: the state inside a step is not one a resume can go on from
         saved = checkpoints.checkpoints(ckpt_root)
-        if step and not (saved and saved[-1].name == f"step-{step:08d}"):
-            extra = {"tokens": tokens.item(), "history": history}  # single process: no collective
-            saved = [checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)]
         from headstart.errors import Interrupted
 
-        where = f"; checkpoint {saved[-1]}" if saved else " (no step finished: nothing to keep)"
+        where = (
+            f"; the newest checkpoint is {saved[-1]} (the steps after it are lost)"
+            if saved
+            else "; no checkpoint was written (the steps done are lost)"
+        )
         raise Interrupted(
-            f"training interrupted at step {step}{where}", "rerun the same command with --resume to continue"
+            f"training stopped at once (after {step} finished steps){where}",
+            "rerun the same command with --resume to continue; one Ctrl-C (or SIGTERM) stops after "
+            "the current step and saves it",
         ) from None
+    finally:
+        stop.armed = False  # the final evaluation and save: a signal interrupts them at once
     bar.close()
     if eval_loader is not None and not any(
         h.get("step") == step and h.get("kind") == "eval" for h in history
@@ -329,6 +345,57 @@ def _train(
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
+
+
+def agreed_stops(
+    accelerator: Any, budget: Budget, evaluates_next: bool, stop: StopRequest, more_steps: bool
+) -> tuple[bool, bool]:
+    """(out of time, asked to stop by a signal), the same on every process, so that all of them
+    save the same step. cost: with several processes, one tiny gather (a host sync) per step."""
+    if not more_steps:  # the last step ends the run anyway
+        return False, False
+    if accelerator.num_processes == 1:
+        return budget.exhausted(evaluates_next), stop.requested
+    local = torch.tensor([[budget.exhausted(evaluates_next), stop.requested]], device=accelerator.device)
+    flags = accelerator.gather(local).any(dim=0).tolist()
+    return bool(flags[0]), bool(flags[1])
+
+
+def check_weights_finite(accelerator: Any, model: Any, step: int, ckpt_root: Path) -> None:
+    """Refuse to save a checkpoint whose trainable weights hold nan or inf (a non-finite loss
+    between two logs poisons them): `--resume` would go on from it, and the error for the loss
+    would name it as the last good one. cost: one pass over the trainable weights and a host
+    sync per checkpoint; a gather with several processes (sharded weights differ per process)."""
+    bad = next(
+        (n for n, q in model.named_parameters() if q.requires_grad and not torch.isfinite(q).all()), None
+    )
+    flag = torch.tensor([bad is not None], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        flag = accelerator.gather(flag)
+    if not bool(flag.any()):
+        return
+    from headstart.errors import HeadstartError
+
+    saved = checkpoints.checkpoints(ckpt_root)
+    raise HeadstartError(
+        f"the head's weights are not finite at step {step} ({bad or 'on another process'}); no checkpoint "
+        "was written" + (f" (last good checkpoint {saved[-1]})" if saved else ""),
+        "check the data's cached features for inf (distill with --feature-dtype bfloat16) or lower optim.lr",
+    )
+
+
+def check_nothing_to_lose(out: Path) -> None:
+    """`--resume` found no checkpoint: starting over is right for a new output_dir, but a finished
+    run there (trained before the last step kept a checkpoint, or its checkpoints removed) would
+    have its head replaced by one trained from scratch."""
+    finished = [name for name in ("final", "results.json") if (out / name).exists()]
+    if finished:
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            f"--resume: {out} holds a finished run ({', '.join(finished)}) but no checkpoint to continue from",
+            f"train on from its head with init_from={out / 'final'} and a new output_dir",
+        )
 
 
 def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list[dict[str, Any]],

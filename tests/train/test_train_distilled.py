@@ -151,6 +151,16 @@ def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled
                                            f"data.eval_path={twin}", "data.holdout=2", "batch_size=2"])  # fmt: skip
     p = plan(both, target=p.target)
     assert len(p.train_idx) == 8 and len(p.eval_idx) == 12 and set(p.train_idx).isdisjoint(p.eval_idx)
+    from headstart.errors import HeadstartError
+
+    # one directory spelt two ways is still one: trained on and held out, it would inflate the eval
+    for spelt in (f"{distilled}/", f"{distilled}/../{distilled.name}"):
+        with pytest.raises(HeadstartError, match="more than once"):
+            load_config(
+                TrainConfig,
+                None,
+                [f"target={tiny_llama}", f"data.path={distilled}", f"data.eval_path={spelt}"],
+            )
 
 
 def test_stdout_holds_only_the_summary_whatever_libraries_print(
@@ -226,6 +236,11 @@ def test_a_packed_directory_trains_like_the_distilled_one(distilled, tiny_llama,
     assert "messages" in load_distilled(packed).column_names
     capsys.readouterr()
     recipe = _recipe(tmp_path, tiny_llama, packed, head={"kind": "eagle3", "draft_vocab_size": 64})
+    # the features stayed behind: offline training is refused as the data loads, not at the
+    # first batch after the target and head are built
+    assert json.loads((packed / "distill_meta.json").read_text())["feature_layers"] == []
+    assert main(["train", "--recipe", str(recipe), "data.mode=offline"]) == 2
+    assert "has none (distilled without --cache-features, or packed" in capsys.readouterr().err
     assert main(["train", "--recipe", str(recipe), "data.mode=online", "loss.ttt_steps=2"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] == 4
 

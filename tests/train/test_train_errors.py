@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny import make_target_dir
 
 from headstart.cli import main
@@ -155,31 +156,137 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous(target, tmp_path
     from headstart.train.loop import train
 
     train(_short(target, tmp_path), data=_data(target.fingerprint), target=target)
-    newest = tmp_path / "checkpoints" / "step-00000004"
+    newest = tmp_path / "checkpoints" / "step-00000006"  # the last step's (keep_last=2: 4 and 6)
     for weights in newest.glob("*.safetensors"):
         weights.write_bytes(weights.read_bytes()[:100])
     summary = train(_short(target, tmp_path), data=_data(target.fingerprint), target=target, resume=True)
-    assert summary["resumed_from"] == 2
+    assert summary["resumed_from"] == 4
     assert "cannot resume from" in capsys.readouterr().err
 
 
-def test_ctrl_c_saves_and_says_to_resume(target, tmp_path, monkeypatch):
+def _varied(fingerprint, count=16):
+    """Conversations that differ, so that a step applied twice or skipped shows in the weights."""
+    ids = [[5 + i % 7, 6 + i % 3, 7, 8 + i % 5, 9, 10 + i % 4] for i in range(count)]
+    return TrainData(ids, [[0, 0, 1, 1, 1, 1]] * count, fingerprint, "varied test data")
+
+
+def _signal_at_forward(monkeypatch, call, signum=None, times=1):
+    """Send this process a signal (SIGINT: Ctrl-C) `times` times inside the call-th Objective forward."""
+    import os
+    import signal
+
+    from headstart.train.objective import Objective
+
+    real, seen = Objective.forward, {"n": 0}
+
+    def forward(self, *args, **kwargs):
+        seen["n"] += 1
+        for _ in range(times if seen["n"] == call else 0):
+            os.kill(os.getpid(), signum or signal.SIGINT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Objective, "forward", forward)
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_mid_step_stops_after_it_and_resume_is_exact(target, tmp_path, monkeypatch, signame):
+    """Ctrl-C (or a scheduler's SIGTERM) in the first micro-batch of step 3 of 2-micro-batch steps:
+    the step finishes, its checkpoint is saved, and the resumed run ends with the weights of the
+    uninterrupted one (a checkpoint from inside the step put accelerate's micro-step counter, or
+    the update, out of line with the step number)."""
+    import signal
+
+    from safetensors.torch import load_file
+
+    from headstart.train.loop import train
+
+    def cfg(out):
+        return _short(target, out, "save_every=0", "grad_accum=2", "max_steps=5", "optim.lr=3e-3")
+
+    train(cfg(tmp_path / "whole"), data=_varied(target.fingerprint), target=target)
+    _signal_at_forward(monkeypatch, 5, signum=getattr(signal, signame))  # step 3's first micro-batch
+    with pytest.raises(HeadstartError, match=f"stopped at step 3 \\({signame}\\); checkpoint") as err:
+        train(cfg(tmp_path / "cut"), data=_varied(target.fingerprint), target=target)
+    assert "--resume" in err.value.fix
+    assert [c.name for c in (tmp_path / "cut" / "checkpoints").iterdir()] == ["step-00000003"]
+    monkeypatch.undo()
+    summary = train(cfg(tmp_path / "cut"), data=_varied(target.fingerprint), target=target, resume=True)
+    assert summary["resumed_from"] == 3
+    whole = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "cut" / "final" / "model.safetensors"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def test_a_second_ctrl_c_stops_at_once_and_saves_nothing_from_inside_the_step(target, tmp_path, monkeypatch):
+    from headstart.train.loop import train
+
+    _signal_at_forward(monkeypatch, 3, times=2)  # twice in step 3 (one micro-batch a step); saves every 2
+    with pytest.raises(HeadstartError, match="stopped at once .*newest checkpoint is .*step-00000002"):
+        train(_short(target, tmp_path, "save_every=2"), data=_data(target.fingerprint), target=target)
+    assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def test_non_finite_weights_are_never_checkpointed(target, tmp_path, monkeypatch):
+    """A NaN loss between two logs poisons the weights: the next save refuses them, and the error
+    names the last good checkpoint (which --resume would use), not a poisoned one."""
     from headstart.train.loop import train
     from headstart.train.objective import Objective
 
-    real, calls = Objective.forward, {"n": 0}
+    real, seen = Objective.forward, {"n": 0}
 
-    def interrupted(self, *args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
+    def poisoned(self, *args, **kwargs):
+        seen["n"] += 1
+        out = real(self, *args, **kwargs)
+        if seen["n"] == 3:
+            out["loss"] = out["loss"] * float("nan")
+        return out
 
-    monkeypatch.setattr(Objective, "forward", interrupted)
-    with pytest.raises(HeadstartError, match="interrupted at step 3; checkpoint") as err:
-        train(_short(target, tmp_path, "save_every=0"), data=_data(target.fingerprint), target=target)
-    assert "--resume" in err.value.fix
-    assert (tmp_path / "checkpoints" / "step-00000003").is_dir()
+    monkeypatch.setattr(Objective, "forward", poisoned)
+    with pytest.raises(
+        HeadstartError, match="weights are not finite at step 4 .*last good checkpoint .*step-00000002"
+    ):
+        train(_short(target, tmp_path, "log_every=5"), data=_data(target.fingerprint), target=target)
+    assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+
+
+def test_resume_with_more_steps_goes_on_from_the_finished_head(target, tmp_path):
+    """The last step keeps a checkpoint (also with save_every=0, "only at the end"): `--resume
+    max_steps=MORE` continues the finished run, as check_run_dir's hint says, and (at a constant
+    learning rate) ends where one run of MORE steps would."""
+    from safetensors.torch import load_file
+
+    from headstart.train.loop import train
+
+    def cfg(out, steps):
+        # constant: a cosine's first run would decay over its own 3 steps
+        return _short(
+            target, out, "save_every=0", f"max_steps={steps}", "optim.lr=3e-3", "optim.schedule=constant"
+        )
+
+    train(cfg(tmp_path / "whole", 6), data=_varied(target.fingerprint), target=target)
+    train(cfg(tmp_path / "on", 3), data=_varied(target.fingerprint), target=target)
+    summary = train(cfg(tmp_path / "on", 6), data=_varied(target.fingerprint), target=target, resume=True)
+    assert summary["resumed_from"] == 3
+    whole = load_file(str(tmp_path / "whole" / "final" / "model.safetensors"))
+    on = load_file(str(tmp_path / "on" / "final" / "model.safetensors"))
+    assert all(torch.equal(whole[k], on[k]) for k in whole)
+
+
+def test_resume_never_replaces_a_finished_head_with_one_from_scratch(target, tmp_path):
+    import shutil
+
+    from headstart.train.loop import train
+
+    train(_short(target, tmp_path, "max_steps=2"), data=_data(target.fingerprint), target=target)
+    shutil.rmtree(tmp_path / "checkpoints")  # a run from before the last step kept one, or cleaned up
+    with pytest.raises(HeadstartError, match="holds a finished run .* but no checkpoint") as err:
+        train(
+            _short(target, tmp_path, "max_steps=4"),
+            data=_data(target.fingerprint),
+            target=target,
+            resume=True,
+        )
+    assert "init_from=" in err.value.fix
 
 
 def test_a_non_finite_loss_stops_training_in_one_line(tmp_path):
@@ -190,3 +297,13 @@ def test_a_non_finite_loss_stops_training_in_one_line(tmp_path):
     check_finite(2.5, 10, tmp_path)
     with pytest.raises(HeadstartError, match="loss is nan at step 25.*feature-dtype bfloat16"):
         check_finite(float("nan"), 25, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [("save_every=-5", "save_every must be >= 0"), ("eval_batches=-1", "eval_batches must be >= 0")],
+)
+def test_negative_counts_are_refused(target, setting, message):
+    """save_every=-5 acted as 5, eval_batches=-1 silently skipped every evaluation."""
+    with pytest.raises(HeadstartError, match=message):
+        _cfg(target, setting)
