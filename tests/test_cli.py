@@ -81,6 +81,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         # checked before the target loads (no conversion bar, no 30 s wait on a fresh machine)
         (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "nan"], "finite number"),
         (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "inf"], "finite number"),
+        (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "1e-300"], "is below 1e-05"),
         (["generate", "--target", "smollm2", "--prompt", "x", "--stop", ""], "--stop ''"),
         (["chat", "--target", "smollm2", "--temperature", "-1"], "finite number"),
     ],

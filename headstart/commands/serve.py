@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import math
 import signal
 import threading
 import time
@@ -124,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
                     context=context, max_tokens=min(args.max_tokens or context, context),
                     default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode)  # fmt: skip
     app = build_app(served)
+    # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
+    # decode loop's, which answers what still runs at --grace with a 503 or an error event
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=max(1, int(args.grace)), access_log=False)  # fmt: skip
+                            timeout_graceful_shutdown=math.ceil(args.grace) + 5, access_log=False)  # fmt: skip
     server = thread_server_class()(config)
     http = threading.Thread(target=server.run, name="headstart-http", daemon=True)
     stopping: dict[str, float] = {}

@@ -10,6 +10,10 @@ import torch
 
 from headstart.target import Target
 
+MIN_TEMPERATURE = 1e-5
+"""The least temperature that samples (vLLM's threshold too): below it the server decodes
+greedily, and `generate` refuses it."""
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -32,6 +36,12 @@ class SamplingConfig:
         if self.max_new_tokens < 1:
             raise HeadstartError(
                 f"--max-new-tokens must be >= 1, got {self.max_new_tokens}", "use --max-new-tokens 128"
+            )
+        if 0 < self.temperature < MIN_TEMPERATURE:  # logits / temperature overflow to inf, then nan
+            raise HeadstartError(
+                f"--temperature {self.temperature} is below {MIN_TEMPERATURE}: it is greedy decoding in all "
+                "but name, and dividing the logits by it overflows",
+                "use --temperature 0 (greedy)",
             )
         if not 0 <= self.temperature < float("inf"):  # also refuses nan (every comparison is False)
             raise HeadstartError(

@@ -27,8 +27,10 @@ class StopRule:
             raise HeadstartError(
                 "stop strings need a tokenizer to decode text", "pass the target's tokenizer"
             )
-        # A stop string of c characters spans at most c tokens (+ a few for partial UTF-8 bytes).
-        self._tail_tokens = max((len(s) for s in self.stop_strings), default=0) + 4
+        # A token decodes to at least one byte, so a stop string of b UTF-8 bytes spans at most b
+        # tokens (+ a few for a character split at the window's start). Counting characters
+        # missed multi-byte ones: "한국어" is 3 characters and 8 of SmolLM2's tokens.
+        self._tail_tokens = max((len(s.encode("utf-8")) for s in self.stop_strings), default=0) + 4
 
     def _completes_stop_string(self, emitted: Sequence[int]) -> bool:
         tail = self.tokenizer.decode(list(emitted[-self._tail_tokens :]), skip_special_tokens=False)

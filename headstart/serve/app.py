@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from headstart.errors import HeadstartError
 from headstart.inference.engine import Job
+from headstart.inference.plain import MIN_TEMPERATURE
 from headstart.inference.stops import StopRule
 from headstart.serve import protocol
 from headstart.serve.metrics import Metrics
@@ -59,6 +60,7 @@ def build_app(served: Served) -> FastAPI:
         log.warning("%d %s: %s", err.status, endpoint, err.message)
         kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
                 503: "service_unavailable"}.get(err.status, "invalid_request_error")  # fmt: skip
+        kind = "server_error" if err.status >= 500 and err.status != 503 else kind
         return JSONResponse(
             protocol.error_body(err.message, kind, err.param, err.code), status_code=err.status
         )
@@ -87,6 +89,17 @@ def build_app(served: Served) -> FastAPI:
         if not hmac.compare_digest(given.encode(), expected.encode()):  # constant time
             raise Refused(401, "missing or wrong API key (Authorization: Bearer KEY)")
 
+    @app.middleware("http")
+    async def key_first(request: Request, call_next: Any) -> Any:
+        """The key before anything else of a /v1 request: a caller without it learns nothing,
+        not even what its body got wrong (FastAPI validates the body before a handler runs)."""
+        if request.url.path.startswith("/v1/"):
+            try:
+                check_key(request)
+            except Refused as err:
+                return refuse(request.url.path, err)
+        return await call_next(request)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if served.scheduler.closing:
@@ -99,10 +112,6 @@ def build_app(served: Served) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        try:
-            check_key(request)
-        except Refused as err:
-            return refuse("/v1/models", err)
         card = {"id": served.model, "object": "model", "created": int(time.time()), "owned_by": "headstart"}
         return JSONResponse({"object": "list", "data": [card]})
 
@@ -110,9 +119,8 @@ def build_app(served: Served) -> FastAPI:
     async def chat(body: protocol.ChatRequest, request: Request) -> Any:
         endpoint = "/v1/chat/completions"
         try:
-            check_key(request)
             check_model(body.model)
-            messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            messages = [{"role": "system" if m.role == "developer" else m.role, "content": utf8(m.text(), "messages")}
                         for m in body.messages]  # fmt: skip
             try:
                 prompt = served.target.chat.prompt_ids(messages)
@@ -126,14 +134,22 @@ def build_app(served: Served) -> FastAPI:
     async def completions(body: protocol.CompletionRequest, request: Request) -> Any:
         endpoint = "/v1/completions"
         try:
-            check_key(request)
             check_model(body.model)
             if not body.text():
                 raise Refused(400, "prompt is empty", "prompt")
-            prompt = served.target.chat.encode_raw(body.text())
+            prompt = served.target.chat.encode_raw(utf8(body.text(), "prompt"))
             return await answer(endpoint, body, prompt, body.limit(), chat=False, request=request)
         except Refused as err:
             return refuse(endpoint, err)
+
+    def utf8(text: str, where: str) -> str:
+        """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer takes: a 400, not a 500."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise Refused(400, f"{where} is not valid Unicode text ({err.reason} at character {err.start})",
+                          where) from None  # fmt: skip
+        return text
 
     def check_model(name: str) -> None:
         if name != served.model:
@@ -146,7 +162,12 @@ def build_app(served: Served) -> FastAPI:
         if len(prompt) >= served.context:
             raise Refused(413, f"prompt of {len(prompt)} tokens leaves no room in the context of {served.context}",
                           where, "context_length_exceeded")  # fmt: skip
-        limit = asked if asked is not None else min(served.default_tokens, served.context - len(prompt))
+        # a request that names no max_tokens gets the default, within this server's own limit
+        limit = (
+            asked
+            if asked is not None
+            else min(served.default_tokens, served.max_tokens, served.context - len(prompt))
+        )
         if limit > served.max_tokens:
             raise Refused(
                 400, f"max_tokens {limit} exceeds this server's limit of {served.max_tokens}", "max_tokens"
@@ -160,7 +181,9 @@ def build_app(served: Served) -> FastAPI:
         job = Job(
             key=protocol.new_id("chatcmpl" if chat else "cmpl"), prompt=prompt, rule=rule, seed=body.seed
         )
-        warp = (body.temperature, body.top_p, body.top_k) if body.temperature > 0 else (0.0, 1.0, 0)
+        # below MIN_TEMPERATURE the logits would overflow: greedy, as vLLM does
+        sampled = body.temperature >= MIN_TEMPERATURE
+        warp = (body.temperature, body.top_p, body.top_k) if sampled else (0.0, 1.0, 0)
         ticket = Ticket(job, warp, asyncio.get_running_loop())
         job.on_tokens = lambda tokens: ticket.post("tokens", tokens)
         try:
@@ -170,17 +193,24 @@ def build_app(served: Served) -> FastAPI:
         except Closing:
             raise Refused(503, "the server is shutting down") from None
         started = time.perf_counter()
-        served.metrics.running += 1
         stream = TextStream(target.tokenizer, stops)
         if body.stream:
             served.metrics.request(endpoint, 200)
             events = sse(job, ticket, stream, chat, len(prompt), started)
             return StreamingResponse(events, media_type="text/event-stream")
         try:
-            finish = await drain(ticket, stream)
+            finish = await drain_unless_gone(ticket, stream, request)
         finally:
-            served.metrics.running -= 1
-            job.cancelled = job.finish is None  # a client that went away frees its row
+            if job.finish is None:  # a client that went away (or an error) frees its row at once
+                job.cancelled = True
+                with served.scheduler.wake:
+                    served.scheduler.wake.notify()
+        if finish is None:
+            served.metrics.request(endpoint, 499)  # nginx's "client closed request": nobody reads this
+            log.info("%s: the client went away; its row is freed", endpoint)
+            return JSONResponse(
+                protocol.error_body("the client closed the request", "invalid_request_error"), 499
+            )
         text = stream.text  # all of it: `push` released parts of it as it came
         reason = "stop" if stream.stopped or finish == "stop" else "length"
         served.metrics.served(
@@ -195,6 +225,24 @@ def build_app(served: Served) -> FastAPI:
         if isinstance(err, Closing):
             return 503, str(err)
         return 500, f"generation failed: {str(err) or type(err).__name__}"
+
+    async def drain_unless_gone(ticket: Ticket, stream: TextStream, request: Request) -> str | None:
+        """The finish reason, or None when the client went away first. Starlette cancels a
+        streamed response whose client leaves, but not a plain one: without this race its row
+        would decode to max_tokens for nobody."""
+        drained = asyncio.ensure_future(drain(ticket, stream))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            done, _ = await asyncio.wait({drained, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (drained, gone):
+                task.cancel()
+        return drained.result() if drained in done else None
+
+    async def disconnected(request: Request) -> None:
+        """Returns when the client disconnects (the body is read: receive() waits for that)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
 
     async def drain(ticket: Ticket, stream: TextStream) -> str:
         while True:
@@ -237,7 +285,6 @@ def build_app(served: Served) -> FastAPI:
                 prompt, len(job.emitted), time.perf_counter() - started, _first(job, started)
             )
         finally:  # the client went away mid-stream (the generator is closed): its row leaves at once
-            served.metrics.running -= 1
             if job.finish is None:
                 job.cancelled = True
                 with served.scheduler.wake:

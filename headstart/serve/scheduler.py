@@ -48,8 +48,12 @@ class Ticket:
     queued_s: float = field(default_factory=time.perf_counter)
 
     def post(self, kind: str, value: Any) -> None:
-        """From the worker thread: an event for the handler ("tokens", "done", "error")."""
-        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        """From the worker thread: an event for the handler ("tokens", "done", "error"). Once the
+        HTTP server has stopped, its event loop is closed and nobody is left to tell."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # "Event loop is closed"
+            pass
 
 
 class Scheduler:
@@ -86,7 +90,8 @@ class Scheduler:
             self.wake.notify()
 
     def cancel_running(self) -> None:
-        """The grace period is over: waiting requests fail (503), running rows leave at the next step."""
+        """The grace period is over: waiting requests fail (503), running ones are answered 503 (an
+        error event when streamed) and their rows leave at the next step."""
         with self.wake:
             for ticket in self.waiting:
                 ticket.post(
@@ -95,27 +100,38 @@ class Scheduler:
             self.waiting.clear()
             self.metrics.queue_depth = 0
             for ticket in list(self.tickets.values()):
-                ticket.job.cancelled = True
+                if not ticket.job.cancelled:
+                    ticket.job.cancelled = True
+                    ticket.post(
+                        "error",
+                        Closing("the server shut down before this request finished (--grace ran out)"),
+                    )
             self.wake.notify()
 
     # ---- the loop (main thread) ---------------------------------------------------------------
     def run(self, until: Any) -> None:
-        """Decode until `until()` is true and nothing runs (the HTTP server has stopped)."""
+        """Decode until `until()` is true and nothing runs (the HTTP server has stopped). `until`
+        is asked between every two steps, busy or idle: it also ends the grace period."""
         while True:
+            finished = until()
             with self.wake:
                 if not self.waiting and not self._live():
-                    if until():
+                    self.lanes.clear()  # idle lanes hold nothing a later request needs
+                    if finished:
                         return
                     self.wake.wait(0.1)  # a timeout: `until` (and signals) are checked while idle
                     continue
                 admit = self._admissible()
-            try:
-                self._admit(admit)
-                for engine in [e for e in self.lanes.values() if e.live]:
+            self._admit(admit)
+            for warp, engine in list(self.lanes.items()):
+                if not engine.live:
+                    del self.lanes[warp]  # one lane per distinct sampling setting: never kept idle
+                    continue
+                try:
                     self._finish(engine.step())
-            except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
-                log.exception("decode step failed: %s", err)
-                self._fail_all(err)
+                except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
+                    log.exception("decode step failed: %s", err)
+                    self._fail_lane(warp, err)
 
     def _live(self) -> bool:
         return any(engine.live for engine in self.lanes.values())
@@ -145,24 +161,39 @@ class Scheduler:
             if engine is None or not engine.live:  # a fresh engine per wave: state starts small
                 temperature, top_p, top_k = warp
                 sampling = SamplingConfig(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
-                engine = Engine(self.make_decoder(), sampling, row_seeds=temperature > 0,
-                                speculate_up_to=self.speculate_up_to)  # fmt: skip
+                # A sampled lane never switches between speculative and plain steps as rows come
+                # and go: the two draw their random numbers differently, and a seeded request
+                # must give the same text whatever else runs beside it. cost: sampled rows
+                # speculate at every batch size (on a CPU, slower than plain steps past one row).
+                limit = self.speculate_up_to if temperature == 0 else None
+                engine = Engine(
+                    self.make_decoder(), sampling, row_seeds=temperature > 0, speculate_up_to=limit
+                )
                 self.lanes[warp] = engine
             for ticket in group:
                 self.tickets[id(ticket.job)] = ticket
                 self.metrics.observe_wait(time.perf_counter() - ticket.queued_s)
-            self._finish(engine.add([t.job for t in group]))
+            self.metrics.running += len(group)
+            try:
+                self._finish(engine.add([t.job for t in group]))
+            except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
+                log.exception("admitting requests failed: %s", err)
+                self._fail_lane(warp, err)
 
     def _finish(self, jobs: list[Job]) -> None:
         for job in jobs:
             ticket = self.tickets.pop(id(job), None)
             if ticket is not None:
                 self.metrics.finished(job)
+                self.metrics.running -= 1
                 ticket.post("done", job.finish)
 
-    def _fail_all(self, err: Exception) -> None:
-        """After an unexpected error the lanes' state is unknown: fail their requests, start over."""
-        for ticket in list(self.tickets.values()):
-            ticket.post("error", err)
-        self.tickets.clear()
-        self.lanes.clear()
+    def _fail_lane(self, warp: tuple[float, float, int], err: Exception) -> None:
+        """After an unexpected error a lane's state is unknown: fail its requests (the other
+        lanes' go on) and drop it; its next request starts a fresh one."""
+        for key, ticket in list(self.tickets.items()):
+            if ticket.warp == warp:
+                ticket.post("error", err)
+                del self.tickets[key]
+                self.metrics.running -= 1
+        self.lanes.pop(warp, None)

@@ -188,6 +188,7 @@ def test_seeded_sampling_is_reproducible(server):
         (json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 600}]}), 413, "context of 512"),
         (json.dumps({"model": "M", "messages": [{"role": "user", "content": "word " * 90}], "max_tokens": 100}), 413, "exceeds the context"),
         (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**6}), 400, "max_tokens"),
+        (json.dumps({"model": "M", "messages": [{"role": "user", "content": "hi \ud800 there"}]}), 400, "not valid Unicode"),
     ],
 )  # fmt: skip
 def test_bad_requests_get_openai_errors(server, body, status, words):
@@ -197,6 +198,57 @@ def test_bad_requests_get_openai_errors(server, body, status, words):
     error = json.loads(text)["error"]
     assert words in error["message"] and error["type"]
     assert http("GET", f"{server.url}/health")[0] == 200  # still serving
+
+
+def test_seeded_sampling_is_the_same_beside_a_neighbour(server):
+    """A seeded request gives the same text alone and while another request of its sampling
+    settings runs beside it (on a CPU a greedy lane turns to plain steps past one row; a sampled
+    lane must not: plain and speculative steps draw their random numbers differently)."""
+    client = server.client()
+    warp = dict(model=server.model, max_tokens=60, temperature=0.8, top_p=0.9)
+    kwargs = dict(warp, messages=[{"role": "user", "content": "tell me a story"}], seed=7)
+    alone = client.chat.completions.create(**kwargs).choices[0].message.content
+    for _ in range(3):
+        neighbour = threading.Thread(
+            target=lambda: client.chat.completions.create(
+                **{**warp, "max_tokens": 400}, messages=[{"role": "user", "content": "hi"}]
+            )
+        )
+        neighbour.start()
+        time.sleep(0.15)  # it runs when the seeded one joins
+        beside = client.chat.completions.create(**kwargs).choices[0].message.content
+        neighbour.join(120)
+        assert beside == alone
+
+
+def test_a_temperature_too_small_to_sample_decodes_greedily(server, tiny_llama, heads):
+    """1e-300 overflowed the logits to nan and failed every request of the server's running
+    batch; below 1e-5 the server decodes greedily (as vLLM does)."""
+    client = server.client()
+    reply = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hello there"}],
+                                           max_tokens=12, temperature=1e-300)  # fmt: skip
+    assert reply.choices[0].message.content == generate_text(tiny_llama, heads, "hello there", 12)
+
+
+def metric(server: Server, name: str) -> float:
+    text = http("GET", f"{server.url}/metrics")[1]
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+def test_a_client_leaving_before_a_plain_reply_frees_its_row(server):
+    """Starlette cancels a streamed reply whose client leaves, not a plain one: its row decoded
+    on to max_tokens for nobody."""
+    with pytest.raises(openai.APITimeoutError):
+        server.client(timeout=0.3).chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": "go on"}], max_tokens=480, temperature=0
+        )
+    deadline = time.time() + 30
+    while metric(server, "headstart_running_requests") and time.time() < deadline:
+        time.sleep(0.1)
+    assert metric(server, "headstart_running_requests") == 0
+    # answered as nginx's 499 (client closed request) when it left, not 200 after 480 tokens
+    assert metric(server, 'headstart_requests_total{endpoint="/v1/chat/completions",status="499"}') == 1
+    assert "the client went away; its row is freed" in server.output()
 
 
 def test_a_client_leaving_mid_stream_frees_its_row(server):
@@ -224,12 +276,18 @@ def test_a_client_leaving_mid_stream_frees_its_row(server):
 
 
 def test_api_key_and_a_full_queue(tiny_llama, tmp_path):
-    srv = Server(tiny_llama, None, tmp_path, "--api-key", "sesame", "--max-batch", "1", "--max-queue", "1")
+    srv = Server(tiny_llama, None, tmp_path, "--api-key", "sesame", "--max-batch", "1", "--max-queue", "1",
+                 "--max-tokens", "450")  # fmt: skip
     try:
         with pytest.raises(openai.AuthenticationError):
             srv.client("wrong").models.list()
+        # the key comes first: a body without it is not even validated
+        assert http("POST", f"{srv.url}/v1/chat/completions", b"{not json")[0] == 401
         client = srv.client("sesame")
         assert client.models.list().data[0].id == srv.model
+        # no max_tokens: the default (512), within this server's --max-tokens (it was refused)
+        reply = client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "hi"}])
+        assert 0 < reply.usage.completion_tokens <= 450
         outcomes: list[str] = []
         together = threading.Barrier(5)  # all five ask while the first still runs (slow CI machines)
 
@@ -265,6 +323,35 @@ def test_sigterm_while_busy_finishes_accepted_requests_and_exits_0(tiny_llama, t
         rest = list(stream)
         assert first.choices[0].delta.role == "assistant" and rest[-1].usage.completion_tokens == 120
     assert srv.proc.wait(timeout=60) == 0, srv.output()
+    srv.log.close()
+
+
+def test_sigterm_past_the_grace_answers_503_and_exits_0(tiny_llama, tmp_path):
+    """What still runs or waits when --grace runs out is answered 503 (an error event when
+    streamed) by the server itself, which then exits 0; uvicorn cut them with a bare 500 and the
+    decode loop died on its closed event loop (exit 1)."""
+    srv = Server(tiny_llama, None, tmp_path, "--grace", "0.5", "--max-batch", "1")
+    client = srv.client(timeout=60)
+    outcomes: list[int] = []
+
+    def ask(i: int) -> None:
+        try:
+            client.completions.create(model=srv.model, prompt=f"go on {i}", max_tokens=480, temperature=0)
+            outcomes.append(200)
+        except openai.APIStatusError as err:
+            outcomes.append(err.status_code)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while metric(srv, "headstart_running_requests") < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    srv.proc.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert outcomes == [503, 503, 503], (outcomes, srv.output())
+    assert srv.proc.wait(timeout=30) == 0, srv.output()
     srv.log.close()
 
 
