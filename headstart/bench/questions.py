@@ -91,6 +91,13 @@ def _row(path: Path, number: int, raw: bytes) -> list[dict]:
         raise HeadstartError(
             f"{path}:{number} is not valid JSON ({err.msg})", "fix or remove that line"
         ) from None
+    try:
+        json.dumps(row, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # "\\ud800" is valid JSON, but no tokenizer takes a lone surrogate
+        raise HeadstartError(
+            f"{path}:{number} holds a lone surrogate escape (not valid Unicode text)",
+            "fix or remove that line",
+        ) from None
     if not isinstance(row, dict):
         raise HeadstartError(
             f"{path}:{number} is a JSON {type(row).__name__}, not an object",

@@ -28,8 +28,12 @@ SAME = (
     "dtype",
     "threads",
     "heads",
+    "methods",
+    "limit",
+    "questions_total",
 )
-"""Config keys every merged shard must agree on."""
+"""Config keys every merged shard must agree on (a shard measured with other methods, or over
+another --limit of the questions, would average each method over other prompts)."""
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
@@ -91,7 +95,7 @@ def merge_configs(configs: list[dict[str, Any]], folders: list[Path]) -> dict[st
     """One config for the merged run; shards that differ in a measured setting are refused."""
     first = configs[0]
     for config, folder in zip(configs[1:], folders[1:], strict=True):
-        diff = [key for key in SAME if config.get(key) != first.get(key)]
+        diff = [key for key in (*SAME, "trees") if config.get(key) != first.get(key)]
         if diff:
             raise HeadstartError(
                 f"{folder} was measured with other settings than {folders[0]} ({', '.join(diff)})",

@@ -93,9 +93,11 @@ def tuned_file(heads_path: str | Path) -> Path:
 
 
 def _stored(heads_path: str | Path) -> dict[str, Any] | None:
-    """The report `headstart tune` stored for the heads (the user's own tune of shipped heads
-    first, then the file next to them), if any."""
-    for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE):
+    """The report `headstart tune` stored for the heads, if any: the newer of the user's cache
+    copy (a tune of shipped or read-only heads) and the file next to them. Either may be the
+    later tune: heads tuned while read-only, then again once writable, keep an older cache copy."""
+    found = [path for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE) if path.is_file()]
+    for path in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
         if path.is_file():  # neither for Hub ids: tune after downloading
             try:
                 stored = json.loads(path.read_text(encoding="utf-8"))

@@ -167,9 +167,17 @@ def nothing_to_resume(args: argparse.Namespace) -> int:
         raise HeadstartError(
             f"{out}/report.json is damaged", "choose a new --output, or delete that one to measure again"
         ) from None
+    from headstart.heads.defaults import shipped_heads
+
+    heads = {f"headstart:{_label(spec)[0]}": spec for spec in args.heads or
+             [f"{label}={path}" for label, path in shipped_heads(args.target).items()]}  # fmt: skip
     asked = {"target": args.target, "questions": args.questions, "turns": args.turns, "shard": args.shard,
-             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}  # fmt: skip
-    diff = [key for key, value in asked.items() if saved.get(key) != value]
+             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
+             "heads": heads, "methods": [*_baselines(args.baselines), *heads]}  # fmt: skip
+    # (a report from before a key was kept says nothing about it)
+    diff = [key for key, value in asked.items() if key in saved and saved[key] != value]
+    if args.tree and any(tree != args.tree for tree in (saved.get("trees") or {}).values()):
+        diff.append("trees")
     if diff:
         raise HeadstartError(
             f"--resume: {out} holds a finished run with other settings ({', '.join(diff)})",
@@ -245,9 +253,8 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
     )
     baselines = _baselines(args.baselines)
-    questions = select_shard(
-        load_questions(args.questions, limit=args.limit, all_turns=args.turns == "all"), args.shard
-    )
+    every = load_questions(args.questions, limit=args.limit, all_turns=args.turns == "all")
+    questions = select_shard(every, args.shard)
     target = load_target_from_args(args)
     torch.manual_seed(args.seed)
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
@@ -283,6 +290,9 @@ def run(args: argparse.Namespace) -> int:
             name: spec for name, spec in zip(list(methods)[len(baselines) :], heads_specs, strict=True)
         },
         "trees": trees,
+        "methods": list(methods),
+        "limit": args.limit,
+        "questions_total": len(every),  # before --shard: a merge checks its shards cover one set
     }
     done = _resumed(args, out, config, methods, questions)
     try:

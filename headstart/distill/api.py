@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,37 @@ class Endpoint:
         return self.base_url.rstrip("/") + "/chat/completions"
 
 
+class DaemonPool:
+    """`workers` threads calling one function per submitted argument, as daemons: an interrupted
+    or failed run exits at once. A ThreadPoolExecutor's threads are joined at exit, and each may be
+    inside a request that takes up to timeout_s (600 s) times its retries."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self.jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.workers = workers
+        for number in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{number}", daemon=True).start()
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Future:
+        future: Future = Future()
+        self.jobs.put((future, fn, arg))
+        return future
+
+    def shutdown(self) -> None:
+        for _ in range(self.workers):
+            self.jobs.put(None)  # each worker ends after the request it is in
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, fn, arg = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(arg))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller through the future
+                future.set_exception(err)
+
+
 class OpenAIEngine:
     """Chat completions over HTTP, `concurrency` at a time; replies handed back in this thread."""
 
@@ -64,7 +97,7 @@ class OpenAIEngine:
     def run(self, requests: Iterable[Request], on_reply: Callable[[Request, Reply], Any]) -> EngineStats:
         source, follow = iter(requests), deque[Request]()
         pending: dict[Future[Reply], Request] = {}
-        pool = ThreadPoolExecutor(self.endpoint.concurrency, thread_name_prefix="headstart-api")
+        pool = DaemonPool(self.endpoint.concurrency, "headstart-api")
         start = time.perf_counter()
         try:
             while True:
@@ -85,7 +118,9 @@ class OpenAIEngine:
                     follow.extend(on_reply(request, reply) or [])
         finally:
             self.stats.decode_s += time.perf_counter() - start
-            pool.shutdown(wait=False, cancel_futures=True)
+            for future in pending:
+                future.cancel()  # not started yet: never sent
+            pool.shutdown()
 
     def complete(self, request: Request) -> Reply:
         """One chat completion -> Reply (ids by the target's tokenizer; finished = the model stopped)."""

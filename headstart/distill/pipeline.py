@@ -183,13 +183,16 @@ def _distill(
             if names and ready
             else None
         )
-        for k, record in enumerate(ready):
+        for k in range(len(ready)):
+            # out of `ready` before it is the writer's: a Ctrl-C in a flush below must not leave it
+            # in both (the `finally` publishes `ready` again: the record was written twice). A
+            # Ctrl-C between the two loses it instead, and a resumed run makes it again.
+            record = ready.pop(0)
             writer.add(record, feats[k] if feats else None)
             summary.tokens += len(record["input_ids"])
             if len(writer) >= cfg.shard_size:
                 writer.flush()
                 last_flush = time.perf_counter()
-        ready.clear()
         if time.perf_counter() - last_flush > cfg.flush_seconds:
             writer.flush()
             last_flush = time.perf_counter()

@@ -73,6 +73,10 @@ def _text(value: Any) -> str:
         raise Skip("non-string turn")
     if not value.strip():
         raise Skip("empty turn")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\\ud800" is valid JSON): no tokenizer takes it
+        raise Skip("not valid Unicode (a lone surrogate)") from None
     return value
 
 

@@ -83,9 +83,16 @@ def done_indices(out: str | Path) -> dict[int, str | None]:
     done: dict[int, str | None] = {}
     for path in shard_paths(out):
         with path.open(encoding="utf-8") as handle:
-            for line in handle:
-                record = json.loads(line)
-                done[int(record["index"])] = record.get("key")
+            for number, line in enumerate(handle, 1):
+                try:
+                    record = json.loads(line)
+                    done[int(record["index"])] = record.get("key")
+                except (ValueError, KeyError, TypeError) as err:  # a shard edited or cut by hand
+                    raise HeadstartError(
+                        f"{path} is damaged (line {number}: {type(err).__name__}), so a resumed run cannot "
+                        "tell which records it holds",
+                        f"delete {path.name} (its records are made again), or distil into a new --out",
+                    ) from None
     return done
 
 

@@ -46,6 +46,10 @@ def test_bad_questions(tmp_path):
     empty = _write_jsonl(tmp_path / "empty.jsonl", [{"foo": 1}])
     with pytest.raises(HeadstartError, match="no usable question"):
         load_questions(str(empty))
+    lone = tmp_path / "lone.jsonl"
+    lone.write_text('{"turns": ["fine"]}\n{"turns": ["hello \\ud800 friend"]}\n')  # valid JSON, not text
+    with pytest.raises(HeadstartError, match="lone.jsonl:2 holds a lone surrogate"):
+        load_questions(str(lone))
 
 
 def test_bench_vanilla_and_pld_report(tiny_llama, tmp_path, capsys):
@@ -278,6 +282,23 @@ def test_shards_merge_into_the_whole_run(tiny_llama, tmp_path, capsys):
         == 2
     )
     assert "max_new_tokens" in capsys.readouterr().err
+    # other methods or another --limit: each method would be averaged over other prompts
+    for extra, key in ((["--baselines", "vanilla"], "methods"), (["--limit", "4"], "limit")):
+        other = tmp_path / f"s2-{key}"
+        assert main([*base, "--shard", "2/2", *extra, "--output", str(other)]) == 0
+        assert (
+            main(["bench", "--merge", str(tmp_path / "s1"), str(other), "--output", str(tmp_path / "bad")])
+            == 2
+        )
+        assert key in capsys.readouterr().err
+    # --resume of the finished shard with other methods is refused, not shown as this run's report
+    assert (
+        main(
+            [*base, "--shard", "1/2", "--baselines", "vanilla", "--output", str(tmp_path / "s1"), "--resume"]
+        )
+        == 2
+    )
+    assert "other settings (methods)" in capsys.readouterr().err
     assert (
         main(
             [

@@ -150,6 +150,15 @@ def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, mo
     mine = tmp_path / "mine"
     mine.mkdir()
     assert save_tuned({"tree": "chain:3"}, mine) == mine / TUNED_FILE
+    # tuned once while read-only (the cache), then again once writable (next to the heads): the
+    # later tune is the one decoding uses
+    from headstart.bench.tune import user_tuned_file
+
+    cached = user_tuned_file(mine)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps({"tree": "chain:1"}))
+    os.utime(cached, (1, 1))  # older than mine/tuned_tree.json
+    assert tuned_tree(mine) == "chain:3"
     if os.geteuid() != 0:  # root writes anywhere
         mine.chmod(0o500)
         assert save_tuned({"tree": "chain:4"}, mine).is_relative_to(tmp_path / "cache")

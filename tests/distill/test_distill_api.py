@@ -143,6 +143,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class HangingServer(BaseHTTPRequestHandler):
+    """Takes requests and never answers them in time."""
+
+    asked = threading.Event()
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        type(self).asked.set()
+        time.sleep(60)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_sigterm_with_requests_in_flight_ends_the_run_at_once(tiny_llama, tmp_path):
+    """The request threads were joined at exit: one SIGTERM (or Ctrl-C) said "interrupted" and
+    then waited for every request in flight, up to timeout_s (600 s) times its retries."""
+    HangingServer.asked.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HangingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(4)))
+    cmd = [sys.executable, "-m", "headstart", "-q", "distill", "--target", str(tiny_llama), "--prompts", str(source),
+           "--out", str(tmp_path / "out"), "--num", "4", "--max-new-tokens", "8", "--max-prompt-tokens", "64",
+           "--engine", "openai", "--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", "--model", "m"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert HangingServer.asked.wait(120), proc.stderr.read().decode()[-2000:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=50)
+        assert time.monotonic() - sent < 15 and code != 0
+        assert "interrupted" in proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import fastapi, uvicorn"], capture_output=True).returncode != 0,

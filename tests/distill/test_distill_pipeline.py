@@ -116,6 +116,45 @@ def test_resume_after_a_crash_gives_the_same_records(distill_target, make_cfg, t
     assert run_distill(cfg, target=distill_target, quiet=True)["records_written"] == 0
 
 
+def test_ctrl_c_in_a_shard_flush_writes_no_record_twice(distill_target, make_cfg, tmp_path, monkeypatch):
+    """A Ctrl-C while a shard is written (its fsync) left the records just handed to the writer
+    in the finished list too, and the interrupted run's last publish wrote them again: one record
+    twice, which training would then see twice."""
+    import os
+
+    import headstart.distill.store as store
+    from headstart.errors import Interrupted
+
+    source = _write(tmp_path / "p.jsonl", [{"prompt": f"question number {i}?"} for i in range(6)])
+    cfg = make_cfg(prompts=source, num=6, shard_size=1)
+    real, calls = os.fsync, {"n": 0}
+
+    def interrupted(fd):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the second shard's (the first fsync is the meta file's)
+            raise KeyboardInterrupt
+        return real(fd)
+
+    monkeypatch.setattr(store.os, "fsync", interrupted)
+    with pytest.raises(Interrupted):
+        run_distill(cfg, target=distill_target, quiet=True)
+    monkeypatch.setattr(store.os, "fsync", real)
+    run_distill(cfg, target=distill_target, quiet=True)
+    indices = load_distilled(cfg.out)["index"]
+    assert sorted(indices) == list(range(6))  # each once
+
+
+def test_resume_over_a_damaged_shard_is_one_line(distill_target, make_cfg, tmp_path):
+    source = _write(tmp_path / "p.jsonl", [{"prompt": f"question {i}"} for i in range(3)])
+    cfg = make_cfg(prompts=source, num=3)
+    run_distill(cfg, target=distill_target, quiet=True)
+    shard = next((tmp_path / "out" / "data").glob("*.jsonl"))
+    shard.write_text(shard.read_text()[:-20])  # cut mid-record, as an editor or a full disk would
+    with pytest.raises(HeadstartError, match="is damaged .*line .*JSONDecodeError") as err:
+        run_distill(make_cfg(prompts=source, num=4), target=distill_target, quiet=True)
+    assert shard.name in err.value.fix
+
+
 def test_resume_notices_an_edited_prompt_file(distill_target, make_cfg, tmp_path):
     """Resume is checked by content: appending rows resumes; deleting a row (which shifts every
     later one) is refused instead of duplicating one prompt and dropping another."""

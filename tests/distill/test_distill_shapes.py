@@ -63,6 +63,7 @@ def test_shape_override_and_field_mapping():
         ({"turns": ["ok", None]}, "non-string turn"),
         ({"conversations": [{"from": "gpt", "value": "only a reply"}]}, "no user turn"),
         ({"messages": ["not a dict"]}, "malformed turn"),
+        ({"prompt": "hello \ud800 friend"}, "not valid Unicode (a lone surrogate)"),  # valid JSON
     ],
 )
 def test_bad_rows_raise_skip_with_a_reason(row, reason):
