@@ -126,7 +126,7 @@ CASES = [
     ("bench a shard with no question", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "4/4", "--output", "{W}/b"], "--shard 4/4 selects no question"),
     ("bench a bad shard", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "²/4", "--output", "{W}/b"], "bad --shard '²/4'"),
     ("bench over a finished run", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/bench-done"], "{W}/bench-done already holds a finished bench report"),
-    ("bench --resume, other settings", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--max-new-tokens", "9", "--resume", "--output", "{W}/bench-done"], "other settings (max_new_tokens)"),
+    ("bench --resume, other settings", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--max-new-tokens", "9", "--resume", "--output", "{W}/bench-done"], "other settings (max_new_tokens, heads, methods)"),
     ("bench into unrelated files", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/junk"], "--output {W}/junk is not empty (notes.txt)"),
     ("bench onto a file", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/file.txt"], "--output {W}/file.txt is a file"),
     ("bench unknown baseline", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--baselines", "vanila", "--output", "{W}/b"], "unknown baseline(s) ['vanila']"),

@@ -82,6 +82,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
         (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "nan"], "finite number"),
         (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "inf"], "finite number"),
         (["generate", "--target", "smollm2", "--prompt", "x", "--temperature", "1e-300"], "is below 1e-05"),
+        (
+            ["generate", "--target", "smollm2", "--prompt", "x", "--tree", "chain:1+lookup:²"],
+            "bad lookup branch",
+        ),
         (["generate", "--target", "smollm2", "--prompt", "x", "--stop", ""], "--stop ''"),
         (["chat", "--target", "smollm2", "--temperature", "-1"], "finite number"),
     ],

@@ -39,13 +39,51 @@ def test_export_replaces_its_own_output_and_only_with_overwrite_anything_else(
     out = tmp_path / "out"
     assert main([*base, "--output", str(out)]) == 0
     assert main([*base, "--output", str(out)]) == 0  # an earlier export of this format: replaced
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".headstart-export", "config.json", "model.safetensors"]
     (out / "notes.txt").write_text("mine")  # now it holds a file export did not write
     assert main([*base, "--output", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
     assert main([*base, "--output", str(out), "--overwrite"]) == 0  # said so: replaced whole
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".headstart-export", "config.json", "model.safetensors"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or old copy left
+
+
+def test_export_never_takes_a_trained_head_or_the_target_for_its_own(heads, tiny_llama, tmp_path, capsys):
+    """A training run's final/ has an export's file names (config.json, model.safetensors,
+    README.md) but not its mark: replacing it needs --overwrite. And --overwrite never deletes
+    the --target it reads."""
+    import shutil
+
+    final = tmp_path / "run" / "final"
+    shutil.copytree(heads, final)
+    before = _tree(final)
+    base = ["export", str(heads), "--target", str(tiny_llama), "--format", "headstart", "--dtype", "float32"]
+    assert main([*base, "--output", str(final)]) == 2
+    assert "not an earlier output" in capsys.readouterr().err and _tree(final) == before
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "target")
+    inside = ["export", str(heads), "--target", str(models / "target"), "--format", "eagle"]
+    assert main([*inside, "--output", str(models), "--overwrite"]) == 2
+    assert "holds the input" in capsys.readouterr().err and (models / "target" / "config.json").is_file()
+
+
+def test_an_export_carries_the_tuned_tree(heads, tiny_llama, tmp_path):
+    """The same heads at another dtype or layout decode with the tree `headstart tune` chose."""
+    import shutil
+
+    from headstart.bench.tune import tuned_tree
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(heads, tuned)
+    (tuned / "tuned_tree.json").write_text(json.dumps({"tree": "chain:2", "device": "cpu", "threads": 1}))
+    out = tmp_path / "own"
+    assert (
+        main(
+            ["export", str(tuned), "--target", str(tiny_llama), "--format", "headstart", "--output", str(out)]
+        )
+        == 0
+    )
+    assert tuned_tree(out) == "chain:2"
 
 
 def test_a_failed_export_leaves_the_earlier_one_whole(heads, tiny_llama, tmp_path, monkeypatch):

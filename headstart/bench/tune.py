@@ -112,6 +112,11 @@ def _stored(heads_path: str | Path) -> dict[str, Any] | None:
     return None
 
 
+def stored_tune(heads_path: str | Path) -> dict[str, Any] | None:
+    """The report `headstart tune` stored for the heads (what an export carries along), if any."""
+    return _stored(heads_path)
+
+
 def tuned_tree(heads_path: str | Path) -> str | None:
     """The tree stored by `headstart tune` next to the heads, if any."""
     stored = _stored(heads_path)

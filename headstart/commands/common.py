@@ -63,6 +63,14 @@ def check_generation_args(args: argparse.Namespace) -> None:
         if given:
             raise HeadstartError(f"--no-heads decodes without drafts: {', '.join(given)} would be ignored",
                                  f"drop {' or '.join(given)}, or --no-heads")  # fmt: skip
+    tree = getattr(args, "tree", None)
+    if tree:  # its syntax before the target loads (the heads' depth is checked once they load)
+        from headstart.inference.lookup import split_lookup
+        from headstart.inference.tree_spec import parse_tree
+
+        base, _ = split_lookup(tree)
+        if base:
+            parse_tree(base)
     if getattr(args, "typical", False) and sampling.greedy:
         raise HeadstartError(
             "--typical only changes sampling; at --temperature 0 decoding is greedy and exact",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from headstart.errors import HeadstartError
 
@@ -68,6 +69,7 @@ def recorded_target(path: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from headstart.bench.tune import stored_tune
     from headstart.commands.common import quiet_transformers
     from headstart.heads import load_heads
     from headstart.heads.defaults import shipped_heads
@@ -106,11 +108,13 @@ def run(args: argparse.Namespace) -> int:
         owned=lambda folder: is_export(folder, args.format),
         command=f"`headstart export --format {args.format}`",
         overwrite=args.overwrite,
-        inputs=[path],
+        # the target too: --output holding its local directory (or .gguf) would delete it
+        inputs=[path, *([target_spec] if target_spec and Path(target_spec).expanduser().exists() else [])],
     )
     with quiet_transformers():
         target = load_target(target_spec)
     heads = load_heads(path, target)  # checked against the target before anything is written
-    out = export_heads(heads, args.format, output, dtype=args.dtype, verifier=args.verifier)
+    out = export_heads(heads, args.format, output, dtype=args.dtype, verifier=args.verifier,
+                       tuned=stored_tune(path))  # fmt: skip
     print(f"exported {heads.kind} heads from {path} as {args.format} ({args.dtype}) -> {out}")
     return 0

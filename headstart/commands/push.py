@@ -31,6 +31,9 @@ def run(args: argparse.Namespace) -> int:
             repo_id=args.repo_id,
             folder_path=str(folder),
             allow_patterns=files,
+            # an earlier push's head files that this one lacks (another format's card, a tuned tree
+            # of other heads) would otherwise stay and be read with the new heads
+            delete_patterns=[name for name in head_files() if name not in files],
             commit_message=args.message,
             repo_type="model",
         )
@@ -41,6 +44,13 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     print(f"pushed {fmt} heads ({', '.join(files)}) -> {getattr(info, 'commit_url', info)}")
     return 0
+
+
+def head_files() -> list[str]:
+    """Every file name a heads directory of any format publishes."""
+    from headstart.heads.formats import FORMATS, adapter
+
+    return sorted(set(UPLOADED).union(*(adapter(fmt).FILES for fmt in FORMATS)))
 
 
 def checked_upload(folder: Path) -> tuple[str, list[str]]:

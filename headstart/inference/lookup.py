@@ -85,7 +85,7 @@ def split_lookup(spec: str | None) -> tuple[str | None, Lookup | None]:
     if not isinstance(spec, str) or SUFFIX not in spec:
         return spec, None
     base, _, count = spec.partition(SUFFIX)
-    if not count.isdigit():
+    if not (count.isascii() and count.isdigit()):  # "²" is a digit, not an int
         raise HeadstartError(f"bad lookup branch in tree '{spec}'", "use e.g. --tree chain:1+lookup:4")
     return base or None, Lookup(tokens=int(count))
 

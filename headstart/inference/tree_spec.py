@@ -43,7 +43,7 @@ def _dynamic(options: str) -> DynamicTree:
     values: dict[str, int] = {}
     for item in filter(None, options.split(",")):
         key, _, value = item.partition("=")
-        if key not in ("depth", "top_k", "total_tokens") or not value.isdigit():
+        if key not in ("depth", "top_k", "total_tokens") or not (value.isascii() and value.isdigit()):
             raise HeadstartError(
                 f"bad dynamic tree option '{item}'", "use dynamic:depth=4,top_k=4,total_tokens=12"
             )
@@ -66,21 +66,21 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
         tree = _dynamic(spec.partition(":")[2])
     elif spec.startswith("chain:"):
         depth = spec.partition(":")[2]
-        if not depth.isdigit() or int(depth) < 1:
+        if not (depth.isascii() and depth.isdigit()) or int(depth) < 1:  # "²" is a digit, not an int
             raise HeadstartError(f"bad chain tree '{spec}'", "use chain:N with N >= 1, e.g. chain:4")
         check_tree_size(int(depth), int(depth))  # before a list of N paths is built
         tree = build_tree(chain(int(depth)))
     elif spec.lstrip().startswith("["):
         try:
             tree = _paths_from_json(json.loads(spec), "--tree")
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:  # RecursionError: nested past any tree
             raise HeadstartError(
                 f"--tree is not valid JSON: {err}", "e.g. --tree '[[0],[1],[0,0]]'"
             ) from None
     elif Path(spec).is_file():
         try:
             tree = _paths_from_json(json.loads(Path(spec).read_text(encoding="utf-8")), spec)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as err:
             raise HeadstartError(f"tree file {spec} is not valid UTF-8 JSON: {err}", "fix the file") from None
     elif spec.endswith(".json"):
         raise HeadstartError(f"tree file not found: {spec}", "check the path, or pass the paths inline")

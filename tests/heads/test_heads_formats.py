@@ -131,6 +131,24 @@ def test_medusa_export_import_round_trip(llama_target, tmp_path, shared):
     hidden = torch.randn(1, 4, llama_target.hidden_size)
     torch.testing.assert_close(loaded.draft_logits(hidden), head.draft_logits(hidden), rtol=0, atol=0)
     assert _decode(llama_target, loaded) == _decode(llama_target, head)
+    # a community checkpoint: the base model's config (its own num_hidden_layers) plus medusa_* keys
+    config.update(num_hidden_layers=llama_target.config.num_hidden_layers + 5, medusa_num_heads=3,
+                  medusa_num_layers=config["num_hidden_layers"])  # fmt: skip
+    (out / "config.json").write_text(json.dumps(config))
+    assert load_heads(out, llama_target).config.num_heads == 3
+
+
+def test_other_speculators_types_are_named_not_read_as_eagle3(tmp_path):
+    """peagle, dflash2 and speculators' eagle have a draft_vocab_size too: they were taken for the
+    EAGLE-3 release layout and failed on its missing fields."""
+    for kind in ("peagle", "dflash2", "eagle"):
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / "config.json").write_text(
+            json.dumps({"speculators_model_type": kind, "draft_vocab_size": 32})
+        )
+        with pytest.raises(HeadstartError, match=f"a speculators '{kind}' head"):
+            detect_format(folder)
 
 
 def test_a_release_style_eagle3_checkpoint_loads(llama_target, tmp_path):

@@ -38,6 +38,7 @@ def test_push_uploads_the_heads_files(monkeypatch, capsys):
         "README.md",
         "tuned_tree.json",
     }
+    assert upload[1]["delete_patterns"] == []  # it has every head file: nothing of the repo's to drop
     assert "pushed medusa heads" in capsys.readouterr().out
 
 
@@ -55,3 +56,21 @@ def test_push_reports_hub_errors(monkeypatch, capsys):
     heads = shipped_heads("smollm2")["smollm2-medusa"]
     assert main(["push", str(heads), "me/x"]) == 2
     assert "401 Unauthorized" in capsys.readouterr().err
+
+
+def test_a_push_drops_the_head_files_an_earlier_push_left(monkeypatch, tmp_path):
+    """Heads without a card or a tuned tree, pushed where others were: the earlier README.md and
+    tuned_tree.json go (a tuned tree of other heads would be read with these), nothing else."""
+    import shutil
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    FakeApi.calls = []
+    heads = shipped_heads("smollm2")["smollm2-eagle3"]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(heads / name, bare / name)
+    assert main(["push", str(bare), "me/heads"]) == 0
+    upload = FakeApi.calls[-1][1]
+    assert upload["allow_patterns"] == ["config.json", "model.safetensors"]
+    assert upload["delete_patterns"] == ["README.md", "tuned_tree.json"]

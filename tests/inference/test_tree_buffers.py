@@ -64,7 +64,18 @@ def test_parse_tree_specs(tmp_path):
     file = tmp_path / "t.json"
     file.write_text(json.dumps({"paths": [[0], [0, 0]]}))
     assert parse_tree(str(file)).size == 3
-    for bad in ["nonsense", "dynamic:depth=x", "chain:0", "[[0],", "dynamic:width=3"]:
+    # "²" and "³" are str.isdigit() but not int(); a nesting past Python's recursion limit
+    deep = "[" * 50_000
+    for bad in [
+        "nonsense",
+        "dynamic:depth=x",
+        "chain:0",
+        "[[0],",
+        "dynamic:width=3",
+        "chain:²",
+        "dynamic:top_k=³",
+        deep,
+    ]:
         with pytest.raises(HeadstartError):
             parse_tree(bad)
     with pytest.raises(HeadstartError, match="levels deep"):

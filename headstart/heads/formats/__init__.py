@@ -51,11 +51,20 @@ def adapter(fmt: str) -> ModuleType:
     return importlib.import_module(ADAPTERS[fmt])
 
 
+EXPORT_MARK = ".headstart-export"
+"""Written into every export: only a directory holding it is an earlier export that a new one may
+replace without --overwrite (a training run's `final/` has the same file names)."""
+TUNED_FILE = "tuned_tree.json"  # headstart.bench.tune's (not imported: that module loads torch's half)
+
+
 def export_heads(
-    head: Any, fmt: str, output: str | Path, *, dtype: str = "bfloat16", verifier: str | None = None
-) -> Path:
+    head: Any, fmt: str, output: str | Path, *, dtype: str = "bfloat16", verifier: str | None = None,
+    tuned: dict[str, Any] | None = None,
+) -> Path:  # fmt: skip
     """Write `head` in format `fmt` to the directory `output` (atomically: a failure leaves
-    nothing). Refuses what the format cannot express, before anything is written."""
+    nothing), with the tree `headstart tune` stored for the heads (`tuned`) when given: the same
+    heads at another dtype or layout decode with the same tree. Refuses what the format cannot
+    express, before anything is written."""
     from headstart.io import atomic_dir, normal_permissions
 
     torch_dtype(dtype)
@@ -63,6 +72,9 @@ def export_heads(
 
     def publish(tmp: Path) -> None:
         write(tmp)
+        if tuned is not None:
+            (tmp / TUNED_FILE).write_text(json.dumps(tuned, indent=1) + "\n")
+        (tmp / EXPORT_MARK).write_text(json.dumps({"format": fmt}) + "\n")
         for file in tmp.iterdir():
             normal_permissions(file)  # readable by the serving process, as files written without headstart
 
@@ -88,9 +100,10 @@ def writer(config: dict[str, Any], state: dict[str, torch.Tensor], dtype: str) -
 
 
 def is_export(path: Path, fmt: str) -> bool:
-    """`path` is an earlier `headstart export --format fmt`: nothing but that export's files."""
+    """`path` is an earlier `headstart export --format fmt`: its mark and nothing but that
+    export's files."""
     names = {p.name for p in Path(path).iterdir()}
-    if not names <= adapter(fmt).FILES:
+    if EXPORT_MARK not in names or not names <= adapter(fmt).FILES | {EXPORT_MARK, TUNED_FILE}:
         return False
     try:
         return detect_format(path) == fmt

@@ -17,6 +17,8 @@ LAYER_TYPES = ("llama",)  # the draft layers its readers build
 
 
 def detects(config: dict[str, Any]) -> bool:
+    if "speculators_model_type" in config:  # speculators' peagle, dflash2 and eagle have a draft vocab too
+        return False
     return "draft_vocab_size" in config or any("Eagle3" in str(a) for a in config.get("architectures") or [])
 
 

@@ -78,8 +78,10 @@ def _medusa_import(directory: Path, config: dict[str, Any], target: Any) -> Any:
     from headstart.heads.formats import mismatch
     from headstart.heads.medusa import MedusaHeads
 
-    num_heads = int(config.get("num_heads") or config.get("medusa_num_heads") or 0)
-    num_layers = int(config.get("num_hidden_layers") or config.get("medusa_num_layers") or 1)
+    num_heads = int(config.get("medusa_num_heads") or config.get("num_heads") or 0)
+    # medusa_* first: community checkpoints ship the base model's config plus these two keys,
+    # where num_hidden_layers is the target's depth, not the heads'
+    num_layers = int(config.get("medusa_num_layers") or config.get("num_hidden_layers") or 1)
     if num_heads < 1:
         raise HeadstartError(
             f"{directory}/config.json names no Medusa heads", "set num_heads or medusa_num_heads"
