@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     args.compile = "off"
     target = load_target_from_args(args)
+    from headstart.target.exactness import check_no_processors
+
+    check_no_processors(target.model)  # served greedy replies are generate's, with or without heads
     if not target.chat.has_template:
         log.warning(
             "warning: %s has no chat template: /v1/chat/completions will refuse requests", target.spec
@@ -114,6 +117,13 @@ def run(args: argparse.Namespace) -> int:
     decoding = Decoding(args, target)  # the heads and tree `generate` would take (the tuned one)
     heads, tree = decoding.heads, decoding.tree if decoding.heads is not None else None
     context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
+    from headstart.target.exactness import context_note, positions
+
+    limits = positions(target.model)
+    note = context_note(limits, context)
+    if note is not None:  # longrope/dynamic RoPE: requests must end below its switch
+        log.warning("warning: %s; serving a context of %d", note, limits.switch)
+        context = int(limits.switch)
     metrics = Metrics()
     probe = SpeculativeDecoder(target, heads, tree=tree, typical=False)
     limit = args.speculate_up_to

@@ -33,6 +33,7 @@ from headstart.inference.tree import TreeBuffers, build_tree
 from headstart.inference.tree_spec import TreeSpec, parse_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
+from headstart.target.exactness import check_no_processors, context_note, must_step_plainly, positions
 from headstart.target.layer_kinds import check_tree_verifiable
 from headstart.target.packing import PackedLinears, packed
 
@@ -55,10 +56,13 @@ class SpeculativeDecoder:
         self.target = target
         self.heads = heads  # None: plain decoding (each tree is the root, plus any lookup branch)
         if heads is not None:
+            check_no_processors(target.model)  # generate applies them; a tree verify does not
             heads.bind(target.model)
         probe = make_drafter(heads, target.vocab_size)
         self.max_depth = probe.max_depth
         base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
+        # positions a verify must not straddle or pass (target/exactness.py)
+        self.positions = positions(target.model)
         self.tree = parse_tree(base, self.max_depth) if heads is not None else ROOT_ONLY
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
@@ -81,6 +85,11 @@ class SpeculativeDecoder:
         if isinstance(self.tree, DynamicTree):
             return self.tree.pool(self.max_depth) + self.verify_width() + block
         return 2 * self.verify_width() + block
+
+    def must_step_plainly(self, lengths: list[int]) -> bool:
+        """A plain step (the root alone) where a verify of this tree at these row lengths could
+        pass a learned position table or straddle longrope's switch."""
+        return must_step_plainly(self.positions, lengths, self.verify_width())
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
@@ -253,9 +262,18 @@ class SpeculativeDecoder:
         )
         pad_id = self.target.tokenizer.pad_token_id or 0
         limit = getattr(self.target.config, "max_position_embeddings", None)
-        prompts = prepare_prompts(
-            input_ids, attention_mask, pad_id, sampling.max_new_tokens, limit, truncate_prompt, device
-        )
+        note = context_note(self.positions, limit)
+        if note is not None:  # longrope/dynamic RoPE: exact only below its switch
+            limit = self.positions.switch
+        try:
+            prompts = prepare_prompts(
+                input_ids, attention_mask, pad_id, sampling.max_new_tokens, limit, truncate_prompt, device
+            )
+        except HeadstartError as err:
+            if note is None:
+                raise
+            raise HeadstartError(f"{err.what}: {note}", "use `headstart generate --no-heads` (transformers' "
+                                 "generate) for longer texts, or shorten the prompt or --max-new-tokens") from None  # fmt: skip
         eos = self.target.eos_token_ids if eos_token_id == "default" else _as_ids(eos_token_id)
         strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
         rule = StopRule(sampling.max_new_tokens, frozenset(eos), strings, self.target.tokenizer)

@@ -208,7 +208,7 @@ class Engine:
         assert state is not None
         plain = (
             self.speculate_up_to is not None and len(self.jobs) * decoder.verify_nodes > self.speculate_up_to
-        )
+        ) or decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
         contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
         tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
         self.plain_steps += int(plain)
@@ -226,7 +226,7 @@ class Engine:
         for row, tokens, count in zip(rows, committed, counts, strict=True):
             job = self.jobs[row]
             before = len(job.emitted)
-            done = job.rule.take(job.emitted, tokens[:count])
+            done = job.rule.take(job.emitted, tokens[:count], job.prompt)
             new = job.emitted[before:]
             if counted:
                 job.steps += 1
