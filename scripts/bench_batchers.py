@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's headstart (a bare GPU machine)
 
 
 def main() -> int:

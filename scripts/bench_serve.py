@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import socket
 import statistics
@@ -27,6 +28,9 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's headstart, installed or not (a bare GPU machine)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -97,8 +101,12 @@ def start_serve(args_text: str, log: Path) -> tuple[subprocess.Popen, str, str]:
         port = s.getsockname()[1]
     words = shlex.split(args_text)
     cmd = [sys.executable, "-m", "headstart", "serve", "--port", str(port), *words]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=sink, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while time.time() < deadline:

@@ -106,8 +106,12 @@ def section_pytest(args: argparse.Namespace, report: Report) -> None:
     try:
         run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=limit)
         text, code = run.stdout + run.stderr, run.returncode
-    except subprocess.TimeoutExpired as err:
-        text, code = f"{err.stdout or ''}{err.stderr or ''}\nTIMED OUT after {limit:.0f} s", -1
+    except subprocess.TimeoutExpired as err:  # its output comes as bytes here, even with text=True
+        told = [
+            part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+            for part in (err.stdout, err.stderr)
+        ]
+        text, code = f"{''.join(told)}\nTIMED OUT after {limit:.0f} s", -1
     (report.out / "pytest.txt").write_text(text if isinstance(text, str) else text.decode())
     summary = [
         line for line in text.splitlines() if " passed" in line or " failed" in line or "error" in line
@@ -287,8 +291,9 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     methods = {name: run for name, run in methods.items() if name in args.methods or name == "generate"}
     totals = {name: {"tokens": 0, "wall_s": 0.0, "forwards": 0, "same_as_generate": 0, "questions": 0}
               for name in methods}  # fmt: skip
+    reserve = SERVE_NEEDS_S if "serve" in args.sections.split(",") else 0  # serve runs after this section
     for number, ids in enumerate(prompts):
-        if number and report.left() < 30 + 2 * len(methods):
+        if number and report.left() < 30 + 2 * len(methods) + reserve:
             report.log(f"smollm2: stopped after {number - 1} timed questions (time)")
             break
         reference = None
@@ -327,13 +332,16 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
 
 
 # ---- headstart serve under load -----------------------------------------------------------------
+SERVE_NEEDS_S = 150  # what the serve section needs left (smollm2 stops timing questions to leave it)
+
+
 def section_serve(args: argparse.Namespace, report: Report) -> None:
     import signal
     import tarfile
     import tempfile
 
     limit = report.left() - 20
-    if limit < 90:  # two server start-ups (~15 s each on a GPU) and the warm-ups
+    if limit < SERVE_NEEDS_S - 20:  # two server start-ups (~15 s each on a GPU), warm-ups, 3 x 2 loads
         report.log(f"serve: skipped (time: {report.left():.0f} s left)")
         return
     requests, concurrency = (2, ["1", "2"]) if args.dry_run else (args.serve_requests, ["1", "4", "8"])
@@ -346,8 +354,12 @@ def section_serve(args: argparse.Namespace, report: Report) -> None:
                "--output", str(output), "--logs", str(logs)]  # fmt: skip
     report.log(f"serve: {' '.join(command)} (at most {limit:.0f} s)")
     # its own session: on a timeout the servers it started go too (they would hold the GPU)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, env=env)  # fmt: skip
     try:
         text, _ = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:

@@ -4,6 +4,13 @@
 # everything the run imports is there (a missing package found 5 minutes in costs the device call).
 STAGE=${STAGE:-/root/stage}
 
+settle() {  # PATTERN: after a `timeout` cut, wait (30 s at most) until the matching processes have
+  # finished what their SIGTERM lets them finish (a distill's last shard, a run's checkpoint):
+  # `timeout` returns when its direct child dies, which may be a shell before them
+  local waited=0
+  while pgrep -f "$1" > /dev/null 2>&1 && (( waited < 30 )); do sleep 1; waited=$((waited + 1)); done
+}
+
 gpu_prepare() {
   mkdir -p "$STAGE"
   if [[ ! -f "$STAGE/smollm2.gguf" ]]; then
@@ -26,6 +33,7 @@ gpu_prepare() {
   if [[ -d .gpu/serve-wheels ]] && ! python -c "import fastapi, uvicorn, openai" 2>/dev/null; then
     python -m pip install -q --no-index --find-links .gpu/serve-wheels --root-user-action=ignore fastapi uvicorn openai
   fi
+  command -v pgrep > /dev/null || echo "warning: no pgrep on this machine: the hang watchdog and settle do nothing" >&2
   mkdir -p "$STAGE/bin"  # `headstart` from this checkout (nothing to install from)
   printf '#!/bin/sh\nexec python -m headstart "$@"\n' > "$STAGE/bin/headstart"
   chmod +x "$STAGE/bin/headstart"

@@ -41,6 +41,7 @@ device() {
   local start=$SECONDS code=0
   DATA=.gpu/data TARGET="$STAGE/smollm2.gguf" timeout -s TERM -k 30 "$DEADLINE" \
     scripts/scaling_smollm2.sh distill || code=$?
+  settle 'headstart distill'  # its last shard, written on SIGTERM, before the count and the tar
   echo "distill: exit $code after $((SECONDS - start)) s (124: cut at the deadline, finished records kept)"
   local kept=()
   for source in "${SOURCES[@]}"; do [[ -f "runs/scaling/$source/distill_meta.json" ]] && kept+=("$source"); done

@@ -7,23 +7,27 @@
 # Run from the repository root:
 #   scripts/gpu_stage.sh [../shared/data/eval/mt_bench/question.jsonl]
 # Then the device calls, back to back (a machine stays warm ~30 s between calls; files written
-# outside the repository on it stay while it is warm):
-#   1. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part1"]:
-#      mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python3 scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
-#      (or, when the lease is short, only: mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/)
+# outside the repository on it stay while it is warm). A lease is 900 s of device time in all,
+# start-up (~1-2 min), idle and every call included: three staging calls and ONE call of at most
+# ~600 s fit; two long calls do not.
+#   1. carry [".gpu/smollm2.part1"]:  mkdir -p /root/stage && cp .gpu/smollm2.part1 /root/stage/ && nvidia-smi -L
 #   2. carry [".gpu/smollm2.part2"]:  mkdir -p /root/stage && cp .gpu/smollm2.part2 /root/stage/
 #   3. carry [".gpu/smollm2.part3"]:  mkdir -p /root/stage && cp .gpu/smollm2.part3 /root/stage/
-#   4. carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]:
-#      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
-#      (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
-#      --methods generate,plain_eager,eagle3_eager)
-#      or, for issue 38's load on the GPU, carry ".gpu/serve-wheels" too (~63 MB with the rest, under
-#      the 64 MiB) and run --sections serve (or smollm2,serve with --budget 540)
-#   (or, as call 4, scripts/gpu_train.sh device or scripts/gpu_distill.sh device: see their headers;
-#   or distillation's engine against the old loop, what retiring inference/continuous.py waits on:
-#      bash -c 'source scripts/gpu_common.sh && gpu_prepare' && python3 scripts/bench_batchers.py
-#      --target /root/stage/smollm2.gguf --device cuda --questions .gpu/questions.jsonl --num 40
-#      --repeat 16 --batch-size 256 --max-new-tokens 128 --rounds 1)
+#   4. ONE of (each runs in the call's own shell: gpu_prepare's PATH and PYTHONPATH stay set):
+#      a. the training plan: scripts/gpu_train.sh device (carry and settings in its header)
+#      b. the kept data again: scripts/gpu_distill.sh device (its header)
+#      c. the decode check, carry [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4",
+#         ".gpu/smollm2.sha256"] (add ".gpu/serve-wheels", ~63 MB in all, for the serve section):
+#         source scripts/gpu_common.sh && gpu_prepare && python3 scripts/gpu_check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
+#         (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
+#         --methods generate,plain_eager,eagle3_eager; issue 38's load: --sections serve, or
+#         smollm2,serve, which stops timing questions with 150 s left for serve)
+#      d. pytest -m gpu and the 8B-shape verify costs (no GGUF needed: calls 1-3 can be skipped),
+#         carry [".gpu/wheels"]: source scripts/gpu_common.sh && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python3 scripts/gpu_check.py --out $OUT --sections pytest,shape8b --budget 520
+#      e. distillation's engine against the old loop (what retiring inference/continuous.py waits on),
+#         carry as in c: source scripts/gpu_common.sh && gpu_prepare && python3 scripts/bench_batchers.py
+#         --target /root/stage/smollm2.gguf --device cuda --questions .gpu/questions.jsonl --num 40
+#         --repeat 16 --batch-size 256 --max-new-tokens 128 --rounds 1
 # A call whose machine was given back in between starts over at 1 (the staged parts are gone).
 set -euo pipefail
 QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}

@@ -42,11 +42,26 @@ SIZES=${SIZES-5000 15000 0}
 DFLASH_LAYERS=${DFLASH_LAYERS:-}
 source "$(dirname "$0")/gpu_common.sh"
 
+CALL_S=${CALL_S:-590}  # the device call's limit (timeout_s 600), less a margin: $OUT must be written by then
+
 device() {
-  mkdir -p "$OUT"
+  mkdir -p "$OUT" runs  # runs/ is git-ignored: a fresh machine has none
+  if [[ "${RESUME:-0}" != 1 && -d runs/scaling ]]; then
+    # a warm machine's earlier call: its runs would be retrained (and refused) or collected as this one's
+    mv runs/scaling "runs/scaling.before-$(date +%s)"
+  fi
   gpu_prepare
   local start=$SECONDS code=0 watchdog
   smoke || { collect; return 1; }
+  # the budget shrinks by what start-up and the smoke overran: the watchdog's kill (+103 s: every
+  # `headstart train` is gone by then, so the backstop's shell ends at once) and the collection
+  # (~40 s) must still end inside the call
+  local fits=$(( CALL_S - SECONDS - 150 ))
+  if (( BUDGET > fits )); then
+    echo "budget: $BUDGET s does not fit the call after $SECONDS s of start-up; training for $fits s"
+    BUDGET=$fits
+  fi
+  (( BUDGET >= 60 )) || { echo "budget: no time left to train ($BUDGET s)"; collect; return 1; }
   # past the budget and the finishing, the runs still alive print their stacks before the backstop
   watch_then_stop "$((BUDGET + 80))" runs
   watchdog=$!
@@ -62,6 +77,7 @@ device() {
     timeout -s TERM -k 30 "$((BUDGET + 100))" \
     scripts/scaling_smollm2.sh train $SIZES || code=$?
   kill "$watchdog" 2>/dev/null || true
+  settle 'headstart train'  # a checkpoint or final head being written when the backstop came
   echo "train: exit $code after $((SECONDS - start)) s"
   collect
 }
@@ -71,6 +87,7 @@ smoke() {  # one process, two steps on 64 conversations, 120 s at most: a start-
   # costs two minutes, not the call, and its log says where it stood
   [[ "${SMOKE:-1}" == 1 ]] || return 0
   rm -rf runs/smoke
+  mkdir -p runs
   local pid code=0
   headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml target="$STAGE/smollm2.gguf" \
     "data.path=[data/smollm2-kept/sg]" "data.eval_path=[data/smollm2-kept/sgeval]" data.max_records=64 \
@@ -114,7 +131,13 @@ collect() {  # logs and results in one file; each finished head as bf16, split i
   mkdir -p runs/scaling
   grep -H -E 'loaded on|conversations read|start-up took|interrupted|eval step|time budget|finishing|^ *"(steps|tokens_per_s|wall_s)"|error' \
     runs/scaling/*.log || true
-  tar -C runs/scaling -czf "$OUT/logs.tar.gz" $(cd runs/scaling && ls -d ./*.log results-*.json 2>/dev/null)
+  local logs
+  logs=$(cd runs/scaling && ls -d ./*.log results-*.json 2>/dev/null || true)
+  if [[ -n "$logs" ]]; then
+    tar -C runs/scaling -czf "$OUT/logs.tar.gz" $logs
+  else
+    cp runs/smoke.log "$OUT/" 2>/dev/null || true  # nothing ran: the smoke's log says why
+  fi
   rm -rf runs/train-heads && mkdir -p runs/train-heads  # only this call's heads
   for run in runs/scaling/eagle3-*/ runs/scaling/dflash-*/; do
     run=${run%/}
