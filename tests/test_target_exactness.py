@@ -79,7 +79,8 @@ def test_a_stop_string_that_begins_in_the_prompt_stops_as_in_generate(tiny_llama
     `--no-heads`) stops at " Paris"; the decoder matched only the reply's text and went on."""
     target = load_target(str(tiny_llama))
     tok = target.tokenizer
-    for word in ["says", "hello", "abc", "The", "x", "ok", "zz", "cat", "dog", "sun", "A", "B", "C", "D", "E"]:
+    words = "says hello abc The x ok zz cat dog sun A B C D E".split()
+    for word in words:
         ids = target.chat.encode_raw("The quick brown fox " + word)
         free = reference(target, ids, 20)
         if len(first := tok.decode(free[:1])) == 1 and first in string.ascii_letters + string.digits:
