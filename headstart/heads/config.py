@@ -93,6 +93,13 @@ class HeadSpec:
                 "head.feature_layers must name at least one target layer for dflash",
                 "set head.feature_layers=[1,14,26] or leave it unset for the default taps",
             )
+        if self.feature_layers is not None and list(self.feature_layers) != sorted(set(self.feature_layers)):
+            # the engines (vLLM) gather their aux states walking the layers upward, once each: any
+            # other order would feed an exported head's fc its blocks permuted (or too few)
+            raise HeadstartError(
+                f"head.feature_layers must be increasing, without repeats, got {self.feature_layers}",
+                f"set head.feature_layers={sorted(set(self.feature_layers))}",
+            )
         if self.feature_layers is not None and self.kind == "eagle3" and len(self.feature_layers) != 3:
             raise HeadstartError(
                 f"head.feature_layers must name 3 layers for eagle3, got {self.feature_layers}",

@@ -67,11 +67,13 @@ def test_dflash_export_import_round_trip(llama_target, tmp_path, fmt):
     assert _decode(llama_target, loaded) == _decode(llama_target, head)
 
 
-def test_a_draft_vocabulary_is_not_exported(llama_target, tmp_path):
-    """Every runtime drafts over the target's lm_head: the export is full-vocabulary, and the
-    imported head drafts over every token (identical greedy output either way)."""
+def test_a_draft_vocabulary_is_not_exported(llama_target, tmp_path, caplog):
+    """Every runtime drafts over the target's lm_head: the export is full-vocabulary (and says
+    that engines may draft less well: tokens outside the draft vocabulary were never trained
+    down), and the imported head drafts over every token (identical greedy output either way)."""
     head = _trained_like(llama_target, vocab=60)
     out = export_heads(head, "dflash", tmp_path / "x", dtype="float32")
+    assert "drafts over 60 of" in caplog.text
     assert "d2t" not in load_file(str(out / "model.safetensors"))
     loaded = load_heads(out, llama_target)
     assert not loaded.has_draft_vocab
@@ -104,6 +106,11 @@ def test_dflash_formats_refuse_other_heads_and_other_heads_refuse_dflash(llama_t
         (lambda c, w: w.pop("layers.1.mlp.up_proj.weight"), "missing"),
         (lambda c, w: w.update(d2t=torch.zeros(3, dtype=torch.long)), "own draft vocabulary"),
         (lambda c, w: c["dflash_config"].update(mask_token_id=10**6), "mask token"),
+        # z-lab's newer drafts mix sliding layers (causal in the block, windowed context)
+        (
+            lambda c, w: c.update(layer_types=["sliding_attention", "full_attention"], sliding_window=8),
+            "sliding-window draft layers",
+        ),
     ],
 )
 def test_damaged_dflash_checkpoints_fail_in_one_line(llama_target, tmp_path, edit, message):
@@ -116,3 +123,11 @@ def test_damaged_dflash_checkpoints_fail_in_one_line(llama_target, tmp_path, edi
     with pytest.raises(HeadstartError, match=message) as err:
         load_heads(out, llama_target)
     assert "\n" not in err.value.one_line()
+
+
+def test_feature_layers_must_increase(llama_target):
+    """vLLM gathers the aux states walking the layers upward, once each: [4, 1, 2] would feed an
+    exported head's fc its blocks permuted, [2, 2, 4] too few of them."""
+    for layers in ([4, 1, 2], [2, 2, 4]):
+        with pytest.raises(HeadstartError, match="must be increasing"):
+            HeadSpec(kind="dflash", feature_layers=layers)

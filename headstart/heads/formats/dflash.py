@@ -7,6 +7,7 @@ EAGLE-3's, are one more (the INPUT of layer i + 1)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import torch
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
+
+log = logging.getLogger(__name__)
 
 CONFIG_JUNK = ("architectures", "transformers_version", "_name_or_path", "auto_map", "_commit_hash", "dtype",
                "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id")  # fmt: skip
@@ -26,6 +29,14 @@ def check_exportable(head: Any, fmt: str) -> HeadConfig:
             f"the {fmt} format holds DFlash block drafters, not {config.kind} heads",
             "export EAGLE-3 heads with --format speculators or eagle, Medusa heads with --format medusa",
         )
+    if config.draft_vocab_size and config.draft_vocab_size < config.vocab_size:
+        # cost of the full-vocabulary layout: tokens outside the draft vocabulary were never
+        # trained down, and the engines' argmax over every lm_head row may pick them
+        log.warning(
+            "warning: this DFlash head drafts over %d of %d tokens in headstart; the %s export drafts over "
+            "all of them, so an engine may draft (and accept) somewhat less than headstart does",
+            config.draft_vocab_size, config.vocab_size, fmt,
+        )  # fmt: skip
     return config
 
 
@@ -53,6 +64,13 @@ def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: in
     from headstart.heads.formats import mismatch
 
     layer = {k: v for k, v in layer.items() if k not in CONFIG_JUNK}
+    if "sliding_attention" in (layer.get("layer_types") or []) or layer.get("use_sliding_window"):
+        # speculators makes such layers causal inside the block and windows the context (z-lab's
+        # newer drafts mix them); headstart's draft layers attend to the whole block and context
+        raise HeadstartError(
+            f"{directory} has sliding-window draft layers, which headstart's DFlash drafter does not run",
+            "use a DFlash head whose draft layers are all full attention",
+        )
     if layer.get("model_type", DRAFT_ARCH) != DRAFT_ARCH:
         raise HeadstartError(
             f"{directory} has {layer.get('model_type')} draft layers: headstart runs {DRAFT_ARCH} DFlash layers",
