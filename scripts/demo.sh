@@ -24,5 +24,6 @@ step "4/5 generate with the shipped default heads (same output as plain decoding
 $HS generate --target smollm2 --max-new-tokens 64 --prompt "$PROMPT"
 
 step "5/5 bench: shipped heads vs vanilla generate, prompt-lookup decoding and plain headstart (same run, greedy)"
+rm -rf $OUT/bench  # bench keeps a finished report: a second `make demo` measures again
 $HS bench --target smollm2 --questions demo --limit 4 --max-new-tokens 64 --output $OUT/bench
 echo "report: $OUT/bench/report.md (plots next to it)"

@@ -149,7 +149,7 @@ CASES = [
     ("train over a finished run", ["train", "--recipe", "{RECIPE:{W}/run}"], "{W}/run already holds a finished training run"),
     ("train --time-budget abc", ["train", "--recipe", "{W}/recipe-unknown.yaml", "--time-budget", "abc"], "argument --time-budget: invalid duration value: 'abc'"),
     ("train --time-budget 0", ["train", "--recipe", "{W}/recipe-unknown.yaml", "--time-budget", "0"], "argument --time-budget: invalid duration value: '0'"),
-    ("tune missing heads", ["tune", "--target", T, "--heads", "{W}/nope"], "no trained heads at {W}/nope"),
+    ("tune missing heads", ["tune", "--target", T, "--heads", "{W}/nope"], "--heads {W}/nope: no such directory"),
     ("tune --limit 0", ["tune", "--target", T, "--heads", E, "--limit", "0"], "--limit must be >= 1"),
     ("push not heads", ["push", "{W}/junk", "org/name"], "{W}/junk is not a heads directory"),
     ("unknown command", ["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),

@@ -33,7 +33,8 @@ def run(args: argparse.Namespace) -> int:
     target = load_target_from_args(args)
     if not target.chat.has_template:
         raise HeadstartError(
-            "this target's tokenizer has no chat template", "use `headstart generate --raw` instead"
+            "this target's tokenizer has no chat template",
+            "pass --chat-template FILE (a Jinja chat template), or use `headstart generate --raw`",
         )
     decoding = Decoding(args, target)
     system = [{"role": "system", "content": args.system}] if args.system else []
@@ -41,12 +42,17 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 reach check_utf8, not a traceback
         sys.stdin.reconfigure(errors="surrogateescape")
-    print(f"chatting with {target.spec} ({decoding.mode}); /reset clears, /exit quits", file=sys.stderr)
+    if interactive:  # line editing, history, and lines past the tty's 4,095-byte canonical buffer
+        import readline  # noqa: F401 - input() uses it once imported
+    print(f"chatting with {target.spec} ({decoding.mode}); /reset clears, /exit (or Ctrl-D) quits, Ctrl-C "
+          "stops a reply", file=sys.stderr)  # fmt: skip
     while True:
-        if interactive:
-            print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line or line.strip() == "/exit":
+        try:
+            line = read_line(interactive)
+        except KeyboardInterrupt:  # at the prompt: a fresh prompt, as a shell gives
+            print(file=sys.stderr)
+            continue
+        if line is None or line.strip() == "/exit":
             return 0
         text = line.strip()
         if not text:
@@ -61,9 +67,27 @@ def run(args: argparse.Namespace) -> int:
             hint = "; /reset starts a new one" if len(messages) > len(system) else ""
             print(f"{err.one_line()} (message dropped; the conversation goes on{hint})", file=sys.stderr)
             continue
+        except KeyboardInterrupt:  # Ctrl-C in a reply stops that reply, not the conversation
+            sys.stdout.flush()
+            print("\n[reply stopped; message dropped, the conversation goes on]", file=sys.stderr)
+            continue
         messages += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
         sys.stdout.flush()
         print(stats_line(stats, decoding.mode), file=sys.stderr)
+
+
+def read_line(interactive: bool) -> str | None:
+    """The next line, None at the end of input (Ctrl-D)."""
+    if not interactive:
+        return sys.stdin.readline() or None
+    try:
+        if sys.stdout.isatty():
+            return input("> ")
+        print("> ", end="", file=sys.stderr, flush=True)  # replies alone on a redirected stdout
+        return input()
+    except EOFError:
+        print(file=sys.stderr)  # the shell's prompt on a line of its own
+        return None
 
 
 def turn(target: Any, decoding: Decoding, messages: list[dict[str, str]], text: str) -> tuple[str, dict]:

@@ -28,12 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import math
     from pathlib import Path
 
     from headstart.bench.questions import load_questions
     from headstart.bench.tune import CALIBRATION_PROMPTS, save_tuned, tune, tuned_file
+    from headstart.heads.resolve import resolve_heads
     from headstart.io import check_writable
 
+    args.heads = str(resolve_heads(args.heads))  # a Hub id is downloaded once, as generate does
     if not (Path(args.heads) / "config.json").is_file():
         raise HeadstartError(
             f"no trained heads at {args.heads}", "pass the directory written by headstart train"
@@ -45,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise HeadstartError(f"{flag} must be >= 1, got {value}", f"use e.g. {flag} 6")
+    if not args.prompts and args.limit > len(CALIBRATION_PROMPTS):
+        raise HeadstartError(
+            f"--limit {args.limit}: there are {len(CALIBRATION_PROMPTS)} built-in calibration prompts",
+            "pass --prompts FILE (e.g. MT-bench's question.jsonl) for more",
+        )
     if not args.dry_run:  # where the tuned tree goes: fail now, not after minutes of measuring
         check_writable(tuned_file(args.heads).parent, "tuned tree's directory")
     prompts = (
@@ -58,9 +66,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}  behind the best (paired, +- 1 s.e.)")
     for row in report["candidates"]:
         gap = ""
-        if "behind" in row:
-            se = "?" if row["behind_se"] is None else f"{100 * row['behind_se']:.1f}%"
-            gap = f"{100 * row['behind']:5.1f}% +- {se}"
+        if "behind" in row:  # the stored gap is a mean log ratio: as a share of the best's speed
+            slower = 1 - math.exp(-row["behind"])
+            se = (
+                "?"
+                if row["behind_se"] is None
+                else f"{100 * math.exp(-row['behind']) * row['behind_se']:.1f}%"
+            )
+            gap = f"{100 * slower:5.1f}% +- {se}"
         print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}  {gap}")
     print("verify forward ms by nodes:", report["verify_cost_ms"])
     plain = report.get("over_plain")
@@ -72,14 +85,15 @@ def run(args: argparse.Namespace) -> int:
         se = plain["gap_se"]
         if se is not None and plain["gap"] < -2 * se:
             print(
-                "note: on this hardware these heads cost more than they save: decode with --no-heads, "
-                "or train heads that accept more (a verify of k nodes costs the times printed above)"
+                "note: on this hardware these heads cost more than they save: serve with --no-heads "
+                "(headstart's plain decoding; `generate --no-heads` is transformers' slower generate), or "
+                "train heads that accept more (a verify of k nodes costs the times printed above)"
             )
     if report["within_noise"]:
         print(
             f"note: {', '.join(report['within_noise'])} ran within this machine's noise of the best "
             f"(paired per-prompt gap under 2 standard errors over {report['calibration_prompts']} prompts); "
-            "more calibration prompts (--limit, --prompts) or a quieter machine would separate them"
+            "more calibration prompts (--prompts FILE --limit N) or a quieter machine would separate them"
         )
     if args.dry_run:
         print(f"best: {report['tree']} (not stored: --dry-run)")
