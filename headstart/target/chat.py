@@ -46,7 +46,8 @@ class Chat:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             raise HeadstartError(
                 f"{where} failed on a {len(messages)}-message conversation ({type(err).__name__}: {reason})",
-                "fix the template (a Jinja file rendering `messages`), or pass --raw for plain text",
+                "fix the template (a Jinja file rendering `messages`; a template without a system role "
+                "takes no --system), or use `headstart generate --raw` for plain text",
             ) from None
 
     def prompt_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
