@@ -8,6 +8,7 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,12 +34,18 @@ def stop_signals_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+FORWARDED_S = 2.0
+"""A signal this soon after the first is the same request (a launcher's forwarded copy), not a
+second one."""
+
+
 class StopRequest:
     """What the signal handlers of `stop_at_step_end` share with the training loop."""
 
     def __init__(self) -> None:
         self.armed = False  # False (start-up, the end): a signal interrupts at once
         self.signal: str | None = None  # the first signal's name, once one came while armed
+        self.at = 0.0  # when it came
 
     @property
     def requested(self) -> bool:
@@ -59,12 +66,14 @@ def stop_at_step_end() -> Iterator[StopRequest]:
         return
 
     def handler(signum: int, frame: Any) -> None:
+        if stop.requested and time.monotonic() - stop.at < FORWARDED_S:
+            return  # a launcher (torchrun, accelerate) forwards a terminal's Ctrl-C as SIGTERM too
         if not stop.armed or stop.requested:
             raise KeyboardInterrupt
-        stop.signal = signal.Signals(signum).name
+        stop.signal, stop.at = signal.Signals(signum).name, time.monotonic()
         log.warning(
-            f"{stop.signal}: stopping after this step, with a checkpoint (send it again to stop at once, "
-            "losing the steps since the last checkpoint)"
+            f"{stop.signal}: stopping after this step, with a checkpoint (send it again, 2 s or more later, to "
+            "stop at once, losing the steps since the last checkpoint)"
         )
 
     signals = [signal.SIGTERM]

@@ -34,6 +34,11 @@ def test_signals_stop_at_the_step_end_once_armed_and_the_handlers_come_back():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)  # the handler runs between two bytecodes of this thread
         assert stop.requested and stop.signal == "SIGINT"
+        # a launcher forwards a terminal's Ctrl-C to its workers as SIGTERM too: the same request
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert stop.signal == "SIGINT"
+        stop.at -= 5  # later: a second request, at once
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)

@@ -101,3 +101,41 @@ def test_a_stop_string_that_begins_in_the_prompt_stops_as_in_generate(tiny_llama
         len(decoder.generate([ids], max_new_tokens=8, stop_strings=[inside], eos_token_id=None).token_ids[0])
         == 8
     )
+
+
+def test_a_server_job_matches_stop_strings_in_the_reply_only(tiny_llama):
+    """OpenAI and vLLM match stop strings in the generated text only: a job without stop_context
+    (what `serve` submits) goes on where generate's prompt-straddling match stops."""
+    from headstart.inference.engine import Engine, Job
+    from headstart.inference.plain import SamplingConfig
+    from headstart.inference.stops import StopRule
+
+    target = load_target(str(tiny_llama))
+    tok = target.tokenizer
+    ids = target.chat.encode_raw("The capital of France is")
+    stop = tok.decode(ids[-2:]) + tok.decode(reference(target, ids, 1))  # prompt's end + reply's first token
+    decoder = SpeculativeDecoder(target, RandomMedusa(target.hidden_size, target.vocab_size), tree="chain:2")
+    assert (
+        len(decoder.generate([ids], max_new_tokens=20, stop_strings=[stop], eos_token_id=None).token_ids[0])
+        == 1
+    )
+    engine = Engine(decoder, SamplingConfig(max_new_tokens=1))
+    job = Job(key=0, prompt=ids, rule=StopRule(20, frozenset(), (stop,), tok))
+    engine.add([job])
+    while engine.live:
+        engine.step()
+    assert len(job.emitted) > 1
+
+
+def test_only_processors_generate_would_build_are_refused():
+    """transformers builds a processor for a count above 0 or a non-empty collection only."""
+    from types import SimpleNamespace
+
+    from headstart.target.exactness import unapplied_processors
+
+    def found(**config):
+        return unapplied_processors(SimpleNamespace(generation_config=SimpleNamespace(**config)))
+
+    assert found(min_new_tokens=0, min_length=0, sequence_bias={}, suppress_tokens=(), repetition_penalty=1.0,
+                 no_repeat_ngram_size=0, guidance_scale=1.0, bad_words_ids=None) == []  # fmt: skip
+    assert found(guidance_scale=1.5, min_new_tokens=3) == ["guidance_scale=1.5", "min_new_tokens=3"]

@@ -292,7 +292,7 @@ class SpeculativeDecoder:
         rows = [row[m].tolist() for row, m in zip(prompts.host_ids, prompts.host_valid, strict=True)]
         if streamer is not None:
             streamer.put(prompts.host_ids[0, prompts.host_valid[0]])
-        jobs = [Job(key=i, prompt=row, rule=rule) for i, row in enumerate(rows)]
+        jobs = [Job(key=i, prompt=row, rule=rule, stop_context=row) for i, row in enumerate(rows)]
         if streamer is not None:
             jobs[0].on_tokens = lambda tokens: streamer.put(torch.tensor(tokens))
         # the one continuous engine, every prompt admitted at once (a server admits as they come)

@@ -52,6 +52,9 @@ class Job:
     """Why it stopped: "stop" (an end-of-sequence id or a stop string), "length", "cancelled"."""
     cancelled: bool = False
     """Set from any thread (a client went away): the row leaves at the next step."""
+    stop_context: list[int] = field(default_factory=list)
+    """Text a stop string may begin in before the reply: `generate` passes the prompt (transformers'
+    StopStringCriteria matches over the whole sequence); OpenAI-style servers match the reply only."""
     steps: int = 0  # verify forwards the row took part in
     committed: int = 0  # tokens those forwards committed (its tau = committed / steps)
     admitted_s: float = 0.0
@@ -226,7 +229,7 @@ class Engine:
         for row, tokens, count in zip(rows, committed, counts, strict=True):
             job = self.jobs[row]
             before = len(job.emitted)
-            done = job.rule.take(job.emitted, tokens[:count], job.prompt)
+            done = job.rule.take(job.emitted, tokens[:count], job.stop_context)
             new = job.emitted[before:]
             if counted:
                 job.steps += 1

@@ -27,6 +27,7 @@ from torch import nn
 from headstart.errors import HeadstartError
 
 PROCESSORS = {  # generation_config field -> its neutral value (what changes the greedy token)
+    "guidance_scale": 1.0,
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "bad_words_ids": None,
@@ -47,8 +48,12 @@ def unapplied_processors(model: nn.Module) -> list[str]:
     found = []
     for name, neutral in PROCESSORS.items():
         value = getattr(config, name, None)
-        if value is not None and value != neutral and value != []:
-            found.append(f"{name}={value}")
+        # as transformers builds them: a count only when > 0, a collection only when non-empty
+        if value is None or value == neutral or (not isinstance(value, int | float) and not value):
+            continue
+        if name in ("min_length", "min_new_tokens", "no_repeat_ngram_size") and value <= 0:
+            continue
+        found.append(f"{name}={value}")
     return found
 
 
