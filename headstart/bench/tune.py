@@ -92,7 +92,7 @@ def tuned_file(heads_path: str | Path) -> Path:
     return folder / TUNED_FILE
 
 
-def _stored(heads_path: str | Path) -> dict[str, Any] | None:
+def stored_tune(heads_path: str | Path) -> dict[str, Any] | None:
     """The report `headstart tune` stored for the heads, if any: the newer of the user's cache
     copy (a tune of shipped or read-only heads) and the file next to them. Either may be the
     later tune: heads tuned while read-only, then again once writable, keep an older cache copy."""
@@ -112,14 +112,9 @@ def _stored(heads_path: str | Path) -> dict[str, Any] | None:
     return None
 
 
-def stored_tune(heads_path: str | Path) -> dict[str, Any] | None:
-    """The report `headstart tune` stored for the heads (what an export carries along), if any."""
-    return _stored(heads_path)
-
-
 def tuned_tree(heads_path: str | Path) -> str | None:
     """The tree stored by `headstart tune` next to the heads, if any."""
-    stored = _stored(heads_path)
+    stored = stored_tune(heads_path)
     return stored["tree"] if stored else None
 
 
@@ -128,7 +123,7 @@ def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | 
     the best tree moves with them (measured: the shipped EAGLE-3 tree, tuned at 1 thread, gave 1.04x
     at 2 threads on 4 prompts, where 1 thread gives 1.2-1.4x, because the draft's small ops
     and the host's per-step work do not speed up with threads while the target's forward does)."""
-    stored = _stored(heads_path) or {}
+    stored = stored_tune(heads_path) or {}
     then = (stored.get("device"), stored.get("threads"))
     if then == (device, threads) or None in then:
         return None

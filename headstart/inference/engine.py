@@ -211,7 +211,10 @@ class Engine:
         assert state is not None
         plain = (
             self.speculate_up_to is not None and len(self.jobs) * decoder.verify_nodes > self.speculate_up_to
-        ) or decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
+        ) or (
+            decoder.positions.limited  # most targets: no per-step lengths to gather
+            and decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
+        )
         contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
         tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
         self.plain_steps += int(plain)

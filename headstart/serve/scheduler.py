@@ -116,7 +116,6 @@ class Scheduler:
             finished = until()
             with self.wake:
                 if not self.waiting and not self._live():
-                    self.lanes.clear()  # idle lanes hold nothing a later request needs
                     if finished:
                         return
                     self.wake.wait(0.1)  # a timeout: `until` (and signals) are checked while idle
@@ -124,14 +123,14 @@ class Scheduler:
                 admit = self._admissible()
             self._admit(admit)
             for warp, engine in list(self.lanes.items()):
-                if not engine.live:
-                    del self.lanes[warp]  # one lane per distinct sampling setting: never kept idle
-                    continue
                 try:
-                    self._finish(engine.step())
+                    self._finish(engine.step())  # (an engine whose rows all left steps as a no-op)
                 except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
                     log.exception("decode step failed: %s", err)
                     self._fail_lane(warp, err)
+                    continue
+                if not engine.live:
+                    del self.lanes[warp]  # one lane per sampling setting seen: never kept idle
 
     def _live(self) -> bool:
         return any(engine.live for engine in self.lanes.values())

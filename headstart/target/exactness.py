@@ -78,9 +78,22 @@ class Positions:
     table: int | None = None  # a learned position table's size: nodes must stay below it
     switch: int | None = None  # longrope's original_max_position_embeddings: no verify may straddle it
 
+    @property
+    def limited(self) -> bool:
+        return self.table is not None or self.switch is not None
+
 
 def positions(model: nn.Module) -> Positions:
-    """The position limits a decode must respect."""
+    """The position limits a decode must respect (read once per model: a server builds a decoder
+    per batch)."""
+    found = model.__dict__.get("_headstart_positions")
+    if found is None:
+        found = _read_positions(model)
+        model.__dict__["_headstart_positions"] = found
+    return found
+
+
+def _read_positions(model: nn.Module) -> Positions:
     config = model.config
     rope = _rope(config)
     kind = rope.get("rope_type") or rope.get("type")
@@ -106,15 +119,10 @@ def positions(model: nn.Module) -> Positions:
 
 def must_step_plainly(limits: Positions, lengths: list[int], span: int) -> bool:
     """Whether a verify of up to `span` nodes past rows of these lengths (prompt + emitted) could
-    place a node past the position table or straddle longrope's switch. (Conservative by one
-    position either way: the root sits at length - 1 or length.)"""
-    if not lengths:
-        return False
-    if limits.table is not None and max(lengths) + span >= limits.table:
-        return True
-    if limits.switch is not None:
-        return max(lengths) + span >= limits.switch
-    return False
+    reach the position table's end or longrope's switch. (Conservative by one position: the root
+    sits at length - 1 or length.)"""
+    ends = [end for end in (limits.table, limits.switch) if end is not None]
+    return bool(lengths and ends) and max(lengths) + span >= min(ends)
 
 
 def context_note(limits: Positions, context: int | None) -> str | None:

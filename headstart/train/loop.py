@@ -366,14 +366,18 @@ def check_weights_finite(accelerator: Any, model: Any, step: int, ckpt_root: Pat
     between two logs poisons them): `--resume` would go on from it, and the error for the loss
     would name it as the last good one. cost: one pass over the trainable weights and a host
     sync per checkpoint; a gather with several processes (sharded weights differ per process)."""
-    bad = next(
-        (n for n, q in model.named_parameters() if q.requires_grad and not torch.isfinite(q).all()), None
+    trainable = [(n, q) for n, q in model.named_parameters() if q.requires_grad]
+    finite = (
+        torch.stack([torch.isfinite(q).all() for _, q in trainable])
+        if trainable
+        else torch.ones(1, dtype=torch.bool)
     )
-    flag = torch.tensor([bad is not None], device=accelerator.device)
+    flag = (~finite.all()).reshape(1).to(accelerator.device)  # one sync below, not one per tensor
     if accelerator.num_processes > 1:
         flag = accelerator.gather(flag)
     if not bool(flag.any()):
         return
+    bad = next((n for (n, _), ok in zip(trainable, finite.tolist(), strict=True) if not ok), None)
     from headstart.errors import HeadstartError
 
     saved = checkpoints.checkpoints(ckpt_root)
