@@ -303,6 +303,7 @@ class SpeculativeDecoder:
             engine.step()
         stats = engine.stats
         stats.batch_size, stats.target_forwards = prompts.batch, engine.target_forwards
+        stats.prefills = engine.prefills
         stats.wall_s = time.perf_counter() - start
         if streamer is not None:
             streamer.end()

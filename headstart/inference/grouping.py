@@ -23,13 +23,16 @@ def prefill_overhead_tokens(device: Any) -> int:
     return 32 if str(device).startswith("cpu") else 1024
 
 
-def split_sorted(lengths: list[int], budget: int, overhead: int) -> list[int]:
+def split_sorted(lengths: list[int], budget: int | None, overhead: int) -> list[int]:
     """Group sizes, in order, for prompts of these lengths (ascending): each group's padded
-    tokens (its last length x its rows) within `budget` (a single prompt over it goes alone), and
-    the sum of padded tokens plus `overhead` tokens per forward the least such a split gives."""
+    tokens (its last length x its rows) within `budget` (a single prompt over it goes alone; None:
+    no bound), and the sum of padded tokens plus `overhead` tokens per forward the least such a
+    split gives."""
     n = len(lengths)
     if any(a > b for a, b in zip(lengths, lengths[1:], strict=False)):
         raise ValueError("split_sorted: lengths must be in ascending order")
+    if budget is None:
+        return _split_runs(lengths, overhead)
     best = [0.0] + [float("inf")] * n  # best[i]: the cost of the first i prompts
     cut = [0] * (n + 1)  # cut[i]: where the last group of the first i prompts starts
     for end in range(1, n + 1):
@@ -49,7 +52,38 @@ def split_sorted(lengths: list[int], budget: int, overhead: int) -> list[int]:
     return sizes[::-1]
 
 
-def prefill_groups(items: Sequence[T], lengths: list[int], budget: int, overhead: int) -> list[list[T]]:
+def _split_runs(lengths: list[int], overhead: int, lookback: int = 512) -> list[int]:
+    """split_sorted without a budget, over runs of equal lengths: an unbounded split never cuts a
+    run (moving a cut's equal-length rows into the group on its left widens nothing), so the
+    programme is over distinct lengths (12,000 equal prompts: one step, not 72 million).
+    `lookback`: a group spans at most this many distinct lengths (a bound on the work)."""
+    runs: list[list[int]] = []  # [length, count]
+    for length in lengths:
+        if runs and runs[-1][0] == length:
+            runs[-1][1] += 1
+        else:
+            runs.append([length, 1])
+    d = len(runs)
+    best = [0.0] + [float("inf")] * d
+    cut = [0] * (d + 1)
+    for end in range(1, d + 1):
+        width, rows = runs[end - 1][0], 0
+        for start in range(end - 1, max(end - 1 - lookback, -1), -1):
+            rows += runs[start][1]
+            cost = best[start] + width * rows + overhead
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    sizes: list[int] = []
+    end = d
+    while end:
+        sizes.append(sum(count for _, count in runs[cut[end] : end]))
+        end = cut[end]
+    return sizes[::-1]
+
+
+def prefill_groups(
+    items: Sequence[T], lengths: list[int], budget: int | None, overhead: int
+) -> list[list[T]]:
     """`items` (sorted by their `lengths`, ascending) cut into the groups `split_sorted` picks."""
     groups, start = [], 0
     for size in split_sorted(lengths, budget, overhead):

@@ -19,30 +19,39 @@ from headstart.target import forward, new_cache, tree_attention_mask
 
 
 class SharedPrefix:
-    """The prefix last run and its batch-1 cache, kept while later groups share it."""
+    """The prefix last run and its batch-1 cache, kept while later prompts share it."""
 
     def __init__(self, target: Any, min_tokens: int = 8) -> None:
         self.target = target
         self.min_tokens = min_tokens  # 0 = never share
         self.ids: list[int] = []
         self.cache: Any = None
+        self.recent: list[int] | None = None  # the last prompt asked about: a lone newcomer's witness
 
     def pick(self, prompts: list[list[int]]) -> list[int]:
-        """The prefix most of `prompts` open with (at least `min_tokens` tokens, shared by two or
-        already run, shorter than each member), run now if it is new; [] for none."""
+        """The prefix most of `prompts` open with (at least `min_tokens` tokens, shorter than each
+        member), [] for none. The kept prefix's first n entries serve any prompt opening with its
+        first n tokens, so it is reused (in part) unless the prompts share more among themselves;
+        a new one is run when two prompts share it, the previous call's last prompt counting as
+        one (a server admitting one request at a time learns its chat template's opening)."""
         m = self.min_tokens
+        recent, self.recent = self.recent, (prompts[-1] if prompts else self.recent)
         heads = Counter(tuple(p[:m]) for p in prompts if m and len(p) > m)
         if not heads:
             return []
-        head, count = heads.most_common(1)[0]
+        head, _ = heads.most_common(1)[0]
         members = [p for p in prompts if len(p) > m and tuple(p[:m]) == head]
+        witnesses = members + ([recent] if recent is not None and tuple(recent[:m]) == head else [])
+        limit = min(len(p) for p in members) - 1  # every member keeps a token of its own to prefill
+        own = min(common_prefix(witnesses), limit) if len(witnesses) > 1 else 0
         kept = self.ids
-        if kept and all(len(p) > len(kept) and p[: len(kept)] == kept for p in members):
-            return kept
-        if count < 2:
+        if len(kept) >= m and tuple(kept[:m]) == head:
+            reuse = min(common_prefix([*members, kept]), limit)
+            if reuse >= own:
+                return kept[:reuse]
+        if own < m:
             return []
-        shared = min(common_prefix(members), min(len(p) for p in members) - 1)
-        ids = list(members[0][:shared])
+        ids = list(members[0][:own])
         cache = self._run(ids)  # first: a forward that fails leaves the kept pair as it was
         self.ids, self.cache = ids, cache
         return self.ids

@@ -37,6 +37,7 @@ class DecodeStats:
     batch_size: int = 1
     new_tokens: int = 0
     target_forwards: int = 0  # prefill + verify forwards (one batched forward counts once)
+    prefills: int = 1  # prefill forwards among them (prompts of unlike lengths prefill in groups)
     row_steps: int = 0  # verify forwards summed over live rows
     committed: int = 0  # tokens committed by verify forwards, summed over rows
     wall_s: float = 0.0

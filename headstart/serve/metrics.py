@@ -40,6 +40,7 @@ class Metrics:
         self.generation_tokens = 0
         self.row_steps = 0  # verify forwards summed over rows
         self.committed = 0  # tokens they committed
+        self.prefix_cached = 0  # prompt tokens taken from the prefix cache instead of prefilled
         self.queue_depth = 0
         self.running = 0
         self.latency = Histogram()  # request seconds, arrival to last token
@@ -77,6 +78,9 @@ class Metrics:
                 "# TYPE headstart_prompt_tokens_total counter", f"headstart_prompt_tokens_total {self.prompt_tokens}",
                 "# TYPE headstart_generation_tokens_total counter",
                 f"headstart_generation_tokens_total {self.generation_tokens}",
+                "# HELP headstart_prefix_cached_tokens_total prompt tokens copied from the prefix cache, not prefilled",
+                "# TYPE headstart_prefix_cached_tokens_total counter",
+                f"headstart_prefix_cached_tokens_total {self.prefix_cached}",
                 "# HELP headstart_tau tokens committed per target forward, bonus token included",
                 "# TYPE headstart_tau gauge", f"headstart_tau {tau:.4f}",
                 "# TYPE headstart_queue_depth gauge", f"headstart_queue_depth {self.queue_depth}",

@@ -22,6 +22,7 @@ from typing import Any
 
 from headstart.inference.engine import Engine, Job
 from headstart.inference.plain import SamplingConfig
+from headstart.inference.prefix import SharedPrefix
 
 log = logging.getLogger("headstart.serve")
 
@@ -58,9 +59,13 @@ class Ticket:
 
 class Scheduler:
     def __init__(self, make_decoder: Any, metrics: Any, max_batch: int = 8, max_queue: int = 64,
-                 speculate_up_to: int | None = None) -> None:  # fmt: skip
+                 speculate_up_to: int | None = None, prefix_cache: int = 8) -> None:  # fmt: skip
         self.make_decoder = make_decoder  # () -> SpeculativeDecoder (one per lane: its own generators)
         self.speculate_up_to = speculate_up_to  # Engine's: past it, steps are plain
+        # Prompts opening with the same >= this many tokens (the chat template's system turn) reuse
+        # one prefill of them, kept across lanes and waves (plain lanes only: inference/prefix.py)
+        self.prefix_cache = prefix_cache
+        self.prefix: SharedPrefix | None = None
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -165,16 +170,20 @@ class Scheduler:
                 # must give the same text whatever else runs beside it. cost: sampled rows
                 # speculate at every batch size (on a CPU, slower than plain steps past one row).
                 limit = self.speculate_up_to if temperature == 0 else None
-                engine = Engine(
-                    self.make_decoder(), sampling, row_seeds=temperature > 0, speculate_up_to=limit
-                )
+                decoder = self.make_decoder()
+                if self.prefix is None and self.prefix_cache:
+                    self.prefix = SharedPrefix(decoder.target, self.prefix_cache)
+                engine = Engine(decoder, sampling, row_seeds=temperature > 0, speculate_up_to=limit,
+                                prefix=self.prefix)  # fmt: skip
                 self.lanes[warp] = engine
             for ticket in group:
                 self.tickets[id(ticket.job)] = ticket
                 self.metrics.observe_wait(time.perf_counter() - ticket.queued_s)
             self.metrics.running += len(group)
             try:
+                reused = engine.prefix_reused
                 self._finish(engine.add([t.job for t in group]))
+                self.metrics.prefix_cached += engine.prefix_reused - reused
             except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
                 log.exception("admitting requests failed: %s", err)
                 self._fail_lane(warp, err)

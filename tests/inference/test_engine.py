@@ -169,3 +169,37 @@ def test_a_big_batch_steps_plainly_and_a_small_one_speculates(target):
     assert jobs[0].committed > jobs[0].steps  # the lone row committed more than one token a step
     for job, ids, n in zip(jobs, prompts, lengths, strict=True):
         assert job.emitted == alone(target, None, None, ids, n)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "none"])
+def test_newcomers_of_mixed_lengths_prefill_in_length_groups(target, kind):
+    """A wave of one long and several short prompts is cut into length groups (padding the short
+    ones to the long one costs more than another forward); every reply is still its greedy one."""
+    heads = heads_of(kind, target)
+    tree = "static" if heads is not None else None
+    long = target.chat.user_prompt_ids(" ".join(["a long prompt about the sea and the sky"] * 12))
+    short = [target.chat.user_prompt_ids(p) for p in ("hello there", "a", "hi you")]
+    prompts = [short[0], long, short[1], short[2]]
+    engine = Engine(SpeculativeDecoder(target, heads, tree=tree), SamplingConfig(max_new_tokens=64))
+    jobs = [Job(key=i, prompt=p, rule=StopRule(9)) for i, p in enumerate(prompts)]
+    engine.add(jobs)
+    lengths = sorted(len(p) for p in prompts)
+    assert engine.prefills == 2, lengths  # the long prompt alone, the short ones together
+    while engine.live:
+        engine.step()
+    for i, job in enumerate(jobs):
+        assert job.emitted == alone(target, heads, tree, prompts[i], 9), (kind, i)
+
+
+def test_a_seeded_batch_drawn_over_several_prefills_does_not_repeat_its_draws(target):
+    """`generate`'s one seeded generator for the batch: each prefill group goes on drawing from it
+    (a fresh one per group, seeded alike, gave every group the same first tokens)."""
+    prompt = target.chat.user_prompt_ids("hello there")
+    decoder = SpeculativeDecoder(target, heads_of("eagle3", target), tree="static")
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=3)
+    engine = Engine(decoder, sampling, prefill_tokens=2 * len(prompt))
+    jobs = [Job(key=i, prompt=prompt, rule=StopRule(4)) for i in range(8)]
+    engine.add(jobs)
+    assert engine.prefills == 4
+    firsts = {(jobs[i].emitted[0], jobs[i + 1].emitted[0]) for i in range(0, 8, 2)}
+    assert len(firsts) > 1, firsts

@@ -71,3 +71,16 @@ def test_prefill_groups_cut_the_items_as_split_sorted_says():
     items = ["a", "b", "c", "long"]
     assert prefill_groups(items, [20, 20, 20, 240], budget=4096, overhead=32) == [["a", "b", "c"], ["long"]]
     assert prefill_groups([], [], budget=10, overhead=0) == []
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_without_a_budget_the_split_is_the_cheapest_and_fast_on_equal_lengths(seed):
+    rng = random.Random(seed)
+    lengths = sorted(rng.choice([5, 9, 40, 41, 300]) for _ in range(rng.randint(1, 10)))
+    overhead = rng.choice([0, 8, 32, 500])
+    sizes = split_sorted(lengths, None, overhead)
+    assert sum(sizes) == len(lengths)
+    assert cost(lengths, sizes, overhead) == min(
+        cost(lengths, s, overhead) for s in every_split(len(lengths))
+    )
+    assert split_sorted([5] * 12_000, None, 32) == [12_000]  # one run: no quadratic programme

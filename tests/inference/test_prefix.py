@@ -71,3 +71,27 @@ def test_a_prompt_without_the_prefix_does_not_stop_the_others_sharing_it(tmp_pat
     assert stats.prefix_reused >= 6 * 8  # the six chat prompts shared their opening
     for i, reference in alone.items():
         assert got[i] == reference[: len(got[i])], i
+
+
+def test_the_kept_prefix_is_learnt_from_lone_prompts_and_reused_in_part(tmp_path):
+    """A server admits one request at a time: the previous prompt is the witness a lone one needs
+    to find the opening they share; later prompts that share only part of the kept prefix take
+    its first entries (no forward); prompts sharing more among themselves get a new one."""
+    from headstart.inference.prefix import SharedPrefix
+
+    path = make_target_dir(tmp_path, "llama", seed=11, **FAMILIES["llama"])
+    target = load_target(str(path), device="cpu", dtype="float32")
+    prefix = SharedPrefix(target, min_tokens=4)
+    runs = []
+    real_run = prefix._run
+    prefix._run = lambda ids: runs.append(list(ids)) or real_run(ids)
+    opening = list(range(10, 30))
+    assert prefix.pick([[*opening, 1, 2, 3]]) == []  # nothing to compare with yet
+    # the previous prompt is the witness
+    assert prefix.pick([[*opening, 1, 7]]) == [*opening, 1] and len(runs) == 1
+    assert prefix.pick([[*opening[:6], 99, 98]]) == opening[:6] and len(runs) == 1  # in part: no forward
+    other = list(range(40, 60))
+    assert prefix.pick([[*other, 5], [*other, 6]]) == other and len(runs) == 2  # another opening
+    assert prefix.pick([[*other[:3], 1, 2, 3]]) == []  # under min_tokens in common: none
+    rows = prefix.rows(6, 2)
+    assert rows.layers[0].keys.shape[2] == 6  # the first 6 entries of the kept 20, per row

@@ -376,3 +376,31 @@ def test_distill_through_headstart_serve_writes_the_in_process_records(server, t
     for index in local:
         assert served[index]["input_ids"] == local[index]["input_ids"], index
         assert served[index]["messages"] == local[index]["messages"]
+
+
+def test_a_plain_server_prefills_a_shared_opening_once_and_replies_as_generate(tiny_llama, tmp_path):
+    """Without heads, requests that open alike (a chat template's system turn, here a long common
+    instruction) reuse one prefill of the opening, also one request at a time, and each greedy
+    reply is still transformers' `generate`'s (`generate --no-heads`)."""
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    srv = Server(tiny_llama, None, tmp_path, "--max-batch", "4")
+    try:
+        client = srv.client()
+        opening = "Please answer the following question carefully and briefly, in one sentence: "
+        for i, question in enumerate(["what is the sea?", "why is the sky blue?", "count to three"]):
+            messages = [{"role": "user", "content": opening + question}]
+            reply = client.chat.completions.create(
+                model=srv.model, messages=messages, max_tokens=12, temperature=0
+            )
+            ids = torch.tensor([target.chat.prompt_ids(messages)])
+            out = target.model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+            assert reply.choices[0].message.content == target.tokenizer.decode(
+                out[0, ids.shape[1] :], skip_special_tokens=True
+            ), i
+        cached = [line for line in http("GET", f"{srv.url}/metrics")[1].splitlines()
+                  if line.startswith("headstart_prefix_cached_tokens_total ")]  # fmt: skip
+        assert cached and int(cached[0].split()[1]) >= 2 * 8, cached  # the 2nd and 3rd took the opening
+    finally:
+        assert srv.stop() == 0, srv.output()
