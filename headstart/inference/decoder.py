@@ -60,6 +60,7 @@ class SpeculativeDecoder:
             heads.bind(target.model)
         probe = make_drafter(heads, target.vocab_size)
         self.max_depth = probe.max_depth
+        self.feature_layers: tuple[int, ...] = tuple(probe.feature_layers)  # the target layers it reads
         base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
         # positions a verify must not straddle or pass (target/exactness.py)
         self.positions = positions(target.model)
@@ -104,13 +105,16 @@ class SpeculativeDecoder:
                 prefix: tuple[Any, int] | None = None) -> DecodeState:  # fmt: skip
         """`prefix`: (a SharedPrefix, n) whose first n tokens every prompt opens with and `prompts`
         holds the rest of: the cache starts with its entries per row and the forward runs only
-        the rest (plain decoding, uncaptured: a drafter reads features of every position)."""
+        the rest; the drafter observes the whole prompt, the prefix's features from its kept
+        ones (uncaptured: a captured verify adopts a cache of its own making)."""
         model = self.target.model
         ids, valid = prompts.ids, prompts.valid  # (B, T): after the prefix, left-padded
         steps = ids.shape[1]
         shared = prefix[1] if prefix is not None else 0
-        if shared and (drafter.feature_layers or self.captured is not None):
-            raise ValueError("a shared prefix is for plain, uncaptured decoding")
+        if shared and self.captured is not None:
+            raise ValueError("a shared prefix is for uncaptured decoding")
+        if shared and not set(drafter.feature_layers) <= set(prefix[0].layers):  # type: ignore[index]
+            raise ValueError("the shared prefix did not keep the layers this drafter reads")
         before = valid.new_ones(ids.shape[0], shared)  # the prefix: every row sees it
         positions = (torch.cat([before, valid], 1).long().cumsum(1) - 1).clamp_min(0)[:, shared:]
         mask = None  # rows of one length: transformers' causal masks, sdpa's is_causal fast path
@@ -133,11 +137,18 @@ class SpeculativeDecoder:
         feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
                         layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip
         root = self._choose(feats.logits[:, -1], sampling)  # (B,)
-        last = torch.full_like(root, steps - 1)
-        drafter.observe(
-            feats.last_hidden, feats.layers, torch.cat([ids[:, 1:], root[:, None]], 1), positions, valid, last
-        )
         visible = torch.cat([before, valid], 1)
+        seen = valid  # the positions the drafter observes
+        if shared and self.heads is not None:  # a drafter reads the prefix's positions too
+            assert prefix is not None
+            feats, ids, positions = _after_prefix(prefix[0], shared, feats, ids, positions)
+            seen = visible
+        next_tokens = torch.cat([ids[:, 1:], root[:, None]], 1)
+        if seen is visible:  # padding sits between the prefix and each row's rest: the prefix's
+            lead = shared + steps - valid.sum(1)  # last token is followed by the row's first own one
+            next_tokens[:, shared - 1] = ids.gather(1, lead[:, None])[:, 0]
+        last = torch.full_like(root, ids.shape[1] - 1)
+        drafter.observe(feats.last_hidden, feats.layers, next_tokens, positions, seen, last)
         return DecodeState(cache, visible, visible.sum(1), root, list(range(ids.shape[0])))
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
@@ -313,6 +324,25 @@ class SpeculativeDecoder:
         stats.per_row_committed = [job.committed for job in jobs]
         stats.new_tokens = sum(stats.per_row_tokens)
         return GenerateOutput(emitted, prompts.sequences(emitted, pad_id), stats)
+
+
+def _after_prefix(prefix: Any, shared: int, feats: Features, ids: torch.Tensor,
+                  positions: torch.Tensor) -> tuple[Features, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The rest's features, ids and positions (B, T) behind the kept prefix's first `shared`
+    (B, shared + T): what a drafter observes when the whole prompt was prefilled."""
+    rows = ids.shape[0]
+
+    def widen(kept: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+        return torch.cat([kept[:, :shared].expand(rows, *[-1] * (kept.dim() - 1)), rest], 1)
+
+    kept = prefix.features
+    layers = {i: widen(kept.layers[i], x) for i, x in feats.layers.items()}
+    whole = Features(
+        logits=feats.logits, last_hidden=widen(kept.last_hidden, feats.last_hidden), layers=layers
+    )
+    head = torch.tensor([prefix.ids[:shared]], dtype=ids.dtype, device=ids.device)
+    start = torch.arange(shared, device=positions.device)[None].expand(rows, -1)
+    return whole, widen(head, ids), torch.cat([start, positions], 1)
 
 
 def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:

@@ -71,15 +71,13 @@ class Engine:
         # Newcomers are prefilled in groups of like length (inference/grouping.py), each of at most
         # this many padded tokens when given (a bound on a prefill's memory); None: no bound
         self.prefill_tokens = prefill_tokens
-        # Plain and uncaptured only (a drafter reads every position's features): newcomers that
-        # open with the same >= this many tokens prefill them once (inference/prefix.py); 0 = off.
-        # `prefix`: one kept by the caller across engines (a server's lanes come and go)
-        usable = (
-            decoder.heads is None and decoder.captured is None and (shared_prefix > 0 or prefix is not None)
-        )
-        if prefix is None and usable:
-            prefix = SharedPrefix(decoder.target, shared_prefix)
-        self.prefix = prefix if usable else None
+        # Newcomers that open with the same >= this many tokens prefill them once (inference/
+        # prefix.py; 0 = off); uncaptured only. `prefix`: one kept by the caller across engines (a
+        # server's lanes come and go), usable if it keeps the layers this decoder's drafter reads
+        if prefix is None and shared_prefix > 0:
+            prefix = SharedPrefix(decoder.target, shared_prefix, layers=decoder.feature_layers)
+        usable = prefix is not None and decoder.captured is None
+        self.prefix = prefix if usable and set(decoder.feature_layers) <= set(prefix.layers) else None
         self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
         # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
         # a step is plain (the root alone; the drafter still observes). On a CPU a verify's cost

@@ -5,7 +5,9 @@ ShareGPT first turn), and a prefill's cost is its tokens: the prefix runs once (
 cache entries are copied to every row of a group, whose prefill then runs only the rest. Its
 entries come from a batch-1 forward rather than each row's own, so they may differ in the last
 float bits (as batching does). Used by distillation's continuous batcher and by the engine's
-plain (no heads) admissions.
+admissions (`headstart serve` keeps one across requests). With draft heads the target layers
+they read are kept over the prefix too: the drafter still observes every position of the prompt
+(its own pass over the prefix is per row, and cheap: one draft layer against the target's all).
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from headstart.target import forward, new_cache, tree_attention_mask
 class SharedPrefix:
     """The prefix last run and its batch-1 cache, kept while later prompts share it."""
 
-    def __init__(self, target: Any, min_tokens: int = 8) -> None:
+    def __init__(self, target: Any, min_tokens: int = 8, layers: tuple[int, ...] = ()) -> None:
         self.target = target
         self.min_tokens = min_tokens  # 0 = never share
+        # the target layers a draft head reads: their outputs over the prefix are kept too, so a
+        # drafter observes the whole prompt while the target runs only the rest
+        self.layers = tuple(layers)
         self.ids: list[int] = []
         self.cache: Any = None
+        self.features: Any = None  # target/features.py's Features over `ids` (batch 1)
         self.recent: list[int] | None = None  # the last prompt asked about: a lone newcomer's witness
 
     def pick(self, prompts: list[list[int]]) -> list[int]:
@@ -52,8 +58,8 @@ class SharedPrefix:
         if own < m:
             return []
         ids = list(members[0][:own])
-        cache = self._run(ids)  # first: a forward that fails leaves the kept pair as it was
-        self.ids, self.cache = ids, cache
+        cache, features = self._run(ids)  # first: a forward that fails leaves the kept prefix as it was
+        self.ids, self.cache, self.features = ids, cache, features
         return self.ids
 
     def rows(self, shared: int, rows: int, reserve: int = 0) -> Any:
@@ -70,16 +76,16 @@ class SharedPrefix:
             layer.values = src.values[:, :, :shared].expand(rows, -1, -1, -1)
         return own
 
-    def _run(self, ids: list[int]) -> Any:
-        """The target's cache after `ids` alone (batch 1, causal)."""
+    def _run(self, ids: list[int]) -> tuple[Any, Any]:
+        """The target's cache after `ids` alone (batch 1, causal), and its features there."""
         device = self.target.device
         causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril()
         mask = tree_attention_mask(causal[:1, :0], causal, self.target.dtype)  # (1, 1, n, n)
         cache = new_cache(self.target.model)
-        forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
-                position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
-                logits_to_keep=1)  # fmt: skip
-        return cache
+        features = forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
+                           position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
+                           layers=self.layers, logits_to_keep=1)  # fmt: skip
+        return cache, features
 
 
 def common_prefix(prompts: list[list[int]]) -> int:

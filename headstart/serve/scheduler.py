@@ -63,7 +63,7 @@ class Scheduler:
         self.make_decoder = make_decoder  # () -> SpeculativeDecoder (one per lane: its own generators)
         self.speculate_up_to = speculate_up_to  # Engine's: past it, steps are plain
         # Prompts opening with the same >= this many tokens (the chat template's system turn) reuse
-        # one prefill of them, kept across lanes and waves (plain lanes only: inference/prefix.py)
+        # one prefill of them, kept across lanes and waves (inference/prefix.py)
         self.prefix_cache = prefix_cache
         self.prefix: SharedPrefix | None = None
         self.metrics = metrics
@@ -171,8 +171,10 @@ class Scheduler:
                 # speculate at every batch size (on a CPU, slower than plain steps past one row).
                 limit = self.speculate_up_to if temperature == 0 else None
                 decoder = self.make_decoder()
-                if self.prefix is None and self.prefix_cache:
-                    self.prefix = SharedPrefix(decoder.target, self.prefix_cache)
+                if self.prefix is None and self.prefix_cache:  # every lane's decoder has the same heads
+                    self.prefix = SharedPrefix(
+                        decoder.target, self.prefix_cache, layers=decoder.feature_layers
+                    )
                 engine = Engine(decoder, sampling, row_seeds=temperature > 0, speculate_up_to=limit,
                                 prefix=self.prefix)  # fmt: skip
                 self.lanes[warp] = engine

@@ -95,3 +95,56 @@ def test_the_kept_prefix_is_learnt_from_lone_prompts_and_reused_in_part(tmp_path
     assert prefix.pick([[*other[:3], 1, 2, 3]]) == []  # under min_tokens in common: none
     rows = prefix.rows(6, 2)
     assert rows.layers[0].keys.shape[2] == 6  # the first 6 entries of the kept 20, per row
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash", "medusa"])
+def test_a_drafter_after_a_shared_prefix_sees_the_whole_prompt(tmp_path, kind):
+    """With draft heads the target runs only each prompt's rest after the kept prefix, and the
+    drafter still observes the whole prompt: its first drafts equal those after whole-prompt
+    prefills (the prefix's last token paired with each row's own next token, not the padding
+    between them), and every reply is `generate`'s alone."""
+    from random_heads import RandomEagle, RandomMedusa
+
+    from headstart.heads import HeadSpec, build_head
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.engine import Engine, Job
+    from headstart.inference.stops import StopRule
+
+    path = make_target_dir(tmp_path, "llama", seed=11, **FAMILIES["llama"])
+    target = load_target(str(path), device="cpu", dtype="float32")
+    if kind == "medusa":
+        heads = RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
+    elif kind == "dflash":
+        counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+        heads = build_head(
+            HeadSpec(kind="dflash", block_size=4, draft_vocab_size=100), target, token_counts=counts
+        )
+    else:
+        heads = RandomEagle(target.model, draft_vocab=100 if kind == "eagle3" else None,
+                            layers=(0, 1) if kind == "eagle3" else ())  # fmt: skip
+    opening = "Please answer the following question carefully: "
+    prompts = [target.chat.user_prompt_ids(opening + q) for q in ("why?", "what is the sea", "say hi twice")]
+
+    def first_drafts(shared_prefix: int) -> tuple[torch.Tensor, Engine, list[Job]]:
+        engine = Engine(SpeculativeDecoder(target, heads, tree="static"), SamplingConfig(max_new_tokens=8),
+                        shared_prefix=shared_prefix, prefill_tokens=10_000)  # fmt: skip
+        jobs = [Job(key=i, prompt=p, rule=StopRule(10)) for i, p in enumerate(prompts)]
+        engine.add(jobs)
+        return engine.drafter.root_logits().clone(), engine, jobs
+
+    shared, engine, jobs = first_drafts(4)
+    whole, other, _ = first_drafts(0)
+    assert engine.prefix_reused > 0 and other.prefix_reused == 0 and engine.prefills == 1
+    torch.testing.assert_close(shared, whole, rtol=1e-4, atol=1e-4)
+    engine.step()
+    reused = engine.prefix_reused
+    late = Job(key=3, prompt=target.chat.user_prompt_ids("Please answer this: why not?"), rule=StopRule(10))
+    engine.add([late])  # opens with part of the kept prefix only: its first entries serve
+    assert engine.prefix_reused > reused
+    jobs.append(late)
+    while engine.live:
+        engine.step()
+    for job in jobs:
+        alone = SpeculativeDecoder(target, heads, tree="static").generate([job.prompt], max_new_tokens=10,
+                                                                          eos_token_id=None)  # fmt: skip
+        assert job.emitted == alone.token_ids[0], job.key
