@@ -99,7 +99,7 @@ def dflash_features(args: argparse.Namespace, out: Path, config: dict) -> None:
                 block = head.draft_block(
                     full[:, a], torch.tensor([a]), torch.ones(1, a, dtype=torch.bool), cache
                 )
-                drafts[a] = head.logits(block[0, 1:]).argmax(-1)
+                drafts[a] = head.draft_to_target(head.logits(block[0, 1:]).argmax(-1))
         tensors[f"{n}.ids"] = full[0]
         tensors[f"{n}.hidden"] = torch.cat([states[i][0] for i in aux], dim=-1)  # (T, A*H)
         tensors[f"{n}.start"] = torch.tensor(len(prompt))
@@ -138,9 +138,11 @@ def inner_dflash(args: argparse.Namespace) -> None:
     bad = loading_problems(model, args.export)
     data = load_file(args.features)
     model = model.float().eval()
+    reduced = model.d2t is not None  # a draft vocabulary: its own lm_head rows, ids mapped by d2t
     with torch.no_grad():  # the target's, as vLLM shares them (the verifier is not reachable here)
         model.embed_tokens.weight.copy_(data["embed"])
-        model.lm_head.weight.copy_(data["lm_head"])
+        if not reduced:
+            model.lm_head.weight.copy_(data["lm_head"])
     size = model.block_size
     same = torch.zeros(size - 1)
     hits = torch.zeros(size - 1)
@@ -158,7 +160,10 @@ def inner_dflash(args: argparse.Namespace) -> None:
             )  # fmt: skip
         real = int(loss_mask[0, :-size].sum())  # select_anchors: every allowed anchor first, then padding
         anchors = blocks[::size][:real]
-        drafts = logits[0].argmax(-1).view(-1, size)[:real, 1:]  # (N, S-1)
+        drafts = logits[0].argmax(-1)
+        if reduced:
+            drafts = drafts + model.d2t[drafts]  # draft ids -> target ids
+        drafts = drafts.view(-1, size)[:real, 1:]  # (N, S-1)
         for slot in range(size - 1):
             at = anchors + 1 + slot
             inside = at < length

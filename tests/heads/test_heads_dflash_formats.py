@@ -67,10 +67,12 @@ def test_dflash_export_import_round_trip(llama_target, tmp_path, fmt):
     assert _decode(llama_target, loaded) == _decode(llama_target, head)
 
 
-def test_a_draft_vocabulary_is_not_exported(llama_target, tmp_path, caplog):
-    """Every runtime drafts over the target's lm_head: the export is full-vocabulary (and says
-    that engines may draft less well: tokens outside the draft vocabulary were never trained
-    down), and the imported head drafts over every token (identical greedy output either way)."""
+def test_a_draft_vocabulary_goes_out_whole_to_z_lab_and_as_is_to_speculators(llama_target, tmp_path, caplog):
+    """z-lab's layout (llama.cpp's reader) has no draft vocabulary: the export is full-vocabulary
+    and says engines may draft less well (tokens outside it were never trained down); the
+    imported head drafts over every token. speculators' layout keeps it as speculators saves one
+    (`lm_head.weight`: the target lm_head's rows, `d2t`, `t2d`), and the head comes back with the
+    same drafts. Greedy output is `generate`'s every way."""
     head = _trained_like(llama_target, vocab=60)
     out = export_heads(head, "dflash", tmp_path / "x", dtype="float32")
     assert "drafts over 60 of" in caplog.text
@@ -84,6 +86,21 @@ def test_a_draft_vocabulary_is_not_exported(llama_target, tmp_path, caplog):
         [llama_target.chat.user_prompt_ids("hello there")], max_new_tokens=16, eos_token_id=None
     )
     assert got.token_ids[0] == reference[0, -16:].tolist()
+    caplog.clear()
+    for dtype in ("float32", "bfloat16"):
+        out = export_heads(head, "speculators", tmp_path / dtype, dtype=dtype)
+        assert "drafts over" not in caplog.text
+        config = json.loads((out / "config.json").read_text())
+        weights = load_file(str(out / "model.safetensors"))
+        assert config["draft_vocab_size"] == 60 and weights["lm_head.weight"].shape == (
+            60,
+            llama_target.hidden_size,
+        )
+        assert torch.equal(weights["d2t"] + torch.arange(60), head.draft_ids()) and weights["t2d"].sum() == 60
+        loaded = load_heads(out, llama_target)
+        assert loaded.has_draft_vocab and torch.equal(loaded.draft_ids(), head.draft_ids())
+        if dtype == "float32":
+            assert _decode(llama_target, loaded) == _decode(llama_target, head)  # the same drafts
 
 
 def test_dflash_formats_refuse_other_heads_and_other_heads_refuse_dflash(llama_target, tmp_path):
@@ -104,7 +121,8 @@ def test_dflash_formats_refuse_other_heads_and_other_heads_refuse_dflash(llama_t
         (lambda c, w: c.update(hidden_size=32), "hidden size 32"),
         (lambda c, w: c.update(model_type="llama"), "llama draft layers"),
         (lambda c, w: w.pop("layers.1.mlp.up_proj.weight"), "missing"),
-        (lambda c, w: w.update(d2t=torch.zeros(3, dtype=torch.long)), "own draft vocabulary"),
+        (lambda c, w: w.update(d2t=torch.zeros(3, dtype=torch.long)), "incomplete draft vocabulary"),
+        (lambda c, w: w.update(**{"lm_head.weight": torch.randn(288, 64)}), "lm_head of its own"),
         (lambda c, w: c["dflash_config"].update(mask_token_id=10**6), "mask token"),
         # z-lab's newer drafts mix sliding layers (causal in the block, windowed context)
         (

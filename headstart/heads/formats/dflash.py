@@ -22,19 +22,22 @@ CONFIG_JUNK = ("architectures", "transformers_version", "_name_or_path", "auto_m
                "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id")  # fmt: skip
 
 
-def check_exportable(head: Any, fmt: str) -> HeadConfig:
+def check_exportable(head: Any, fmt: str, draft_vocab: bool = False) -> HeadConfig:
+    """The head's config, if it is a DFlash head. `draft_vocab`: the format holds a draft
+    vocabulary (speculators' d2t/t2d and reduced lm_head); else a reduced one is exported whole."""
     config: HeadConfig = head.config
     if config.kind != "dflash":
         raise HeadstartError(
             f"the {fmt} format holds DFlash block drafters, not {config.kind} heads",
             "export EAGLE-3 heads with --format speculators or eagle, Medusa heads with --format medusa",
         )
-    if config.draft_vocab_size and config.draft_vocab_size < config.vocab_size:
+    if not draft_vocab and config.draft_vocab_size and config.draft_vocab_size < config.vocab_size:
         # cost of the full-vocabulary layout: tokens outside the draft vocabulary were never
         # trained down, and the engines' argmax over every lm_head row may pick them
         log.warning(
             "warning: this DFlash head drafts over %d of %d tokens in headstart; the %s export drafts over "
-            "all of them, so an engine may draft (and accept) somewhat less than headstart does",
+            "all of them, so an engine may draft (and accept) somewhat less than headstart does "
+            "(--format speculators keeps the draft vocabulary)",
             config.draft_vocab_size, config.vocab_size, fmt,
         )  # fmt: skip
     return config
@@ -49,10 +52,49 @@ def layer_config(head: Any) -> dict[str, Any]:
     return data
 
 
-def state(head: Any) -> dict[str, torch.Tensor]:
-    """The weights every DFlash runtime reads: full vocabulary (a headstart draft vocabulary is a
-    drafting choice over the target's lm_head rows, not part of the checkpoint)."""
-    return {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
+def state(head: Any, draft_vocab: bool = False) -> dict[str, torch.Tensor]:
+    """The weights a DFlash runtime reads. Full vocabulary: the draft layers alone (the engine
+    uses the target's lm_head). `draft_vocab` and a head with one: also speculators' maps and
+    `lm_head.weight`, the target lm_head's rows of the draft vocabulary (Vd, H), which is what
+    headstart drafts through (the engine then ranks those Vd tokens only, as headstart does)."""
+    weights = {k: v for k, v in head.state_dict().items() if k not in ("d2t", "t2d")}
+    if draft_vocab and head.has_draft_vocab:
+        lm_head = head.bound("lm_head").weight
+        weights |= {
+            "d2t": head.d2t,
+            "t2d": head.t2d,
+            "lm_head.weight": lm_head[head.draft_ids().to(lm_head.device)],
+        }
+    return weights
+
+
+def draft_vocab_of(directory: Path, weights: dict[str, torch.Tensor], target: Any) -> int:
+    """The draft vocabulary size of a checkpoint's own lm_head (its d2t/t2d maps and reduced
+    rows), which headstart takes only as rows of the target's lm_head: the full size without one."""
+    if "d2t" not in weights and "lm_head.weight" not in weights:
+        return target.vocab_size
+    rows = weights.get("lm_head.weight")
+    d2t, t2d = weights.get("d2t"), weights.get("t2d")
+    own = target.model.get_output_embeddings().weight.detach().cpu()
+    if rows is None or (rows.shape[0] < target.vocab_size) != (d2t is not None and t2d is not None):
+        raise HeadstartError(
+            f"{directory} has an incomplete draft vocabulary (needs lm_head.weight with d2t and t2d, or "
+            "a full-vocabulary lm_head alone)",
+            "restore or re-download the checkpoint",
+        )
+    ids = torch.arange(rows.shape[0]) + d2t.cpu().long() if d2t is not None else torch.arange(rows.shape[0])
+    fits = rows.shape[1] == own.shape[1] and bool((ids >= 0).all() and (ids < own.shape[0]).all())
+    if t2d is not None and fits:
+        fits = t2d.shape[0] == own.shape[0] and torch.equal(
+            t2d.cpu().bool().nonzero()[:, 0], ids.sort().values
+        )
+    if not fits or not torch.equal(own[ids].to(rows.dtype), rows.cpu()):
+        raise HeadstartError(
+            f"{directory} has an lm_head of its own, not rows of this target's: headstart drafts DFlash "
+            "blocks through the target's lm_head",
+            "use a DFlash head whose lm_head is the target's (or its draft-vocabulary rows)",
+        )
+    return int(rows.shape[0])
 
 
 def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: int, mask_token_id: int,
@@ -90,12 +132,10 @@ def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: in
             "restore or re-download the checkpoint",
         )
     weights = {k: v for k, v in read_weights(directory).items() if not k.startswith("verifier_")}
-    if "d2t" in weights or "lm_head.weight" in weights:
-        raise HeadstartError(
-            f"{directory} has its own draft vocabulary (lm_head, d2t): headstart runs DFlash heads over the "
-            "target's lm_head",
-            "use a full-vocabulary DFlash head",
-        )
+    draft_vocab = draft_vocab_of(directory, weights, target)
+    weights.pop("lm_head.weight", None)  # the target's rows (checked): drafted through the target's own
+    if draft_vocab == target.vocab_size:
+        weights.pop("d2t", None), weights.pop("t2d", None)
     layers = int(layer.get("num_hidden_layers", 0))
     config = HeadConfig(
         kind="dflash",
@@ -107,6 +147,7 @@ def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: in
         feature_layers=list(feature_layers),
         block_size=block_size,
         mask_token_id=mask_token_id,
+        draft_vocab_size=draft_vocab,
         draft_config=layer | {"model_type": DRAFT_ARCH},
         training={"imported_from": f"{directory} ({fmt})"},
     )

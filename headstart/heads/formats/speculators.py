@@ -3,7 +3,8 @@
 `speculators_config` naming the verifier. `vllm serve DIR` takes the directory as it is. Model
 types: eagle3 (weights as the reference release's with `midlayer.` -> `layers.0.`) and dflash
 (`fc`, `hidden_norm`, `layers.N.*`, `norm`; the block size, mask token and aux-layer ids in the
-config; full attention, so the block is bidirectional)."""
+config; full attention, so the block is bidirectional; a draft vocabulary as `lm_head.weight`,
+the target lm_head's rows, with `d2t`/`t2d`, as speculators saves one)."""
 
 from __future__ import annotations
 
@@ -69,14 +70,15 @@ def speculators_config(config: HeadConfig, algorithm: str, tokens: int, verifier
 
 
 def dflash_export(head: Any, verifier: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    config = dflash.check_exportable(head, "speculators")
+    config = dflash.check_exportable(head, "speculators", draft_vocab=True)
     layer = dflash.layer_config(head)
+    vocab = config.draft_vocab_size or config.vocab_size
     speculators = {
         "architectures": ["DFlashDraftModel"],  # what speculators' own save_pretrained writes
         "speculators_model_type": "dflash",
         "speculators_version": "0.9.0",
         "transformer_layer_config": layer,
-        "draft_vocab_size": config.vocab_size,  # full: the target's lm_head, no d2t/t2d
+        "draft_vocab_size": vocab,  # reduced: lm_head (the target's rows), d2t and t2d written too
         "target_hidden_size": config.hidden_size,
         "aux_hidden_state_layer_ids": eagle3.aux_ids(config),
         "block_size": config.block_size,
@@ -86,7 +88,7 @@ def dflash_export(head: Any, verifier: str) -> tuple[dict[str, Any], dict[str, A
         "tie_word_embeddings": False,
         "speculators_config": speculators_config(config, "dflash", config.block_size - 1, verifier),
     }
-    return speculators, dflash.state(head)
+    return speculators, dflash.state(head, draft_vocab=True)
 
 
 def load(directory: Path, config: dict[str, Any], target: Any) -> Any:
