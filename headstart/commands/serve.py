@@ -54,8 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=8,
         metavar="TOKENS",
         help="requests whose prompts open with the same >= TOKENS tokens (a chat template's system turn) "
-        "reuse one prefill of them, kept across requests; decoding without heads only (a draft head "
-        "reads every position); 0: off (default: 8)",
+        "reuse one prefill of them, kept across requests (with heads, the target layers they read are "
+        "kept too); 0: off (default: 8)",
     )
 
 

@@ -95,8 +95,9 @@ def draft_layers_config(config: HeadConfig) -> Any:
 class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
     """The block drafter (module docstring). Bound to the target's embeddings and lm_head (not
     saved). With a draft vocabulary, training scores and drafting proposes only its Vd tokens,
-    through those rows of the target's lm_head (Medusa's arrangement): the checkpoint stays a
-    full-vocabulary DFlash head, as every runtime expects."""
+    through those rows of the target's lm_head (Medusa's arrangement): the checkpoint holds no
+    lm_head of its own (the speculators export writes those rows out, with d2t/t2d, as speculators
+    saves a reduced vocabulary)."""
 
     kind = "dflash"
 

@@ -76,7 +76,8 @@ class Engine:
         # server's lanes come and go), usable if it keeps the layers this decoder's drafter reads
         if prefix is None and shared_prefix > 0:
             prefix = SharedPrefix(decoder.target, shared_prefix, layers=decoder.feature_layers)
-        usable = prefix is not None and decoder.captured is None
+        # a drafter object takes one prefill (`_splittable`); a prefix may split a group in two
+        usable = prefix is not None and decoder.captured is None and self._splittable()
         self.prefix = prefix if usable and set(decoder.feature_layers) <= set(prefix.layers) else None
         self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
         # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
@@ -344,7 +345,7 @@ class EngineBatcher:
         self.max_batch = max_batch
         self.admit_every = max(1, min(admit_every, max_batch))
         self.prefill_tokens = prefill_tokens
-        self.shared_prefix = shared_prefix  # plain decoding: a prefix the prompts share runs once
+        self.shared_prefix = shared_prefix  # a prefix the prompts share runs once (inference/prefix.py)
         self.stats = EngineStats()
         self.make_decoder = lambda: SpeculativeDecoder(target, heads, tree=tree)
 

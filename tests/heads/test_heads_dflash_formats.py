@@ -149,3 +149,23 @@ def test_feature_layers_must_increase(llama_target):
     for layers in ([4, 1, 2], [2, 2, 4]):
         with pytest.raises(HeadstartError, match="must be increasing"):
             HeadSpec(kind="dflash", feature_layers=layers)
+
+
+def test_a_draft_vocabulary_export_loads_into_the_target_at_another_dtype(llama_target, tiny_llama, tmp_path):
+    """The exported lm_head rows are the target's rounded to the export's dtype: a target loaded in
+    bf16 or float16 reads them back (equal within the coarser rounding), and a d2t of the wrong
+    length is one line."""
+    from headstart.target import load_target
+
+    head = _trained_like(llama_target, vocab=60)
+    for dtype in ("float32", "bfloat16"):
+        out = export_heads(head, "speculators", tmp_path / dtype, dtype=dtype)
+        for loaded_as in ("bfloat16", "float16"):
+            other = load_target(str(tiny_llama), dtype=loaded_as)
+            assert load_heads(out, other).has_draft_vocab, (dtype, loaded_as)
+    weights = load_file(str(out / "model.safetensors"))
+    weights["d2t"] = weights["d2t"][:-1]
+    save_file(weights, str(out / "model.safetensors"))
+    with pytest.raises(HeadstartError, match="incomplete draft vocabulary") as err:
+        load_heads(out, llama_target)
+    assert "\n" not in err.value.one_line()

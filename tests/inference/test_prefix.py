@@ -148,3 +148,23 @@ def test_a_drafter_after_a_shared_prefix_sees_the_whole_prompt(tmp_path, kind):
         alone = SpeculativeDecoder(target, heads, tree="static").generate([job.prompt], max_new_tokens=10,
                                                                           eos_token_id=None)  # fmt: skip
         assert job.emitted == alone.token_ids[0], job.key
+
+
+def test_a_drafter_object_takes_its_prompts_in_one_prefill_whatever_they_share(tmp_path):
+    """A drafter object (not a head module) keeps its own rows and takes one prefill: the prefix
+    cache, which may split a group into the prompts with and without the opening, stays off."""
+    from scripted import ScriptedDrafter
+
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.engine import Engine, Job
+    from headstart.inference.stops import StopRule
+
+    path = make_target_dir(tmp_path, "llama", seed=11, **FAMILIES["llama"])
+    target = load_target(str(path), device="cpu", dtype="float32")
+    opening = list(range(40, 80))
+    prompts = [[*opening, 1, 2], [*opening, 3], [*opening, 4, 5, 6], list(range(100, 130))]
+    drafter = ScriptedDrafter([p + [0] * 20 for p in prompts], target.vocab_size)
+    engine = Engine(SpeculativeDecoder(target, drafter, tree="static"), SamplingConfig(max_new_tokens=8),
+                    shared_prefix=8)  # fmt: skip
+    engine.add([Job(key=i, prompt=p, rule=StopRule(8)) for i, p in enumerate(prompts)])
+    assert engine.prefills == 1 and engine.prefix is None

@@ -75,26 +75,35 @@ def draft_vocab_of(directory: Path, weights: dict[str, torch.Tensor], target: An
         return target.vocab_size
     rows = weights.get("lm_head.weight")
     d2t, t2d = weights.get("d2t"), weights.get("t2d")
-    own = target.model.get_output_embeddings().weight.detach().cpu()
-    if rows is None or (rows.shape[0] < target.vocab_size) != (d2t is not None and t2d is not None):
+    reduced = rows is not None and rows.dim() == 2 and rows.shape[0] < target.vocab_size
+    maps = d2t is not None and t2d is not None
+    if rows is None or reduced != maps or (maps and tuple(d2t.shape) != (rows.shape[0],)):
         raise HeadstartError(
-            f"{directory} has an incomplete draft vocabulary (needs lm_head.weight with d2t and t2d, or "
-            "a full-vocabulary lm_head alone)",
+            f"{directory} has an incomplete draft vocabulary (needs lm_head.weight with d2t and t2d of its "
+            "rows, or a full-vocabulary lm_head alone)",
             "restore or re-download the checkpoint",
         )
-    ids = torch.arange(rows.shape[0]) + d2t.cpu().long() if d2t is not None else torch.arange(rows.shape[0])
-    fits = rows.shape[1] == own.shape[1] and bool((ids >= 0).all() and (ids < own.shape[0]).all())
-    if t2d is not None and fits:
-        fits = t2d.shape[0] == own.shape[0] and torch.equal(
-            t2d.cpu().bool().nonzero()[:, 0], ids.sort().values
+    weight = target.model.get_output_embeddings().weight.detach()
+    ids = torch.arange(rows.shape[0]) + (d2t.long() if maps else 0)
+    fits = rows.shape[1] == weight.shape[1] and bool((ids >= 0).all() and (ids < weight.shape[0]).all())
+    if maps and fits:
+        fits = tuple(t2d.shape) == (weight.shape[0],) and torch.equal(
+            t2d.bool().nonzero()[:, 0], ids.sort().values
         )
-    if not fits or not torch.equal(own[ids].to(rows.dtype), rows.cpu()):
+    if not fits or not _same_rows(weight[ids.to(weight.device)], rows.to(weight.device)):
         raise HeadstartError(
             f"{directory} has an lm_head of its own, not rows of this target's: headstart drafts DFlash "
             "blocks through the target's lm_head",
             "use a DFlash head whose lm_head is the target's (or its draft-vocabulary rows)",
         )
     return int(rows.shape[0])
+
+
+def _same_rows(own: torch.Tensor, saved: torch.Tensor) -> bool:
+    """The target's rows and a checkpoint's copy of them, each rounded to its own dtype (an export
+    in bf16, a target loaded in float16): equal within the coarser dtype's rounding."""
+    eps = max(torch.finfo(own.dtype).eps, torch.finfo(saved.dtype).eps)
+    return torch.allclose(own.float(), saved.float(), rtol=eps, atol=eps * 1e-3)
 
 
 def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: int, mask_token_id: int,
