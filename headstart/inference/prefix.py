@@ -58,7 +58,10 @@ class SharedPrefix:
         if own < m:
             return []
         ids = list(members[0][:own])
-        cache, features = self._run(ids)  # first: a forward that fails leaves the kept prefix as it was
+        # a new prefix that extends the kept one (a chat's next turn opens with the last turn's
+        # prompt) runs only its extension: the kept entries are copied
+        start = min(common_prefix([ids, kept]), len(ids) - 1) if len(kept) >= m else 0
+        cache, features = self._run(ids, start if start >= m else 0)  # first: a failing forward keeps the old
         self.ids, self.cache, self.features = ids, cache, features
         return self.ids
 
@@ -76,15 +79,25 @@ class SharedPrefix:
             layer.values = src.values[:, :, :shared].expand(rows, -1, -1, -1)
         return own
 
-    def _run(self, ids: list[int]) -> tuple[Any, Any]:
-        """The target's cache after `ids` alone (batch 1, causal), and its features there."""
+    def _run(self, ids: list[int], start: int = 0) -> tuple[Any, Any]:
+        """The target's cache after `ids` alone (batch 1, causal) and its features there; the kept
+        prefix's first `start` entries (equal to `ids[:start]`) are copied, not run again."""
         device = self.target.device
-        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=device).tril()
-        mask = tree_attention_mask(causal[:1, :0], causal, self.target.dtype)  # (1, 1, n, n)
-        cache = new_cache(self.target.model)
-        features = forward(self.target.model, torch.tensor([ids], device=device), attention_mask=mask,
-                           position_ids=torch.arange(len(ids), device=device)[None], past_key_values=cache,
+        n = len(ids) - start
+        causal = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        mask = tree_attention_mask(
+            causal.new_ones(1, start), causal, self.target.dtype
+        )  # (1, 1, n, start + n)
+        cache = self.rows(start, 1) if start else new_cache(self.target.model)
+        features = forward(self.target.model, torch.tensor([ids[start:]], device=device), attention_mask=mask,
+                           position_ids=torch.arange(start, len(ids), device=device)[None], past_key_values=cache,
                            layers=self.layers, logits_to_keep=1)  # fmt: skip
+        if start:  # the kept features first: the drafter reads every position of the prefix
+            kept = self.features
+            features.last_hidden = torch.cat([kept.last_hidden[:, :start], features.last_hidden], 1)
+            features.layers = {
+                i: torch.cat([kept.layers[i][:, :start], x], 1) for i, x in features.layers.items()
+            }
         return cache, features
 
 

@@ -84,7 +84,7 @@ def test_the_kept_prefix_is_learnt_from_lone_prompts_and_reused_in_part(tmp_path
     prefix = SharedPrefix(target, min_tokens=4)
     runs = []
     real_run = prefix._run
-    prefix._run = lambda ids: runs.append(list(ids)) or real_run(ids)
+    prefix._run = lambda ids, start=0: runs.append(list(ids)) or real_run(ids, start)
     opening = list(range(10, 30))
     assert prefix.pick([[*opening, 1, 2, 3]]) == []  # nothing to compare with yet
     # the previous prompt is the witness
@@ -168,3 +168,48 @@ def test_a_drafter_object_takes_its_prompts_in_one_prefill_whatever_they_share(t
                     shared_prefix=8)  # fmt: skip
     engine.add([Job(key=i, prompt=p, rule=StopRule(8)) for i, p in enumerate(prompts)])
     assert engine.prefills == 1 and engine.prefix is None
+
+
+@pytest.mark.parametrize("kind", ["none", "eagle3"])
+def test_a_chat_s_next_turn_extends_the_kept_prefix_and_replies_as_generate(tmp_path, kind):
+    """One request at a time, each turn's prompt opening with the last turn's: the new prefix runs
+    only what it adds to the kept one (the kept entries and features are copied), and every reply
+    is still `generate`'s alone, with and without a draft head."""
+    from random_heads import RandomEagle
+
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.engine import Engine, Job
+    from headstart.inference.prefix import SharedPrefix
+    from headstart.inference.stops import StopRule
+
+    path = make_target_dir(tmp_path, "llama", seed=11, **FAMILIES["llama"])
+    target = load_target(str(path), device="cpu", dtype="float32")
+    heads = RandomEagle(target.model, draft_vocab=100, layers=(0, 1)) if kind == "eagle3" else None
+    tree = "static" if heads is not None else None
+    layers = SpeculativeDecoder(target, heads, tree=tree).feature_layers
+    prefix = SharedPrefix(target, 4, layers=layers)
+    starts = []
+    real_run = prefix._run
+    prefix._run = lambda ids, start=0: starts.append((len(ids), start)) or real_run(ids, start)
+    turns = [list(range(10, 40))]
+    for extra in (list(range(50, 70)), list(range(80, 95)), list(range(100, 110))):
+        turns.append(turns[-1] + extra)
+    for prompt in turns:
+        engine = Engine(
+            SpeculativeDecoder(target, heads, tree=tree), SamplingConfig(max_new_tokens=6), prefix=prefix
+        )
+        job = Job(key=0, prompt=prompt, rule=StopRule(6))
+        engine.add([job])
+        if heads is not None:  # the drafter read the copied features as if the prompt ran whole
+            whole = Engine(SpeculativeDecoder(target, heads, tree=tree), SamplingConfig(max_new_tokens=6))
+            whole.add([Job(key=0, prompt=prompt, rule=StopRule(6))])
+            drafts = engine.drafter.root_logits(), whole.drafter.root_logits()
+            torch.testing.assert_close(*drafts, rtol=1e-4, atol=1e-4)
+        while engine.live:
+            engine.step()
+        alone = SpeculativeDecoder(target, heads, tree=tree).generate(
+            [prompt], max_new_tokens=6, eos_token_id=None
+        )
+        assert job.emitted == alone.token_ids[0], len(prompt)
+    # turn 2 learns turn 1's prompt from scratch; turns 3 and 4 run only what they add
+    assert starts == [(30, 0), (50, 30), (65, 50)], starts
