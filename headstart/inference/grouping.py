@@ -28,18 +28,33 @@ def split_sorted(lengths: list[int], budget: int | None, overhead: int) -> list[
     tokens (its last length x its rows) within `budget` (a single prompt over it goes alone; None:
     no bound), and the sum of padded tokens plus `overhead` tokens per forward the least such a
     split gives."""
-    n = len(lengths)
     if any(a > b for a, b in zip(lengths, lengths[1:], strict=False)):
         raise ValueError("split_sorted: lengths must be in ascending order")
-    if budget is None:
-        return _split_runs(lengths, overhead)
-    best = [0.0] + [float("inf")] * n  # best[i]: the cost of the first i prompts
-    cut = [0] * (n + 1)  # cut[i]: where the last group of the first i prompts starts
+    if budget is not None:
+        return _split([(length, 1) for length in lengths], budget, overhead, lookback=len(lengths))
+    # Unbounded, a split never cuts a run of equal lengths (moving a cut's equal-length rows into
+    # the group on its left widens nothing): the programme runs over distinct lengths (12,000
+    # equal prompts: one step, not 72 million), a group spanning at most 512 of them (a bound on
+    # the work)
+    runs: list[tuple[int, int]] = []  # (length, count)
+    for length in lengths:
+        if runs and runs[-1][0] == length:
+            runs[-1] = (length, runs[-1][1] + 1)
+        else:
+            runs.append((length, 1))
+    return _split(runs, None, overhead, lookback=512)
+
+
+def _split(units: list[tuple[int, int]], budget: int | None, overhead: int, lookback: int) -> list[int]:
+    """The dynamic programme over `units` (length, rows), ascending: group sizes in rows."""
+    n = len(units)
+    best = [0.0] + [float("inf")] * n  # best[i]: the cost of the first i units
+    cut = [0] * (n + 1)  # cut[i]: where the last group of the first i units starts
     for end in range(1, n + 1):
-        width = lengths[end - 1]  # the group's widest: its last
-        for start in range(end - 1, -1, -1):
-            rows = end - start
-            if rows > 1 and width * rows > budget:
+        width, rows = units[end - 1][0], 0  # the group's widest: its last
+        for start in range(end - 1, max(end - 1 - lookback, -1), -1):
+            rows += units[start][1]
+            if budget is not None and rows > 1 and width * rows > budget:
                 break  # earlier starts only add rows
             cost = best[start] + width * rows + overhead
             if cost < best[end]:
@@ -47,36 +62,7 @@ def split_sorted(lengths: list[int], budget: int | None, overhead: int) -> list[
     sizes: list[int] = []
     end = n
     while end:
-        sizes.append(end - cut[end])
-        end = cut[end]
-    return sizes[::-1]
-
-
-def _split_runs(lengths: list[int], overhead: int, lookback: int = 512) -> list[int]:
-    """split_sorted without a budget, over runs of equal lengths: an unbounded split never cuts a
-    run (moving a cut's equal-length rows into the group on its left widens nothing), so the
-    programme is over distinct lengths (12,000 equal prompts: one step, not 72 million).
-    `lookback`: a group spans at most this many distinct lengths (a bound on the work)."""
-    runs: list[list[int]] = []  # [length, count]
-    for length in lengths:
-        if runs and runs[-1][0] == length:
-            runs[-1][1] += 1
-        else:
-            runs.append([length, 1])
-    d = len(runs)
-    best = [0.0] + [float("inf")] * d
-    cut = [0] * (d + 1)
-    for end in range(1, d + 1):
-        width, rows = runs[end - 1][0], 0
-        for start in range(end - 1, max(end - 1 - lookback, -1), -1):
-            rows += runs[start][1]
-            cost = best[start] + width * rows + overhead
-            if cost < best[end]:
-                best[end], cut[end] = cost, start
-    sizes: list[int] = []
-    end = d
-    while end:
-        sizes.append(sum(count for _, count in runs[cut[end] : end]))
+        sizes.append(sum(count for _, count in units[cut[end] : end]))
         end = cut[end]
     return sizes[::-1]
 
