@@ -7,7 +7,9 @@ replaced by the next at once, greedy, interleaved variant by variant and round b
   engine before 2026-11-27);
 - `grouped`: the wave cut into groups of like length (inference/grouping.py);
 - `prefix`: grouped, and the prompts' shared opening (the chat template's system turn) prefilled
-  once and kept across waves (inference/prefix.py, `serve --prefix-cache 8`).
+  once and kept across waves (inference/prefix.py, `serve --prefix-cache 8`);
+- `observe`: as `prefix`, but the drafter observes each plain step's token at once instead of at
+  its next draft (inference/pending.py; the engine before that change).
 
 Every variant's replies must equal the first's, or the script fails. Prints tok/s, the seconds
 spent admitting (prefill) and stepping, and ms per step.
@@ -15,6 +17,7 @@ spent admitting (prefill) and stepping, and ms per step.
     python scripts/bench_admissions.py --questions ../shared/data/eval/mt_bench/question.jsonl \\
         --requests 32 --concurrency 8 --max-new-tokens 128 --rounds 2          # shipped heads
     python scripts/bench_admissions.py ... --no-heads
+    python scripts/bench_admissions.py ... --variants prefix,observe --rounds 3
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's headstart
 
-VARIANTS = ("single", "grouped", "prefix")
+VARIANTS = ("single", "grouped", "prefix", "observe")
 
 
 def run(variant: str, target: Any, heads: Any, tree: Any, prompts: list[list[int]], concurrency: int,
@@ -43,11 +46,15 @@ def run(variant: str, target: Any, heads: Any, tree: Any, prompts: list[list[int
     from headstart.inference.stops import StopRule
 
     decoder = SpeculativeDecoder(target, heads, tree=tree)
-    prefix = SharedPrefix(target, 8, layers=decoder.feature_layers) if variant == "prefix" else None
+    prefix = (
+        SharedPrefix(target, 8, layers=decoder.feature_layers) if variant in ("prefix", "observe") else None
+    )
     # `headstart serve`'s setting on a CPU: speculate while one request's tree is the verify
     engine = Engine(
         decoder, SamplingConfig(max_new_tokens=1), speculate_up_to=decoder.verify_nodes, prefix=prefix
     )
+    if variant == "observe":
+        engine._defers = False  # every plain step's token observed at once
     eos = frozenset(target.eos_token_ids)
     jobs = [Job(key=i, prompt=p, rule=StopRule(max_new, eos)) for i, p in enumerate(prompts)]
     single = mock.patch.object(engine_module, "prefill_groups", lambda items, *_: [list(items)])
@@ -82,7 +89,13 @@ def main() -> int:
     parser.add_argument("--no-heads", action="store_true", help="plain decoding (default: the shipped heads)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help=f"comma list from {','.join(VARIANTS)}"
+    )
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(VARIANTS)}")
 
     import torch
 
@@ -109,7 +122,7 @@ def main() -> int:
     print("| round | variant | tok/s | admitting s | stepping s | ms/step |\n|---|---|---:|---:|---:|---:|")
     reference = None
     for round_ in range(1, args.rounds + 1):
-        for variant in VARIANTS:
+        for variant in variants:
             got = run(variant, target, heads, tree, prompts, args.concurrency, args.max_new_tokens)
             if reference is None:
                 reference = got["replies"]

@@ -155,7 +155,8 @@ class SpeculativeDecoder:
               contexts: list[list[int]] | None = None, plain: bool = False) -> DraftTree:  # fmt: skip
         """The heads' tree; with a lookup branch, plus the tokens that followed the latest earlier
         match of each row's context (`contexts`: committed tokens per live row, root last).
-        `plain`: the root alone (a plain step: the drafter still observes what is committed)."""
+        `plain`: the root alone (a plain step: what it commits is still observed, by `commit`'s
+        observer: the drafter, or the engine's pending observations until it next drafts)."""
         if plain:
             return draft_static(ROOT_ONLY, drafter, state.root, sampling, self.generator)
         if isinstance(self.tree, DynamicTree):

@@ -28,6 +28,7 @@ from headstart.inference import cache as kv
 from headstart.inference.drafters import make_drafter
 from headstart.inference.drafting import static_plan
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
+from headstart.inference.pending import PendingObservations
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import prepare_prompts
@@ -81,9 +82,17 @@ class Engine:
         self.prefix = prefix if usable and set(decoder.feature_layers) <= set(prefix.layers) else None
         self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
         # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
-        # a step is plain (the root alone; the drafter still observes). On a CPU a verify's cost
-        # grows with its tokens, so a big batch decodes faster plainly; None: always speculate.
+        # a step is plain (the root alone; the drafter observes its tokens when it next drafts).
+        # On a CPU a verify's cost grows with its tokens, so a big batch decodes faster plainly;
+        # None: always speculate.
         self.speculate_up_to = speculate_up_to
+        # what plain steps commit waits here for the drafter's next draft (inference/pending.py):
+        # head modules only (a drafter object may count its observations), uncaptured (the
+        # captured steps bucket an observe's width)
+        self.pending = PendingObservations()
+        self._defers = (
+            decoder.heads is not None and _fresh_drafters(decoder.heads) and decoder.captured is None
+        )
         self.sampling = sampling
         self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
         self._batch_gen: torch.Generator | None = None  # the batch's one, when seeded (not row_seeds)
@@ -200,6 +209,7 @@ class Engine:
         live.lengths = torch.cat([live.lengths, state.lengths])
         live.root = torch.cat([live.root, state.root])
         live.rows = list(range(len(self.jobs) + len(state.rows)))
+        self.pending.flush(self.drafter)  # the live rows' drafter is whole before rows stack under it
         self.drafter.merge(drafter)
 
     def _generators(self, jobs: list[Job]) -> Any:
@@ -248,13 +258,16 @@ class Engine:
             and decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
         )
         contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
+        if not plain:
+            self.pending.flush(drafter)  # what plain steps committed, in one observe
         tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
         self.plain_steps += int(plain)
         feats = decoder.verify(state, tree, drafter)
         drafter.end_step()
         self.target_forwards += 1
         acc = decoder.accept(tree, feats, self.sampling)
-        committed, counts = decoder.commit(state, tree, feats, acc, drafter)
+        observer = self.pending if plain and self._defers else drafter
+        committed, counts = decoder.commit(state, tree, feats, acc, observer)
         return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
 
     def _take(self, committed: list[list[int]], counts: list[int], rows: range, counted: bool) -> list[Job]:
@@ -297,11 +310,13 @@ class Engine:
         self.lead = [self.lead[i] for i in keep]
         if not keep:
             self.state, self.drafter, self._rows_gen = None, None, None
+            self.pending.clear()
             return left
         assert self.state is not None
         index = torch.tensor(keep, dtype=torch.long, device=self.state.root.device)
         self.state.select_rows(index, list(range(len(keep))))
         self.drafter.select_rows(index)
+        self.pending.select_rows(index)
         if self._rows_gen is not None:
             self._rows_gen = self._rows_gen.select(keep)
             self.decoder.generator = self._rows_gen
