@@ -90,6 +90,9 @@ class Engine:
         # head modules only (a drafter object may count its observations), uncaptured (the
         # captured steps bucket an observe's width)
         self.pending = PendingObservations()
+        # at most this many plain steps wait: bounds what they hold (features per row and step) and
+        # the width of the one observe that feeds them (a head's mask is rows x width x cache)
+        self.pending_limit = 64
         self._defers = (
             decoder.heads is not None and _fresh_drafters(decoder.heads) and decoder.captured is None
         )
@@ -268,6 +271,8 @@ class Engine:
         acc = decoder.accept(tree, feats, self.sampling)
         observer = self.pending if plain and self._defers else drafter
         committed, counts = decoder.commit(state, tree, feats, acc, observer)
+        if len(self.pending) >= self.pending_limit:
+            self.pending.flush(drafter)
         return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
 
     def _take(self, committed: list[list[int]], counts: list[int], rows: range, counted: bool) -> list[Job]:

@@ -34,13 +34,13 @@ def _heads(kind: str, target):
                        layers=(0, 1) if kind == "eagle3" else ())  # fmt: skip
 
 
-def _run(target, heads, prompts, defer: bool):
+def _run(target, heads, prompts, defer: bool, limit: int = 64):
     """Two rows step plainly three times, a third joins, four more plain steps (one row leaves),
     then the engine speculates to the end. Returns the first drafts after the plain steps, how
     many observations were waiting for them, and the replies."""
     engine = Engine(SpeculativeDecoder(target, heads, tree="chain:3"), SamplingConfig(max_new_tokens=40),
                     speculate_up_to=0)  # fmt: skip
-    engine._defers = defer
+    engine._defers, engine.pending_limit = defer, limit
     jobs = [
         Job(key=i, prompt=p, rule=StopRule(n)) for i, (p, n) in enumerate(zip(prompts, LENGTHS, strict=True))
     ]
@@ -50,6 +50,7 @@ def _run(target, heads, prompts, defer: bool):
     engine.add(jobs[2:])  # the live rows' waiting observations go in before the newcomer stacks
     for _ in range(4):
         engine.step()
+        assert len(engine.pending) < limit  # a full queue is fed at once
     assert engine.live == 2 and engine.plain_steps == 7
     waiting = len(engine.pending)
     engine.pending.flush(engine.drafter)
@@ -71,6 +72,10 @@ def test_plain_steps_are_observed_at_the_next_draft_as_if_at_once(tmp_path, kind
     assert waiting == 4 and none_waiting == 0  # the path under test ran (the merge flushed the first 3)
     torch.testing.assert_close(deferred, at_once, rtol=1e-4, atol=1e-4)
     assert replies == replies_at_once
+    capped, waiting, replies_capped = _run(target, heads, prompts, defer=True, limit=3)
+    assert waiting == 1  # 4 plain steps since the merge: 3 fed at the limit, 1 waits
+    torch.testing.assert_close(capped, at_once, rtol=1e-4, atol=1e-4)
+    assert replies_capped == replies_at_once
     for i, (p, n) in enumerate(zip(prompts, LENGTHS, strict=True)):
         out = target.model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False)
         assert replies[i] == out[0, len(p) :].tolist()[: len(replies[i])], i
