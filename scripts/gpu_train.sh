@@ -26,9 +26,10 @@
 # (Done 2026-11-27 on an H100: docs/scaling/smollm2-dflash-vs-eagle3-gpu.md. EAGLE-3 won; none of
 # these 900-step heads beat the shipped ones, 2,500 steps on chat and math.)
 # A longer EAGLE-3 on the kept chat and math only (10,520 conversations; dry-run on the CPU: the
-# later data.path wins), alone, in two calls on one warm machine (~3.5 steps a second on an H100):
-#   SIZES=0 STEPS=2400 BUDGET=400 TRAIN_ARGS="data.path=[data/smollm2-kept/sg,data/smollm2-kept/sgv3,data/smollm2-kept/gsm8k]" scripts/gpu_train.sh device
-#   then the same with RESUME=1 BUDGET=200 (its run is still named eagle3-30520: the count is of every source)
+# later data.path wins), alone, in two calls on one warm machine (~3.5 steps a second alone on an H100):
+#   SIZES=0 STEPS=1800 BUDGET=400 TRAIN_ARGS="data.path=[data/smollm2-kept/sg,data/smollm2-kept/sgv3,data/smollm2-kept/gsm8k]" scripts/gpu_train.sh device
+#   then the same with RESUME=1 BUDGET=150 CALL_S=320 SMOKE=0 (timeout_s 255; its run is still named
+#   eagle3-30520: the count is of every source). 364 + 150 s of training fit one lease: ~1,800 steps
 # SIZES (default "5000 15000 0": 0 = every kept conversation), DFLASH_LAYERS (DFlash runs of that
 # many layers on all the data, beside them), FINISH (default 1: a run the budget stopped still
 # writes its head from its newest checkpoint, so every run returns one), STEPS (default 1000, equal steps:
