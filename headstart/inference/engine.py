@@ -78,7 +78,7 @@ class Engine:
         if prefix is None and shared_prefix > 0:
             prefix = SharedPrefix(decoder.target, shared_prefix, layers=decoder.feature_layers)
         # a drafter object takes one prefill (`_splittable`); a prefix may split a group in two
-        usable = prefix is not None and decoder.captured is None and self._splittable()
+        usable = prefix is not None and self._splittable()
         self.prefix = prefix if usable and set(decoder.feature_layers) <= set(prefix.layers) else None
         self.prefix_reused = 0  # prompt tokens copied from a shared prefix instead of run per row
         # Speculate only while live rows x tree nodes stay within this many verify tokens; past it
@@ -88,14 +88,12 @@ class Engine:
         self.speculate_up_to = speculate_up_to
         # what plain steps commit waits here for the drafter's next draft (inference/pending.py):
         # head modules only (a drafter object may count its observations), uncaptured (the
-        # captured steps bucket an observe's width)
+        # captured steps bucket an observe's width): the `_splittable` case, with heads
         self.pending = PendingObservations()
         # at most this many plain steps wait: bounds what they hold (features per row and step) and
         # the width of the one observe that feeds them (a head's mask is rows x width x cache)
         self.pending_limit = 64
-        self._defers = (
-            decoder.heads is not None and _fresh_drafters(decoder.heads) and decoder.captured is None
-        )
+        self._defers = decoder.heads is not None and self._splittable()
         self.sampling = sampling
         self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
         self._batch_gen: torch.Generator | None = None  # the batch's one, when seeded (not row_seeds)

@@ -47,9 +47,6 @@ class PendingObservations:
         if not self.items:
             return
         items, self.items = self.items, []
-        if len(items) == 1:
-            drafter.observe(*items[0])  # type: ignore[attr-defined]
-            return
         widths = [item[2].shape[1] for item in items]
         layers = {i: torch.cat([item[1][i] for item in items], dim=1) for i in items[0][1]}
         drafter.observe(  # type: ignore[attr-defined]
