@@ -94,8 +94,8 @@ CASES = [
     ("export --overwrite into the run", ["export", "{W}/run/final", "--target", T, "--format", "eagle", "--output", "{W}/run", "--overwrite"], "holds the input"),
     ("export over unrelated files", ["export", E, "--target", T, "--format", "eagle", "--output", "{W}/junk"], "--output {W}/junk is not empty (notes.txt)"),
     ("export onto a file", ["export", E, "--target", T, "--format", "eagle", "--output", "{W}/file.txt"], "--output {W}/file.txt is a file"),
-    ("export into /proc", ["export", E, "--target", T, "--format", "eagle", "--output", "/proc/headstart-x"], "cannot write the --output /proc/headstart-x"),
-    ("export into /sys", ["export", E, "--target", T, "--format", "eagle", "--output", "/sys/headstart-x"], "cannot write the --output /sys/headstart-x"),
+    ("export into /proc", ["export", E, "--target", T, "--format", "eagle", "--output", "/proc/headstart-x"], "--output /proc/headstart-x is a system directory"),
+    ("export into /sys", ["export", E, "--target", T, "--format", "eagle", "--output", "/sys/headstart-x"], "--output /sys/headstart-x is a system directory"),
     ("export into the working dir", ["export", E, "--target", T, "--format", "eagle", "--output", "."], "--output . is the working directory"),
     ("export into its parent", ["export", E, "--target", T, "--format", "eagle", "--output", ".."], "--output .. holds the input"),
     ("export heads without hidden_size", ["export", "{W}/bad-no-hidden", "--target", T, "--format", "eagle", "--output", "{W}/x"], "config.json lacks 'hidden_size'"),
@@ -137,7 +137,7 @@ CASES = [
     ("distill base url without scheme", ["distill", "--target", T, "--engine", "openai", "--base-url", "localhost:8000/v1", "--model", "m", "--out", "{W}/d"], "--base-url 'localhost:8000/v1' must be an http"),
     ("distill onto a file", ["distill", "--target", T, "--out", "{W}/file.txt/d"], "--out {W}/file.txt/d: {W}/file.txt is a file"),
     ("distill into unrelated files", ["distill", "--target", T, "--prompts", "{W}/q3.jsonl", "--out", "{W}/junk", "--max-prompt-tokens", "64"], "{W}/junk exists, is not empty and is not a distill output"),
-    ("distill into /proc", ["distill", "--target", T, "--out", "/proc/headstart-x"], "cannot write the --out /proc/headstart-x"),
+    ("distill into /proc", ["distill", "--target", T, "--out", "/proc/headstart-x"], "--out /proc/headstart-x is a system directory"),
     ("distill --num 0", ["distill", "--target", T, "--num", "0", "--out", "{W}/d"], "--num must be >= 1, got 0"),
     ("distill no usable row", ["distill", "--target", T, "--prompts", "{W}/p-bytes.jsonl", "--out", "{W}/d", "--max-prompt-tokens", "64"], "has no usable row (line is not UTF-8: 3)"),
     ("distill missing prompts", ["distill", "--target", T, "--prompts", "{W}/nope.jsonl", "--out", "{W}/d", "--max-prompt-tokens", "64"], "{W}/nope.jsonl"),
@@ -346,13 +346,18 @@ def test_push_takes_an_export(work, tiny_llama, tmp_path, monkeypatch, capsys):
         def create_repo(self, *args, **kwargs):
             pass
 
+        def hf_hub_download(self, **kwargs):
+            from huggingface_hub.errors import EntryNotFoundError
+
+            raise EntryNotFoundError("no earlier push")
+
         def upload_folder(self, **kwargs):
             sent.update(kwargs)
             return "https://hub/commit"
 
     monkeypatch.setattr(huggingface_hub, "HfApi", Api)
     assert main(["push", str(out), "org/name"]) == 0
-    assert sent["allow_patterns"] == ["config.json", "model.safetensors"]
+    assert sent["allow_patterns"] == ["README.md", "config.json", "model.safetensors", ".headstart-push.json"]
     assert "pushed speculators export of heads" in capsys.readouterr().out
 
 

@@ -8,7 +8,7 @@ def test_atomic_writes_get_normal_permissions(tmp_path):
     import os
     import stat
 
-    from headstart.heads.checkpoint import atomic_dir
+    from headstart.outputs import publish_dir as atomic_dir
     from headstart.io import atomic_write_text, umask
 
     written = atomic_write_text(tmp_path / "a.json", "{}")

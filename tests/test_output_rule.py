@@ -32,20 +32,86 @@ def _tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
 
 
-def test_export_replaces_its_own_output_and_only_with_overwrite_anything_else(
-    heads, tiny_llama, tmp_path, capsys
-):
+EXPORTED = [".headstart-export", "README.md", "config.json", "model.safetensors"]
+
+
+def test_export_writes_its_own_files_and_never_deletes_anything_else(heads, tiny_llama, tmp_path, capsys):
     base = ["export", str(heads), "--target", str(tiny_llama), "--format", "eagle", "--dtype", "float32"]
     out = tmp_path / "out"
     assert main([*base, "--output", str(out)]) == 0
     assert main([*base, "--output", str(out)]) == 0  # an earlier export of this format: replaced
-    assert sorted(p.name for p in out.iterdir()) == [".headstart-export", "config.json", "model.safetensors"]
-    (out / "notes.txt").write_text("mine")  # now it holds a file export did not write
-    assert main([*base, "--output", str(out)]) == 2
-    assert "not empty" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
-    assert main([*base, "--output", str(out), "--overwrite"]) == 0  # said so: replaced whole
-    assert sorted(p.name for p in out.iterdir()) == [".headstart-export", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == EXPORTED
+    (out / "notes.txt").write_text("mine")  # a file export did not write, beside an earlier export
+    assert main([*base, "--output", str(out)]) == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "notes.txt").write_text("mine")
+    (junk / ".bashrc").write_text("alias x=y")
+    (junk / "cache").mkdir()
+    (junk / "cache" / "blob").write_bytes(b"\x00" * 10)
+    before = _tree(junk)
+    assert main([*base, "--output", str(junk)]) == 2  # not an export: refused without --overwrite
+    assert "not empty" in capsys.readouterr().err and _tree(junk) == before
+    assert main([*base, "--output", str(junk), "--overwrite"]) == 0  # said so: export's files written
+    after = _tree(junk)
+    assert {k: after[k] for k in before} == before  # every foreign file, byte for byte
+    assert sorted(set(after) - set(before)) == EXPORTED
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp or old copy left
+    assert not [p for p in junk.iterdir() if p.name.startswith(".headstart-old")]
+
+
+def test_a_later_export_removes_only_the_files_an_earlier_export_listed(heads, tiny_llama, tmp_path):
+    """The earlier export's mark lists its files: those this export does not write (a tuned tree of
+    the earlier heads, another format's files) go; a foreign file of the same shape stays."""
+    import shutil
+
+    tuned = tmp_path / "tuned"
+    shutil.copytree(heads, tuned)
+    (tuned / "tuned_tree.json").write_text(json.dumps({"tree": "chain:2", "device": "cpu", "threads": 1}))
+    out = tmp_path / "out"
+    base = ["--target", str(tiny_llama), "--dtype", "float32", "--output", str(out)]
+    assert main(["export", str(tuned), "--format", "eagle", *base]) == 0
+    assert (out / "tuned_tree.json").is_file()
+    (out / "mine.json").write_text("{}")
+    assert main(["export", str(heads), "--format", "eagle", *base]) == 0  # heads without a tuned tree
+    assert not (out / "tuned_tree.json").exists() and (out / "mine.json").read_text() == "{}"
+    assert main(["export", str(heads), "--format", "speculators", *base, "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([*EXPORTED, "mine.json"])
+    assert json.loads((out / ".headstart-export").read_text())["format"] == "speculators"
+
+
+@pytest.mark.parametrize("where", ["home", "root", "etc", "git"])
+def test_export_never_writes_into_home_root_system_or_git_dirs(where, heads, tiny_llama, tmp_path, monkeypatch, capsys):
+    """`export --output ~ --overwrite` once replaced a home directory; these are refused outright."""
+    home = tmp_path / "home"
+    (home / ".git").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    import headstart.outputs as outputs
+
+    monkeypatch.setattr(outputs, "homes", lambda: {home.resolve()})
+    output = {"home": str(home), "root": "/", "etc": "/etc/headstart", "git": str(tmp_path)}[where]
+    if where == "git":
+        (tmp_path / ".git").mkdir()
+    before = _tree(home)
+    code = main(["export", str(heads), "--target", str(tiny_llama), "--format", "eagle", "--output", output,
+                 "--overwrite"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    reason = {"home": "is the home directory", "root": "is the filesystem root", "etc": "is a system directory",
+              "git": "holds a git repository"}[where]  # fmt: skip
+    assert reason in err and _tree(home) == before
+
+
+def test_an_export_never_replaces_a_foreign_directory_with_a_file(heads, tiny_llama, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "config.json").mkdir(parents=True)  # a directory where export writes a file
+    (out / "config.json" / "inner").write_text("mine")
+    code = main(["export", str(heads), "--target", str(tiny_llama), "--format", "eagle", "--output", str(out),
+                 "--overwrite"])  # fmt: skip
+    assert code == 2
+    assert "replacing it would delete what headstart did not write" in capsys.readouterr().err
+    assert _tree(out) == {"config.json": None, "config.json/inner": b"mine"}
 
 
 def test_export_never_takes_a_trained_head_or_the_target_for_its_own(heads, tiny_llama, tmp_path, capsys):
@@ -104,7 +170,7 @@ def test_a_failed_export_leaves_the_earlier_one_whole(heads, tiny_llama, tmp_pat
 
 
 def test_atomic_dir_names_the_path_on_an_os_error(tmp_path):
-    from headstart.io import atomic_dir
+    from headstart.outputs import publish_dir as atomic_dir
 
     def fail(tmp):
         (tmp / "half.bin").write_bytes(b"x")

@@ -114,7 +114,7 @@ def check_bench_output(args: argparse.Namespace) -> None:
     """--output is new, empty, or a bench run's own (resumed with --resume); a finished report is
     never measured over, and a directory of other files is not written into."""
     from headstart.bench.runner import partial_path
-    from headstart.io import check_writable
+    from headstart.outputs import check_output_dir
 
     if args.limit is not None and args.limit < 1:
         raise HeadstartError(
@@ -136,7 +136,7 @@ def check_bench_output(args: argparse.Namespace) -> None:
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
-    check_writable(out, "--output")
+    check_output_dir(out, "--output")
     if (out / "report.json").is_file():
         if not args.resume:
             raise HeadstartError(

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.heads.defaults import shipped_heads
     from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
-    from headstart.io import check_output
+    from headstart.outputs import check_output
     from headstart.target import load_target
 
     if args.heads is not None and not args.heads.strip():

@@ -23,11 +23,14 @@ from typing import Any
 
 from headstart.distill.store import META, data_dir, load_distilled, read_meta
 from headstart.errors import HeadstartError
-from headstart.io import atomic_dir, check_output
+from headstart.outputs import check_output, publish_dir
 
 DROPPED = ("features_file",)  # features are not packed (recompute them with the target)
 TEXT = ("messages",)
 MANIFEST = "pack.json"
+METADATA = (META, "summary.json")
+"""The files beside the shards that training reads (the target's fingerprint, the run's summary):
+checksummed in the manifest like the shards."""
 
 
 def pack(
@@ -63,11 +66,23 @@ def pack(
             tokens=int(pa.compute.sum(pa.compute.list_value_length(table["input_ids"])).as_py() or 0),
             text=keep_text,
             files={f.name: _entry(f) for f in files},
+            metadata={name: _entry(tmp / name) for name in METADATA if (tmp / name).is_file()},
         )
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
 
-    atomic_dir(dst, write)
+    publish_dir(dst, write, stale=packed_files(Path(dst)))
     return manifest
+
+
+def packed_files(dst: Path) -> list[str]:
+    """The files an earlier pack wrote into `dst`, from its manifest ([] when there is none): an
+    earlier pack's shards beyond this one's count are removed, nothing else."""
+    try:
+        manifest = json.loads((dst / MANIFEST).read_text())
+        shards = [f"{data_dir(Path()).name}/{name}" for name in manifest["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [*shards, MANIFEST, *METADATA]
 
 
 def _narrow(table: Any, vocab: int) -> Any:
@@ -109,47 +124,78 @@ def _entry(path: Path) -> dict[str, Any]:
     """A shard's manifest entry: what `verify` checks it against."""
     import hashlib
 
-    return {"bytes": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
-def verify(dst: str | Path) -> dict[str, Any]:
-    """Check a packed directory against its manifest: every listed file present with its size and
-    sha256, no shard beside them, the record count as listed. Returns the manifest."""
+def checked_pack(dst: str | Path) -> dict[str, Any]:
+    """`verify` as training runs it: a file unchanged (path, size, mtime) since its sha256 was last
+    computed is not read again (headstart.target.gguf.file_sha256's memo)."""
+    from headstart.target.gguf import file_sha256
+
+    return verify(dst, entry=lambda path: {"bytes": path.stat().st_size, "sha256": file_sha256(path)})
+
+
+def verify(dst: str | Path, entry: Any = None) -> dict[str, Any]:
+    """Check a packed directory against its manifest: every listed file (shards and metadata)
+    present with its size and sha256, no shard beside them, the record count as listed. Returns
+    the manifest. Cost: one read of every file (training's own check, `checked_pack`, skips
+    files unchanged since their last check)."""
     import pyarrow.parquet as pq
 
     from headstart.distill.store import packed_paths
 
     dst = Path(dst)
+    manifest, listed = _listed(dst)
+    found = {p.name for p in packed_paths(dst)}
+    shards = {name for name in listed if name.startswith(data_dir(Path()).name + "/")}
+    if {name.split("/", 1)[1] for name in shards} != found:
+        raise HeadstartError(
+            f"{dst}: shards {sorted(found)} do not match {MANIFEST}'s {sorted(manifest['files'])}",
+            "restore the missing shards (git checkout) or pack the distilled run again",
+        )
+    for name, expected in listed.items():
+        _check(dst / name, expected, entry or _entry)
+    counted = sum(pq.ParquetFile(dst / name).metadata.num_rows for name in shards)
+    if counted != int(manifest["records"]):
+        raise HeadstartError(
+            f"{dst} holds {counted} records, {MANIFEST} says {manifest['records']}", "pack the distilled run again"
+        )
+    return manifest
+
+
+def _listed(dst: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The manifest and every file it lists (relative path -> its entry)."""
     try:
         manifest = json.loads((dst / MANIFEST).read_text())
-        listed, records = dict(manifest["files"]), int(manifest["records"])
+        listed = {f"{data_dir(Path()).name}/{k}": dict(v) for k, v in dict(manifest["files"]).items()}
+        int(manifest["records"])
+        metadata = manifest.get("metadata")
+        listed.update({k: dict(v) for k, v in dict(metadata or {}).items()})
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise HeadstartError(
             f"{dst} has no readable {MANIFEST} ({type(err).__name__}: {err})",
             "pack the distilled run again (python -m headstart.distill.pack SRC DST)",
         ) from None
-    found = {p.name for p in packed_paths(dst)}
-    if set(listed) != found:
+    if metadata is not None and META not in metadata:
+        raise HeadstartError(f"{dst}/{MANIFEST} lists no checksum for {META}", "pack the distilled run again")
+    return manifest, listed
+
+
+def _check(path: Path, expected: dict[str, Any], entry: Any) -> None:
+    """One line when `path` is missing or its size or sha256 differs from the manifest's."""
+    if not path.is_file():
+        raise HeadstartError(f"{path} is missing ({MANIFEST} lists it)", "restore it (git checkout) or pack again")
+    actual = entry(path)
+    if {key: expected.get(key) for key in actual} != actual:
         raise HeadstartError(
-            f"{dst}: shards {sorted(found)} do not match {MANIFEST}'s {sorted(listed)}",
-            "restore the missing shards (git checkout) or pack the distilled run again",
+            f"{path} differs from {MANIFEST} (sha256 {actual['sha256'][:12]}..., expected "
+            f"{str(expected.get('sha256'))[:12]}...)",
+            "restore it (git checkout) or pack the distilled run again",
         )
-    counted = 0
-    for name, expected in listed.items():
-        path = data_dir(dst) / name
-        actual = _entry(path)
-        if {key: expected.get(key) for key in actual} != actual:
-            raise HeadstartError(
-                f"{path} differs from {MANIFEST} (sha256 {actual['sha256'][:12]}..., expected "
-                f"{str(expected.get('sha256'))[:12]}...)",
-                "restore it (git checkout) or pack the distilled run again",
-            )
-        counted += pq.ParquetFile(path).metadata.num_rows
-    if counted != records:
-        raise HeadstartError(
-            f"{dst} holds {counted} records, {MANIFEST} says {records}", "pack the distilled run again"
-        )
-    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ from headstart.distill.store import (
 from headstart.errors import HeadstartError, Interrupted
 from headstart.inference.continuous import Reply, Request
 from headstart.interrupts import stop_signals_interrupt
-from headstart.io import check_writable
+from headstart.outputs import check_output_dir
 from headstart.target import Target
 
 
@@ -99,7 +99,7 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
         import torch
 
         torch.set_num_threads(cfg.threads)
-    check_writable(cfg.out, "--out")  # before the target loads
+    check_output_dir(cfg.out, "--out")  # before the target loads
     if target is None:
         from headstart.target import load_target
 

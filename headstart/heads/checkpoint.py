@@ -15,7 +15,7 @@ from huggingface_hub import ModelHubMixin
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
-from headstart.io import atomic_dir
+from headstart.outputs import publish_dir
 from headstart.target.load import describe, fingerprint_mismatch
 
 
@@ -35,28 +35,55 @@ def _hub_dataset(source: str) -> bool:
     return source.count("/") == 1 and " " not in source and not Path(source).expanduser().exists()
 
 
-def model_card(config: HeadConfig) -> Any:
-    """The model card (huggingface_hub's ModelCard): metadata a Hub page indexes (base_model,
-    datasets, metrics with their held-out values) and what the head is, for which target, on what
-    data, how well it drafts."""
+METRIC_TYPES = {"top1": "accuracy", "top5": "top_5_accuracy", "accept_len_est": "mean_accepted_tokens", "loss": "loss"}
+"""headstart's metric keys (eval/top1/step0, ...) as the model-index metric types a Hub page reads."""
+
+
+def card_metric(key: str, value: float) -> dict[str, Any]:
+    """A model-index metric for a trainer's held-out figure: a standard type, a readable name."""
+    parts = key.removeprefix("eval/").split("/")
+    kind = METRIC_TYPES.get(parts[0], parts[0])
+    where = parts[1] if len(parts) > 1 else ""
+    if where.startswith("step") and where[4:].isdigit():  # EAGLE: unroll step k drafts depth k + 1
+        where = f"draft depth {int(where[4:]) + 1}"
+    elif where.startswith("head") and where[4:].isdigit():  # Medusa: head k drafts depth k + 1
+        where = f"head {where[4:]}"
+    depth = f" at {where}" if where else ""
+    names = {"accuracy": "top-1 draft accuracy", "top_5_accuracy": "top-5 draft accuracy",
+             "mean_accepted_tokens": "estimated tokens per target forward (tau)", "loss": "held-out loss"}  # fmt: skip
+    return {"type": kind, "name": names.get(kind, key) + depth, "value": value}
+
+
+def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | None = None) -> Any:
+    """The model card (huggingface_hub's ModelCard) of a head written in format `fmt`: metadata a
+    Hub page indexes (base_model: the target's Hub id where known, license, pipeline_tag, datasets,
+    model-index metrics with standard types) and what the head is, for which target, on what data,
+    how well it drafts. No local path: a target loaded from a folder is named by the folder."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+    from headstart.target.gguf import hub_id
+
+    config = config.portable()
     target = config.target.get("name", "unknown")
     train = dict(config.training)
     metrics = {k: v for k, v in (train.pop("metrics", {}) or {}).items() if isinstance(v, int | float)}
     sources = list(train.pop("datasets", []) or [])
     title = f"{config.kind} draft head for {target}"
+    shown = [card_metric(k, v) for k, v in sorted(metrics.items())]
     data = ModelCardData(
-        library_name="headstart",
-        base_model=target if config.target.get("kind") == "hub" else None,
+        library_name="headstart" if fmt == "headstart" else None,
+        license="apache-2.0",
+        pipeline_tag="text-generation",
+        base_model=base_model if base_model and "/" in base_model else hub_id(config.target),
         datasets=[d for d in sources if _hub_dataset(d)] or None,
-        tags=["speculative-decoding", config.kind, "headstart"],
-        metrics=sorted(metrics) or None,
+        tags=["speculative-decoding", config.kind, "headstart", *([fmt] if fmt != "headstart" else [])],
+        metrics=sorted({m["type"] for m in shown}) or None,
         model_name=title,
         eval_results=[
-            EvalResult(task_type="speculative-decoding", dataset_type="held-out-distilled-conversations",
-                       dataset_name="held-out distilled conversations", metric_type=k, metric_value=v)
-            for k, v in sorted(metrics.items())
+            EvalResult(task_type="speculative-decoding", task_name="speculative decoding",
+                       dataset_type="held-out-distilled-conversations", dataset_name="held-out distilled conversations",
+                       metric_type=m["type"], metric_name=m["name"], metric_value=m["value"])
+            for m in shown
         ] or None,
     )  # fmt: skip
     lines = [
@@ -122,8 +149,15 @@ class HeadCheckpoint(
     """HeadConfig.layout of the checkpoints this class reads."""
 
     def save_pretrained(self, path: str | Path, **kwargs: Any) -> Path:  # type: ignore[override]
-        """Write the head to `path` (replaced atomically); kwargs as ModelHubMixin's."""
-        return atomic_dir(path, lambda tmp: ModelHubMixin.save_pretrained(self, tmp, **kwargs))
+        """Write the head's files into `path` (each whole or not at all; other files in `path` stay,
+        as transformers' save_pretrained leaves them; a tuned tree of earlier heads there goes,
+        since it would be read with these); kwargs as ModelHubMixin's."""
+        from headstart.heads.formats import TUNED_FILE
+        from headstart.outputs import refuse_protected
+
+        refuse_protected(path, "the heads directory")
+        save = lambda tmp: ModelHubMixin.save_pretrained(self, tmp, **kwargs)  # noqa: E731
+        return publish_dir(path, save, stale=[TUNED_FILE])
 
     def _save_pretrained(self, save_directory: Path) -> None:
         write_checkpoint(save_directory, self.config, self.state_dict())  # type: ignore[attr-defined]

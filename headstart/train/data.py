@@ -110,7 +110,10 @@ def _record_counts(sizes: list[int], cfg: DataConfig) -> list[int]:
 
 def _load_one(path: str, mode: str) -> TrainData:
     from headstart.distill import load_distilled, read_meta
+    from headstart.distill.pack import MANIFEST, checked_pack
 
+    if (Path(path) / MANIFEST).is_file():
+        checked_pack(path)  # a damaged or half-updated pack fails here, not as odd training
     meta = read_meta(path)
     rows = load_distilled(path)
     features = None

@@ -64,10 +64,11 @@ def train(
     how to rebuild it."""
     from tqdm.auto import tqdm
 
-    from headstart.io import check_writable, lock_dir
+    from headstart.io import lock_dir
+    from headstart.outputs import check_output_dir
 
     started = time.perf_counter()  # the time budget counts start-up too
-    check_writable(cfg.output_dir, "output_dir")  # before any data or model loads
+    check_output_dir(cfg.output_dir, "output_dir")  # before any data or model loads
     check_run_dir(Path(cfg.output_dir), resume)
     # one run per output_dir (the main process of a launch holds it; the others share its files)
     out = Path(cfg.output_dir)
@@ -431,9 +432,9 @@ def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list
 
 def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, Any], out: Path) -> Path:
     """The trained head in HF layout (out/final), with what the model card needs."""
-    from headstart.heads.checkpoint import atomic_dir
     from headstart.heads.config import HeadConfig
     from headstart.heads.formats import detect_format
+    from headstart.outputs import publish_dir
 
     head = model.head
     head.config.training = {
@@ -462,5 +463,5 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
         )
     final = head.save_pretrained(out / "final")
     if cfg.lora.enabled:  # Medusa-2: the adapted target goes with its heads
-        atomic_dir(out / "final-lora", lambda tmp: model.target.save_pretrained(str(tmp)))
+        publish_dir(out / "final-lora", lambda tmp: model.target.save_pretrained(str(tmp)))
     return final

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -29,7 +30,8 @@ def test_round_trip_gives_identical_outputs(kind, llama_target, tmp_path):
     assert sorted(p.name for p in path.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dirs left
     card = (path / "README.md").read_text()
-    assert "steps: 3" in card and "top1/step0 | 0.5000" in card and str(llama_target.spec) in card
+    assert "steps: 3" in card and "top1/step0 | 0.5000" in card
+    assert f"`{Path(llama_target.spec).name}`" in card and str(llama_target.spec) not in card  # no local path
     loaded = load_heads(path, llama_target)
     assert type(loaded) is type(head)
     ids = torch.randint(0, llama_target.vocab_size, (1, 5))
@@ -101,6 +103,8 @@ def test_model_card_metadata_comes_from_training(llama_target, tmp_path):
     meta = card.data.to_dict()
     assert meta["base_model"] == "org/target-model" and meta["library_name"] == "headstart"
     assert meta["datasets"] == ["Aeala/ShareGPT_Vicuna_unfiltered"]
-    results = {r.metric_type: r.metric_value for r in card.data.eval_results}
-    assert results == {"eval/predictions": 40, "eval/top1/step0": 0.25}
-    assert str(tmp_path) in card.text and "training steps: 5" in card.text
+    assert meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "text-generation"
+    results = {(r.metric_type, r.metric_name): r.metric_value for r in card.data.eval_results}
+    assert results == {("predictions", "eval/predictions"): 40, ("accuracy", "top-1 draft accuracy at draft depth 1"): 0.25}
+    assert str(tmp_path) not in card.text and f".../{tmp_path.parent.name}/{tmp_path.name}" in card.text
+    assert "training steps: 5" in card.text

@@ -1,4 +1,5 @@
-"""`headstart push`: uploads a heads directory as-is (mocked Hub client; no network here)."""
+"""`headstart push`: what it stages and uploads (a fake Hub client: no network here; `--dry-run`
+writes the staged files for real)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,33 @@ from headstart.heads.defaults import shipped_heads
 
 class FakeApi:
     calls: list = []
+    marks: dict = {}  # repo id -> the .headstart-push.json an earlier push left there
 
     def __init__(self, token=None):
         self.token = token
+
+    def hf_hub_download(self, repo_id, filename, repo_type):
+        from huggingface_hub.errors import EntryNotFoundError
+
+        if repo_id not in FakeApi.marks:
+            raise EntryNotFoundError(f"{filename} not in {repo_id}")
+        path = FakeApi.marks[repo_id]
+        return str(path)
 
     def create_repo(self, repo_id, **kwargs):
         FakeApi.calls.append(("create", repo_id, kwargs))
 
     def upload_folder(self, **kwargs):
+        from pathlib import Path
+
+        kwargs["sent"] = {p.name: p.read_bytes() for p in Path(kwargs["folder_path"]).iterdir()}
         FakeApi.calls.append(("upload", kwargs))
         return SimpleNamespace(commit_url=f"https://hub.example/{kwargs['repo_id']}/commit/1")
 
 
 def test_push_uploads_the_heads_files(monkeypatch, capsys):
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
-    FakeApi.calls = []
+    FakeApi.calls, FakeApi.marks = [], {}
     heads = shipped_heads("smollm2")["smollm2-medusa"]
     assert main(["push", str(heads), "me/smollm2-medusa", "--private"]) == 0
     (create, upload) = FakeApi.calls
@@ -37,8 +50,10 @@ def test_push_uploads_the_heads_files(monkeypatch, capsys):
         "model.safetensors",
         "README.md",
         "tuned_tree.json",
+        ".headstart-push.json",
     }
-    assert upload[1]["delete_patterns"] == []  # it has every head file: nothing of the repo's to drop
+    assert upload[1]["delete_patterns"] is None  # no earlier headstart push: nothing of the repo's goes
+    assert b"/root/" not in upload[1]["sent"]["config.json"] and b'"_name_or_path"' not in upload[1]["sent"]["config.json"]
     assert "pushed medusa heads" in capsys.readouterr().out
 
 
@@ -58,13 +73,19 @@ def test_push_reports_hub_errors(monkeypatch, capsys):
     assert "401 Unauthorized" in capsys.readouterr().err
 
 
-def test_a_push_drops_the_head_files_an_earlier_push_left(monkeypatch, tmp_path):
-    """Heads without a card or a tuned tree, pushed where others were: the earlier README.md and
-    tuned_tree.json go (a tuned tree of other heads would be read with these), nothing else."""
+def test_a_push_removes_only_what_an_earlier_push_listed_and_never_a_card(monkeypatch, tmp_path):
+    """Heads without a tuned tree, pushed where an earlier push left one: its tuned_tree.json goes
+    (a tuned tree of other heads would be read with these); the card is replaced, never deleted;
+    files no headstart push wrote are never named."""
+    import json
     import shutil
 
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     FakeApi.calls = []
+    mark = tmp_path / "mark.json"
+    mark.write_text(json.dumps({"files": ["README.md", "config.json", "model.safetensors", "tuned_tree.json",
+                                          "medusa_lm_head.pt", ".headstart-push.json"]}))  # fmt: skip
+    FakeApi.marks = {"me/heads": mark}
     heads = shipped_heads("smollm2")["smollm2-eagle3"]
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -72,5 +93,28 @@ def test_a_push_drops_the_head_files_an_earlier_push_left(monkeypatch, tmp_path)
         shutil.copy(heads / name, bare / name)
     assert main(["push", str(bare), "me/heads"]) == 0
     upload = FakeApi.calls[-1][1]
-    assert upload["allow_patterns"] == ["config.json", "model.safetensors"]
-    assert upload["delete_patterns"] == ["README.md", "tuned_tree.json"]
+    assert upload["allow_patterns"] == ["README.md", "config.json", "model.safetensors", ".headstart-push.json"]
+    assert sorted(upload["delete_patterns"]) == ["medusa_lm_head.pt", "tuned_tree.json"]
+    assert b"base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in upload["sent"]["README.md"]  # a card made
+
+
+def test_push_dry_run_writes_exactly_what_would_be_uploaded(monkeypatch, tmp_path, capsys):
+    import json
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    FakeApi.calls, FakeApi.marks = [], {}
+    heads = shipped_heads("smollm2")["smollm2-eagle3"]
+    out = tmp_path / "staged"
+    assert main(["push", str(heads), "--dry-run", str(out)]) == 0
+    assert FakeApi.calls == []  # no network
+    assert main(["push", str(heads), "me/x"]) == 0
+    sent = FakeApi.calls[-1][1]["sent"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == sent
+    card = (out / "README.md").read_text()
+    for field in ("base_model: HuggingFaceTB/SmolLM2-135M-Instruct", "license: apache-2.0",
+                  "pipeline_tag: text-generation", "type: accuracy"):  # fmt: skip
+        assert field in card
+    assert set(json.loads((out / ".headstart-push.json").read_text())["files"]) == set(sent)
+    (out / "mine.txt").write_text("mine")
+    assert main(["push", str(heads), "--dry-run", str(out)]) == 0  # an earlier dry run: written again
+    assert (out / "mine.txt").read_text() == "mine"

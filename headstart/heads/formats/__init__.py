@@ -52,33 +52,62 @@ def adapter(fmt: str) -> ModuleType:
 
 
 EXPORT_MARK = ".headstart-export"
-"""Written into every export: only a directory holding it is an earlier export that a new one may
-replace without --overwrite (a training run's `final/` has the same file names)."""
+"""Written into every export (JSON: the format and the files it wrote): only a directory holding it
+is an earlier export that a new one may write into without --overwrite (a training run's `final/`
+has the same file names), and only the files it lists may be removed by a later export."""
 TUNED_FILE = "tuned_tree.json"  # headstart.bench.tune's (not imported: that module loads torch's half)
+CARD_FILE = "README.md"
 
 
 def export_heads(
     head: Any, fmt: str, output: str | Path, *, dtype: str = "bfloat16", verifier: str | None = None,
     tuned: dict[str, Any] | None = None,
 ) -> Path:  # fmt: skip
-    """Write `head` in format `fmt` to the directory `output` (atomically: a failure leaves
-    nothing), with the tree `headstart tune` stored for the heads (`tuned`) when given: the same
-    heads at another dtype or layout decode with the same tree. Refuses what the format cannot
-    express, before anything is written."""
-    from headstart.io import atomic_dir, normal_permissions
+    """Write `head` in format `fmt` into the directory `output`, with its model card and the tree
+    `headstart tune` stored for the heads (`tuned`) when given: the same heads at another dtype or
+    layout decode with the same tree. Every file lands whole or not at all; an earlier export's
+    files that this one does not write are removed, nothing else (headstart.outputs). Refuses
+    what the format cannot express, before anything is written."""
+    import copy
+
+    from headstart.heads.checkpoint import model_card
+    from headstart.io import normal_permissions
+    from headstart.outputs import files_under, publish_dir
 
     torch_dtype(dtype)
-    write = adapter(fmt).export(head, verifier or default_verifier(head.config), dtype)
+    verifier = verifier or default_verifier(head.config)
+    head = copy.copy(head)  # the same parameters under a config without this machine's paths
+    head.config = head.config.portable()
+    write = adapter(fmt).export(head, verifier, dtype)
 
     def publish(tmp: Path) -> None:
         write(tmp)
+        if not (tmp / CARD_FILE).exists():
+            model_card(head.config, fmt=fmt, base_model=verifier).save(tmp / CARD_FILE)
         if tuned is not None:
             (tmp / TUNED_FILE).write_text(json.dumps(tuned, indent=1) + "\n")
-        (tmp / EXPORT_MARK).write_text(json.dumps({"format": fmt}) + "\n")
+        files = [*files_under(tmp), EXPORT_MARK]
+        (tmp / EXPORT_MARK).write_text(json.dumps({"format": fmt, "files": files}) + "\n")
         for file in tmp.iterdir():
             normal_permissions(file)  # readable by the serving process, as files written without headstart
 
-    return atomic_dir(output, publish)
+    return publish_dir(output, publish, stale=export_files(Path(output).expanduser()))
+
+
+def export_files(path: Path) -> list[str]:
+    """The files an earlier `headstart export` wrote into `path` (its mark's list; an export made
+    before the mark listed them: its format's files), [] when `path` holds no export."""
+    mark = path / EXPORT_MARK
+    if not mark.is_file():
+        return []
+    try:
+        recorded = json.loads(mark.read_text())
+        files = recorded.get("files")
+        if isinstance(files, list) and all(isinstance(f, str) for f in files):
+            return files  # publish_dir removes only plain relative names inside the directory
+        return sorted(adapter(recorded["format"]).FILES | {TUNED_FILE, EXPORT_MARK})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, HeadstartError):
+        return []  # a damaged mark proves nothing: remove nothing
 
 
 def writer(config: dict[str, Any], state: dict[str, torch.Tensor], dtype: str) -> Callable[[Path], None]:
@@ -100,14 +129,13 @@ def writer(config: dict[str, Any], state: dict[str, torch.Tensor], dtype: str) -
 
 
 def is_export(path: Path, fmt: str) -> bool:
-    """`path` is an earlier `headstart export --format fmt`: its mark and nothing but that
-    export's files."""
-    names = {p.name for p in Path(path).iterdir()}
-    if EXPORT_MARK not in names or not names <= adapter(fmt).FILES | {EXPORT_MARK, TUNED_FILE}:
-        return False
+    """`path` is an earlier `headstart export --format fmt` (its mark says so and its config.json
+    is that format's)."""
     try:
+        if json.loads((Path(path) / EXPORT_MARK).read_text()).get("format") != fmt:
+            return False
         return detect_format(path) == fmt
-    except HeadstartError:
+    except (OSError, ValueError, AttributeError, HeadstartError):
         return False
 
 
@@ -147,12 +175,12 @@ def read_foreign(path: str | Path, fmt: str, target: Any) -> Any:
 
 
 def default_verifier(config: Any) -> str:
-    """The target as a serving engine names it: the Hub id, else the path or name recorded."""
-    from headstart.target.gguf import EMBEDDED_NAME
+    """The target as a serving engine names it: its Hub id (the embedded GGUF is a Q4_1
+    quantisation of SmolLM2-135M-Instruct: served with the original weights), else the name of
+    its local folder or file (never the machine's path: pass --verifier to name its Hub id)."""
+    from headstart.target.gguf import hub_id
 
-    name = str(config.target.get("name"))
-    # the embedded GGUF is a Q4_1 quantisation of this model: serve it with the same weights
-    return "HuggingFaceTB/SmolLM2-135M-Instruct" if name == EMBEDDED_NAME else name
+    return hub_id(config.target) or Path(str(config.target.get("name"))).name
 
 
 def torch_dtype(name: str) -> torch.dtype:

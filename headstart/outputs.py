@@ -1,0 +1,240 @@
+"""The one rule every command that writes follows (export, push --dry-run, train, distill, pack,
+bench, tune): **a command deletes only files it wrote, or that an earlier run of the same command
+wrote (recognised by its mark).**
+
+- An output directory that is new, empty or an earlier output of the same command is written
+  without a flag; any other non-empty directory needs `--overwrite`, and even then only the files
+  the command writes are replaced: every other entry stays where it is, as `save_pretrained`,
+  `cp` and `rsync` without `--delete` leave it (`publish_dir`).
+- Refused in one line, with or without `--overwrite` (`refuse_protected`, `check_output`): the
+  filesystem root, the home directory, system directories, a directory holding `.git`, the
+  working directory or one of its parents, a directory holding the command's own input, and a
+  directory where a file the command writes would have to replace a foreign directory.
+- A reader never sees a half-written file: each file is written to a hidden temporary sibling and
+  renamed into place; a failure puts back every file it had replaced and leaves no temporary
+  behind.
+
+Every deletion the package makes onto an existing path is listed in DESIGN.md with why it is safe.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+from headstart.io import normal_permissions
+
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin",
+                "/sys", "/usr", "/System", "/Library")  # fmt: skip
+"""Directories nothing of a user's belongs in, nor anywhere below them."""
+SYSTEM_ROOTS = ("/", "/home", "/root", "/tmp", "/var", "/var/tmp", "/opt", "/srv", "/mnt", "/media", "/run",
+                "/Users", "/Applications", "/private", "/private/tmp", "/private/var", "/Volumes")  # fmt: skip
+"""Directories that hold other people's or other programs' directories: never an output
+themselves (a subdirectory of them is fine)."""
+
+
+def homes() -> set[Path]:
+    """The user's home directory, by $HOME and by the password database (a shell that expanded
+    `~` before HOME was changed names the other one)."""
+    found = {Path(os.path.expanduser("~"))}
+    try:
+        import pwd
+
+        found.add(Path(pwd.getpwuid(os.getuid()).pw_dir))
+    except (ImportError, KeyError):
+        pass
+    return {p.resolve() for p in found if str(p) not in ("", "/")}
+
+
+def protected(path: str | Path) -> str | None:
+    """Why `path` may never be a command's output directory, or None."""
+    resolved = Path(path).expanduser().resolve()
+    text = resolved.as_posix()
+    if resolved in homes():
+        return "is the home directory"
+    if text in SYSTEM_ROOTS:
+        return "is the filesystem root" if text == "/" else "is a system directory"
+    if any(text == tree or text.startswith(tree + "/") for tree in SYSTEM_TREES):
+        return "is a system directory"
+    if (resolved / ".git").exists():
+        return "holds a git repository (.git)"
+    return None
+
+
+def refuse_protected(path: str | Path, flag: str) -> None:
+    """One line when `path` is the root, the home directory, a system directory or a git checkout."""
+    reason = protected(path)
+    if reason:
+        raise HeadstartError(
+            f"{flag} {path} {reason}: headstart never writes its output there, --overwrite or not",
+            f"give {flag} a new directory, e.g. {Path(path).expanduser() / 'headstart-output'}",
+        )
+
+
+def check_writable(path: str | Path, what: str = "output", shown: str | Path | None = None) -> Path:
+    """Refuse, before any work, an output directory that cannot be created or written (a run
+    that only fails at its first save loses everything before it). The nearest existing ancestor
+    is probed by creating (and removing) a temporary directory in it: permission bits say nothing
+    for root, and /proc or a read-only mount only fail when written. `shown`: the path the user
+    gave, when `path` is a directory derived from it (its parent)."""
+    path = Path(path).expanduser()
+    shown = path if shown is None else shown
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        where = "" if existing == path else f": {existing}"
+        raise HeadstartError(f"{what} {shown}{where} is a file", f"choose another {what} directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".headstart-probe-", dir=existing))
+    except OSError as err:
+        raise HeadstartError(
+            f"cannot write the {what} {shown} ({existing}: {err.strerror or err})",
+            f"choose a writable {what}",
+        ) from None
+    return path
+
+
+def check_output_dir(path: str | Path, flag: str) -> Path:
+    """What every output directory must pass before any work: not protected, writable."""
+    refuse_protected(path, flag)
+    return check_writable(path, flag)
+
+
+def check_output(
+    path: str | Path,
+    flag: str,
+    *,
+    owned: Callable[[Path], bool],
+    command: str,
+    overwrite: bool = False,
+    inputs: Iterable[str | Path] = (),
+) -> Path:
+    """The rule for a command that writes a set of files into a directory (`export`, `pack`):
+    `path` may be new, empty, or an earlier output of this command (`owned(path)`); another
+    non-empty directory needs `overwrite` (which replaces only the command's own files). Never
+    allowed: a file, a protected directory, the working directory or one of its parents, and a
+    directory that holds one of `inputs`. Returns the absolute path; raises one line naming
+    `flag` otherwise."""
+    raw = Path(path).expanduser()
+    resolved = raw.resolve()
+    if raw.exists() and not raw.is_dir():
+        raise HeadstartError(f"{flag} {path} is a file", f"give {flag} a directory path (new or empty)")
+    refuse_protected(path, flag)
+    for source in inputs:
+        source = Path(source).expanduser().resolve()
+        if resolved == source or resolved in source.parents:
+            raise HeadstartError(
+                f"{flag} {path} holds the input {source}: writing there could replace what {command} reads",
+                f"choose an {flag} outside {source}",
+            )
+    here = Path.cwd().resolve()
+    if resolved == here or resolved in here.parents:
+        raise HeadstartError(
+            f"{flag} {path} is the working directory or one of its parents",
+            f"name a new directory for {flag}",
+        )
+    check_writable(resolved.parent, flag, shown=path)
+    if raw.is_dir() and any(raw.iterdir()) and not owned(raw) and not overwrite:
+        names = sorted(p.name for p in raw.iterdir())
+        listing = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        raise HeadstartError(
+            f"{flag} {path} is not empty ({listing}) and is not an earlier output of {command}",
+            f"choose a new or empty {flag}, or pass --overwrite to write {command}'s files there "
+            "(other files are left as they are)",
+        )
+    return resolved
+
+
+def files_under(root: Path) -> list[str]:
+    """Every file below `root`, as sorted POSIX paths relative to it."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir())
+
+
+def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterable[str] = ()) -> Path:
+    """Call `write(tmp)` in a hidden temporary sibling of `dest`, then publish what it wrote:
+
+    - `dest` new (or an empty directory): the temporary directory is renamed to `dest` (atomic);
+    - otherwise each file written replaces its namesake in `dest` (one rename per file), and the
+      names in `stale` (files an earlier run of the same command wrote, known from its mark) that
+      this run did not write are removed. Nothing else in `dest` is touched.
+
+    Replaced files are moved aside into `dest/.headstart-old-<pid>` until every new file is in
+    place, and put back if a rename fails; a file that would have to replace a directory is
+    refused before anything moves. A failure leaves `dest` as it was and no temporary behind; an
+    OS error is one line naming `dest`. Cost: one rename per file."""
+    dest = Path(dest).expanduser().resolve()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    except OSError as err:
+        raise HeadstartError(f"cannot write {dest}: {err.strerror or err}", "choose a writable path") from None
+    try:
+        normal_permissions(tmp)
+        write(tmp)
+        if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
+            os.replace(tmp, dest)
+        else:
+            _merge(tmp, dest, files_under(tmp), stale)
+    except OSError as err:
+        raise HeadstartError(
+            f"cannot write {dest}: {err.strerror or err}", "check the disk space and the permissions"
+        ) from None
+    finally:
+        if tmp.exists():  # only this function's own temporary directory
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _inside(name: str) -> bool:
+    """A plain relative path that stays inside its directory (a mark is a file anyone can edit)."""
+    path = Path(name)
+    return bool(name) and not path.is_absolute() and ".." not in path.parts
+
+
+def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> None:
+    """Move `names` from `tmp` into `dest` and remove `stale` names no longer written, with the
+    replaced files kept aside until the end (and put back on a failure)."""
+    for name in names:
+        for part in [*reversed(Path(name).parents[:-1]), Path(name)]:
+            there = dest / part
+            if (there.is_dir() and part == Path(name)) or (there.is_file() and part != Path(name)):
+                raise HeadstartError(
+                    f"{dest} holds {there} where headstart writes {'a file' if part == Path(name) else 'a directory'}: "
+                    "replacing it would delete what headstart did not write",
+                    f"move {there} away, or choose another output directory",
+                )
+    aside = dest / f".headstart-old-{os.getpid()}"
+    moved: list[str] = []
+    placed: list[str] = []
+    made: list[Path] = []
+    gone = [name for name in stale if _inside(name) and name not in names and (dest / name).is_file()]
+    try:
+        for name in [*gone, *names]:
+            if (dest / name).is_file() or (dest / name).is_symlink():
+                (aside / name).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(dest / name, aside / name)
+                moved.append(name)
+            if name in gone:
+                continue
+            for parent in reversed(Path(name).parents[:-1]):
+                if not (dest / parent).exists():
+                    (dest / parent).mkdir()
+                    normal_permissions(dest / parent)
+                    made.append(dest / parent)
+            os.replace(tmp / name, dest / name)
+            placed.append(name)
+    except BaseException:
+        for name in placed:
+            (dest / name).unlink(missing_ok=True)
+        for name in moved:
+            os.replace(aside / name, dest / name)
+        for folder in [*reversed(made), *sorted(aside.rglob("*"), reverse=True), aside]:
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+    # `aside` holds only the files moved there above: replaced ones and stale ones
+    shutil.rmtree(aside, ignore_errors=True)

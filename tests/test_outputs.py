@@ -1,0 +1,100 @@
+"""headstart.outputs: the rule every command that writes follows, as units (the commands' own
+tests are in tests/test_output_rule.py and tests/test_data_safety.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from headstart.errors import HeadstartError
+from headstart.outputs import protected, publish_dir
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+
+
+def _write(files: dict[str, str]):
+    def write(tmp: Path) -> None:
+        for name, text in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / name).write_text(text)
+
+    return write
+
+
+def test_a_new_directory_is_renamed_into_place(tmp_path):
+    publish_dir(tmp_path / "out", _write({"a.txt": "1", "d/b.txt": "2"}))
+    assert _tree(tmp_path / "out") == {"a.txt": b"1", "d": None, "d/b.txt": b"2"}
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_written_files_replace_their_namesakes_stale_ones_go_and_the_rest_stays(tmp_path):
+    out = tmp_path / "out"
+    publish_dir(out, _write({"a.txt": "1", "d/old.bin": "x", "gone.txt": "g"}))
+    (out / "mine.txt").write_text("mine")
+    (out / "d" / "mine.bin").write_text("mine too")
+    publish_dir(out, _write({"a.txt": "new", "d/b.txt": "2"}), stale=["d/old.bin", "gone.txt", "never.txt"])
+    assert _tree(out) == {"a.txt": b"new", "d": None, "d/b.txt": b"2", "d/mine.bin": b"mine too", "mine.txt": b"mine"}
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "", "d/../../x"])
+def test_stale_names_outside_the_directory_are_never_removed(tmp_path, name):
+    """A mark is a file anyone can edit: a name that leaves the directory removes nothing."""
+    out = tmp_path / "box" / "out"
+    publish_dir(out, _write({"a.txt": "1"}))
+    (tmp_path / "box" / "outside.txt").write_text("keep")
+    (tmp_path / "x").write_text("keep")
+    publish_dir(out, _write({"a.txt": "2"}), stale=[name])
+    assert (tmp_path / "box" / "outside.txt").read_text() == "keep" and (tmp_path / "x").read_text() == "keep"
+
+
+def test_a_failed_rename_puts_every_replaced_file_back(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    publish_dir(out, _write({"a.txt": "1", "b.txt": "2", "c.txt": "3"}))
+    (out / "mine.txt").write_text("mine")
+    before = _tree(out)
+    real = os.replace
+    calls = []
+
+    def flaky(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:  # a.txt aside and in, b.txt aside, then b.txt in fails
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    with pytest.raises(HeadstartError, match="No space left on device"):
+        publish_dir(out, _write({"a.txt": "new", "b.txt": "new", "c.txt": "new"}), stale=["a.txt"])
+    monkeypatch.setattr(os, "replace", real)
+    assert _tree(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_file_never_replaces_a_foreign_directory_or_goes_below_a_foreign_file(tmp_path):
+    out = tmp_path / "out"
+    (out / "a.txt").mkdir(parents=True)
+    (out / "d").write_text("a file where a directory would go")
+    before = _tree(out)
+    for files in ({"a.txt": "1"}, {"d/b.txt": "2"}):
+        with pytest.raises(HeadstartError, match="replacing it would delete what headstart did not write"):
+            publish_dir(out, _write(files))
+        assert _tree(out) == before
+
+
+def test_protected_directories(tmp_path, monkeypatch):
+    import headstart.outputs as outputs
+
+    monkeypatch.setattr(outputs, "homes", lambda: {tmp_path.resolve()})
+    assert protected(tmp_path) == "is the home directory"
+    assert protected(tmp_path / "sub") is None
+    assert protected("/") == "is the filesystem root"
+    for path in ("/etc", "/usr/local/x", "/tmp", "/proc/1", "/home"):
+        assert protected(path) == "is a system directory", path
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    assert protected(tmp_path / "repo") == "holds a git repository (.git)"
+    assert protected(tmp_path / "repo" / "runs") is None  # a folder inside a checkout is fine
+    os.symlink(tmp_path, tmp_path / "link")
+    assert protected(tmp_path / "link") == "is the home directory"  # through a symlink too
