@@ -157,6 +157,8 @@ def files_under(root: Path) -> list[str]:
 def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterable[str] = ()) -> Path:
     """Call `write(tmp)` in a hidden temporary sibling of `dest`, then publish what it wrote:
 
+    Every file and directory published gets the permissions a plain open()/mkdir() gives.
+
     - `dest` new (or an empty directory): the temporary directory is renamed to `dest` (atomic);
     - otherwise each file written replaces its namesake in `dest` (one rename per file), and the
       names in `stale` (files an earlier run of the same command wrote, known from its mark) that
@@ -173,8 +175,9 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
     except OSError as err:
         raise HeadstartError(f"cannot write {dest}: {err.strerror or err}", "choose a writable path") from None
     try:
-        normal_permissions(tmp)
         write(tmp)
+        for path in [tmp, *tmp.rglob("*")]:  # some writers (safetensors) make 0600 files
+            normal_permissions(path)
         if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
             os.replace(tmp, dest)
         else:

@@ -47,6 +47,13 @@ def work(tmp_path_factory, tiny_llama):
     (w / "q-bytes.jsonl").write_bytes(b'{"prompt": "hello"}\n{"prompt": "a\xff"}\n')
     (w / "q3.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "count", "yes")))
     (w / "p-bytes.jsonl").write_bytes(b'{"prompt": "\xff\xfe"}\n' * 3)
+    (w / "q-dup.jsonl").write_text('{"question_id": 1, "turns": ["a"]}\n{"question_id": 2, "turns": ["b"]}\n'
+                                   '{"question_id": 1, "turns": ["c"]}\n')  # fmt: skip
+    for name, line in {"q-turns-num": '{"turns": [1, 2]}', "q-turns-null": '{"turns": null}',
+                       "q-prompt-num": '{"prompt": 5}', "q-prompt-null": '{"prompt": null}',
+                       "q-nothing": '{"question_id": 3, "category": "x"}', "q-id-null": '{"question_id": null, "prompt": "a"}',
+                       "q-turns-str": '{"turns": "just a string"}'}.items():  # fmt: skip
+        (w / f"{name}.jsonl").write_text('{"prompt": "fine"}\n' + line + "\n")
     (w / "empty.gguf").write_bytes(b"")
     (w / "magicless.gguf").write_bytes(b"not a gguf file at all")
     (w / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
@@ -75,6 +82,10 @@ def work(tmp_path_factory, tiny_llama):
     shutil.copytree(w / "bench-done", w / "bench-copy")
     shutil.copytree(w / "bench-done", w / "bench-bad")
     (w / "bench-bad" / "report.json").write_text("{bad")
+    shutil.copytree(w / "bench-done", w / "bench-cut")  # an interrupted run: partial records, no report
+    (w / "bench-cut" / "report.json").unlink()
+    (w / "bench-cut" / "report.md").unlink()
+    (w / "bench-cut" / "outputs.jsonl").rename(w / "bench-cut" / "outputs.jsonl.partial")
     return w
 
 
@@ -125,6 +136,15 @@ CASES = [
     ("bench --limit 0", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--limit", "0", "--output", "{W}/b"], "--limit must be >= 1, got 0"),
     ("bench a shard with no question", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "4/4", "--output", "{W}/b"], "--shard 4/4 selects no question"),
     ("bench a bad shard", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--shard", "²/4", "--output", "{W}/b"], "bad --shard '²/4'"),
+    ("bench a repeated question_id", ["bench", "--target", T, "--questions", "{W}/q-dup.jsonl", "--output", "{W}/b"], "{W}/q-dup.jsonl:3 repeats question_id 1 (first on line 1)"),
+    ("bench turns of numbers", ["bench", "--target", T, "--questions", "{W}/q-turns-num.jsonl", "--output", "{W}/b"], "{W}/q-turns-num.jsonl:2: 'turns' must be a non-empty list of non-empty strings, got [1, 2]"),
+    ("bench turns null", ["bench", "--target", T, "--questions", "{W}/q-turns-null.jsonl", "--output", "{W}/b"], "{W}/q-turns-null.jsonl:2: 'turns' must be a non-empty list"),
+    ("bench turns a string", ["bench", "--target", T, "--questions", "{W}/q-turns-str.jsonl", "--output", "{W}/b"], "{W}/q-turns-str.jsonl:2: 'turns' must be a non-empty list"),
+    ("bench prompt a number", ["bench", "--target", T, "--questions", "{W}/q-prompt-num.jsonl", "--output", "{W}/b"], "{W}/q-prompt-num.jsonl:2: 'prompt' must be a non-empty string, got 5"),
+    ("bench prompt null", ["bench", "--target", T, "--questions", "{W}/q-prompt-null.jsonl", "--output", "{W}/b"], "{W}/q-prompt-null.jsonl:2: 'prompt' must be a non-empty string, got null"),
+    ("bench a row with no prompt", ["bench", "--target", T, "--questions", "{W}/q-nothing.jsonl", "--output", "{W}/b"], "{W}/q-nothing.jsonl:2: no 'turns' nor any of"),
+    ("bench question_id null", ["bench", "--target", T, "--questions", "{W}/q-id-null.jsonl", "--output", "{W}/b"], "{W}/q-id-null.jsonl:2: 'question_id' must be a non-empty string or an integer, got null"),
+    ("bench over an interrupted run", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/bench-cut"], "{W}/bench-cut holds an interrupted bench run (6 answers measured)"),
     ("bench over a finished run", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/bench-done"], "{W}/bench-done already holds a finished bench report"),
     ("bench --resume, other settings", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--max-new-tokens", "9", "--resume", "--output", "{W}/bench-done"], "other settings (max_new_tokens, heads, methods)"),
     ("bench into unrelated files", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/junk"], "--output {W}/junk is not empty (notes.txt)"),
@@ -176,6 +196,7 @@ CASES = [
     ("train optim.lr=-1", ["train", "--recipe", "{RECIPE:{W}/new-run}", "optim.lr=-1"], "optim.lr is out of range"),
     ("train the same data twice", ["train", "--recipe", "{RECIPE:{W}/new-run}", "data.path=[a,a]"], "name a more than once"),
     ("train data.holdout=1.5", ["train", "--recipe", "{RECIPE:{W}/new-run}", "data.holdout=1.5"], "data.holdout must be a fraction < 1 or a whole number"),
+    ("train --resume, no checkpoint", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--resume"], "--resume: {W}/new-run holds no checkpoint to continue from"),
     ("train missing data", ["train", "--recipe", "{RECIPE:{W}/new-run}"], "distilled data {W}/nodata does not exist"),
     ("accelerate config not YAML", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--dry-run", "--accelerate-config", "{W}/accelerate-bad.yaml"], "accelerate cannot read {W}/accelerate-bad.yaml"),
     ("accelerate config without --dry-run", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--accelerate-config", "{W}/accelerate-bad.yaml"], "--accelerate-config only goes with --dry-run"),

@@ -61,15 +61,16 @@ def resolve_questions(spec: str) -> Path:
     )
 
 
-def _rows(path: Path) -> list[dict]:
-    """The file's JSON objects, one a line; a line that is not UTF-8, not JSON or not an object
-    is refused naming file:line (a question set is small and hand-made: a bad line is a mistake)."""
+def _rows(path: Path) -> list[tuple[int, dict]]:
+    """The file's JSON objects, one a line, with their line numbers; a line that is not UTF-8, not
+    JSON or not an object is refused naming file:line (a question set is small and hand-made: a
+    bad line is a mistake)."""
     opener = gzip.open if path.suffix == ".gz" else open
     rows = []
     try:
         with opener(path, "rb") as handle:
             for number, raw in enumerate(handle, 1):
-                rows += _row(path, number, raw)
+                rows += [(number, row) for row in _row(path, number, raw)]
     except (OSError, EOFError) as err:  # a damaged .gz, a directory, unreadable
         raise HeadstartError(f"cannot read {path}: {err}", "check the file (gzip -t for .gz files)") from None
     return rows
@@ -106,26 +107,64 @@ def _row(path: Path, number: int, raw: bytes) -> list[dict]:
     return [row]
 
 
-def _question(row: dict, index: int, all_turns: bool) -> Question | None:
-    qid = str(row.get("question_id", row.get("task_id", row.get("id", index))))
-    category = str(row.get("category", "humaneval" if "task_id" in row else "all"))
-    if isinstance(row.get("turns"), list) and row["turns"]:
-        turns = tuple(str(t) for t in row["turns"])
-        return Question(qid, category, turns if all_turns else turns[:1])
-    if isinstance(row.get("task_id"), str) and isinstance(row.get("prompt"), str):
-        return Question(qid, category, (row["prompt"],))
-    for key in ("prompt", "text", "question", "instruction"):
-        if isinstance(row.get(key), str) and row[key].strip():
-            return Question(qid, category, (row[key],))
-    return None
+TEXT_KEYS = ("prompt", "text", "question", "instruction")
+"""Keys a one-turn row may hold its prompt under (the first present is read)."""
+ID_KEYS = ("question_id", "task_id", "id")
+
+
+def _question(row: dict, where: str, index: int, all_turns: bool) -> Question:
+    """A row as a Question, every field checked: a field of the wrong type (a number, null, an
+    empty list or string) or a row with no prompt at all is refused naming `where` (file:line),
+    never coerced or skipped."""
+
+    def bad(what: str) -> HeadstartError:
+        return HeadstartError(
+            f"{where}: {what}", 'fix that line: {"question_id": 1, "turns": ["..."]} or {"prompt": "..."}'
+        )
+
+    key = next((k for k in ID_KEYS if k in row), None)
+    qid = row[key] if key else index
+    if isinstance(qid, bool) or not isinstance(qid, int | str) or (isinstance(qid, str) and not qid.strip()):
+        raise bad(f"'{key}' must be a non-empty string or an integer, got {json.dumps(qid)}")
+    category = row.get("category", "humaneval" if "task_id" in row else "all")
+    if not isinstance(category, str):
+        raise bad(f"'category' must be a string, got {json.dumps(category)}")
+    if "turns" in row:
+        turns = row["turns"]
+        if (
+            not isinstance(turns, list)
+            or not turns
+            or not all(isinstance(t, str) and t.strip() for t in turns)
+        ):
+            raise bad(f"'turns' must be a non-empty list of non-empty strings, got {json.dumps(turns)[:80]}")
+        return Question(str(qid), category, tuple(turns) if all_turns else (turns[0],))
+    text = next((k for k in TEXT_KEYS if k in row), None)
+    if text is None:
+        raise bad(f"no 'turns' nor any of {', '.join(repr(k) for k in TEXT_KEYS)} to ask")
+    if not isinstance(row[text], str) or not row[text].strip():
+        raise bad(f"'{text}' must be a non-empty string, got {json.dumps(row[text])[:80]}")
+    return Question(str(qid), category, (row[text],))
 
 
 def load_questions(spec: str, limit: int | None = None, all_turns: bool = False) -> list[Question]:
-    """Questions from `spec` (path or name), first turn only unless `all_turns`."""
+    """Questions from `spec` (path or name), first turn only unless `all_turns`. Every row must be
+    a question and every question_id unique (a repeated id would make two answers one record)."""
     if limit is not None and limit < 1:
         raise HeadstartError(f"--limit must be >= 1, got {limit}", "use --limit 10, or leave it out for all")
     path = resolve_questions(spec)
-    questions = [q for i, row in enumerate(_rows(path)) if (q := _question(row, i, all_turns)) is not None]
+    questions, first = [], {}
+    for index, (number, row) in enumerate(_rows(path)):
+        question = _question(row, f"{path}:{number}", index, all_turns)
+        if question.question_id in first:
+            raise HeadstartError(
+                f"{path}:{number} repeats question_id {question.question_id} (first on line "
+                f"{first[question.question_id]})",
+                "give every question its own question_id",
+            )
+        first[question.question_id] = number
+        questions.append(question)
     if not questions:
-        raise HeadstartError(f"no usable question in {path}", "rows need 'turns', 'prompt' or 'text'")
+        raise HeadstartError(
+            f"no question in {path}", "write one JSON object a line with 'turns' or 'prompt'"
+        )
     return questions[:limit] if limit else questions

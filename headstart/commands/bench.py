@@ -145,6 +145,13 @@ def check_bench_output(args: argparse.Namespace) -> None:
             )
         return
     ours = [out / "outputs.jsonl", partial_path(out / "outputs.jsonl"), out / RUN_CONFIG]
+    interrupted = partial_path(out / "outputs.jsonl")
+    if not args.resume and (interrupted.is_file() or (out / RUN_CONFIG).is_file()):
+        measured = len(interrupted.read_text().splitlines()) if interrupted.is_file() else 0
+        raise HeadstartError(
+            f"{out} holds an interrupted bench run ({measured} answers measured)",
+            "pass --resume to keep its finished questions, or choose a new --output",
+        )
     if out.is_dir() and any(out.iterdir()) and not any(path.is_file() for path in ours):
         names = sorted(p.name for p in out.iterdir())
         raise HeadstartError(
@@ -242,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench import methods as bench_methods
     from headstart.bench.questions import load_questions
     from headstart.bench.report import build_report, write_report
-    from headstart.bench.runner import run_bench
+    from headstart.bench.runner import partial_path, run_bench
     from headstart.bench.shards import select_shard
     from headstart.bench.tune import tree_for_run
     from headstart.heads.defaults import shipped_heads
@@ -298,10 +305,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
     except HeadstartError:  # e.g. a later turn past the context: --resume could not fix it
-        if fresh:  # this run made the directory: leave nothing half-written (Ctrl-C keeps it to resume)
-            import shutil
-
-            shutil.rmtree(out, ignore_errors=True)
+        if fresh:  # this run's files only: leave nothing half-written (Ctrl-C keeps them to resume)
+            for name in (partial_path(out / "outputs.jsonl"), out / "outputs.jsonl", out / RUN_CONFIG):
+                name.unlink(missing_ok=True)
+            if out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
         raise
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
@@ -328,13 +336,7 @@ def _resumed(
     outputs = out / "outputs.jsonl"
     saved_path = out / RUN_CONFIG
     done = []
-    if partial_path(outputs).is_file() and not args.resume:
-        logging.getLogger(__name__).warning(
-            "%s holds an interrupted run; measuring from scratch (pass --resume to keep its finished "
-            "questions)",
-            out,
-        )
-    elif args.resume:
+    if args.resume:
         if saved_path.is_file():
             saved = json.loads(saved_path.read_text())
             diff = [key for key in (*SAME, "shard", "trees") if saved.get(key) != config.get(key)]

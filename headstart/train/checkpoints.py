@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
-from headstart.io import fsync_tree
+from headstart.io import fsync_tree, normal_permissions
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +51,15 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (tmp / STATE).write_text(json.dumps({"step": step, **extra}, indent=2))
+        for path in [tmp, *tmp.rglob("*")]:  # safetensors writes 0600 files; the run's others are 0644
+            normal_permissions(path)
         fsync_tree(tmp)  # durable before it is published: a power cut leaves the previous one
-        if final.exists():
+        if (final / STATE).is_file():  # a complete checkpoint of this run at the same step
             shutil.rmtree(final)
+        elif final.exists():  # not one headstart completed: never deleted, moved aside
+            aside = final.with_name(f"{final.name}.kept-{os.getpid()}")
+            os.replace(final, aside)
+            log.warning(f"warning: {final} held no {STATE} (not a checkpoint headstart finished); moved to {aside}")
         os.replace(tmp, final)
         _fsync_dir(root)  # the rename itself
         for old in checkpoints(root)[:-keep_last]:

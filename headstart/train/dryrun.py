@@ -97,8 +97,17 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "trackers": chosen,
         "accelerate": procs,
         "output_dir": cfg.output_dir,
-        "cannot_run_here": cannot_run_here(procs, cfg.cpu),
+        "cannot_run_here": cannot_run_here(procs, cfg.cpu) + missing_data(cfg),
     }
+
+
+def missing_data(cfg: TrainConfig) -> list[str]:
+    """The recipe's data directories that are not there (the real run would stop at its first read)."""
+    return [
+        f"distilled data {path} (it does not exist: distill it first, or set data.path)"
+        for path in [*cfg.data.path, *cfg.data.eval_path]
+        if not Path(path).expanduser().is_dir()
+    ]
 
 
 def cannot_run_here(procs: dict[str, Any], cpu: bool = False) -> list[str]:

@@ -111,6 +111,15 @@ def check_run_dir(out: Path, resume: bool) -> None:
             f"{out} already holds a finished training run",
             "pass --resume (with a higher max_steps to train on), or set output_dir to a new directory",
         )
+    if resume and not checkpoints.checkpoints(out / "checkpoints"):
+        finished = sorted(names & {"final", "results.json"})
+        raise HeadstartError(
+            f"--resume: {out} holds no checkpoint to continue from"
+            + (f" (only a finished run's {', '.join(finished)})" if finished else ""),
+            f"train on from its head with init_from={out / 'final'} and a new output_dir"
+            if finished
+            else "drop --resume to start a new run there",
+        )
 
 
 class Budget:
@@ -184,9 +193,7 @@ def _train(
     accelerator.register_for_checkpointing(scheduler)
     out = Path(cfg.output_dir)
     ckpt_root = out / "checkpoints"
-    state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}
-    if resume and not state:
-        check_nothing_to_lose(out)
+    state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}  # check_run_dir: one exists
     step = int(state.get("step", 0))
     tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
     history: list[dict[str, Any]] = list(state.get("history", []))
@@ -387,20 +394,6 @@ def check_weights_finite(accelerator: Any, model: Any, step: int, ckpt_root: Pat
         "was written" + (f" (last good checkpoint {saved[-1]})" if saved else ""),
         "check the data's cached features for inf (distill with --feature-dtype bfloat16) or lower optim.lr",
     )
-
-
-def check_nothing_to_lose(out: Path) -> None:
-    """`--resume` found no checkpoint: starting over is right for a new output_dir, but a finished
-    run there (trained before the last step kept a checkpoint, or its checkpoints removed) would
-    have its head replaced by one trained from scratch."""
-    finished = [name for name in ("final", "results.json") if (out / name).exists()]
-    if finished:
-        from headstart.errors import HeadstartError
-
-        raise HeadstartError(
-            f"--resume: {out} holds a finished run ({', '.join(finished)}) but no checkpoint to continue from",
-            f"train on from its head with init_from={out / 'final'} and a new output_dir",
-        )
 
 
 def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list[dict[str, Any]],

@@ -31,8 +31,11 @@ def test_question_shapes(tmp_path):
     )
     q = load_questions(str(he))[0]
     assert (q.question_id, q.category, q.turns) == ("HumanEval/0", "humaneval", ("def f():",))
-    plain = _write_jsonl(tmp_path / "p.jsonl", [{"text": "hi"}, {"nothing": 1}, {"prompt": "yo"}])
+    plain = _write_jsonl(tmp_path / "p.jsonl", [{"text": "hi"}, {"prompt": "yo"}])
     assert [q.turns[0] for q in load_questions(str(plain))] == ["hi", "yo"]
+    skipped = _write_jsonl(tmp_path / "s.jsonl", [{"text": "hi"}, {"nothing": 1}])
+    with pytest.raises(HeadstartError, match="s.jsonl:2: no 'turns'"):  # never skipped silently
+        load_questions(str(skipped))
     assert len(load_questions(str(plain), limit=1)) == 1
 
 
@@ -44,8 +47,11 @@ def test_bad_questions(tmp_path):
     with pytest.raises(HeadstartError, match="bad.jsonl:2 is not valid JSON"):
         load_questions(str(bad))
     empty = _write_jsonl(tmp_path / "empty.jsonl", [{"foo": 1}])
-    with pytest.raises(HeadstartError, match="no usable question"):
+    with pytest.raises(HeadstartError, match="empty.jsonl:1: no 'turns'"):
         load_questions(str(empty))
+    (tmp_path / "blank.jsonl").write_text("\n\n")
+    with pytest.raises(HeadstartError, match="no question in"):
+        load_questions(str(tmp_path / "blank.jsonl"))
     lone = tmp_path / "lone.jsonl"
     lone.write_text('{"turns": ["fine"]}\n{"turns": ["hello \\ud800 friend"]}\n')  # valid JSON, not text
     with pytest.raises(HeadstartError, match="lone.jsonl:2 holds a lone surrogate"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tiny import make_target_dir
@@ -282,7 +284,7 @@ def test_resume_never_replaces_a_finished_head_with_one_from_scratch(target, tmp
 
     train(_short(target, tmp_path, "max_steps=2"), data=_data(target.fingerprint), target=target)
     shutil.rmtree(tmp_path / "checkpoints")  # a run from before the last step kept one, or cleaned up
-    with pytest.raises(HeadstartError, match="holds a finished run .* but no checkpoint") as err:
+    with pytest.raises(HeadstartError, match="holds no checkpoint to continue from .only a finished run's") as err:
         train(
             _short(target, tmp_path, "max_steps=4"),
             data=_data(target.fingerprint),
@@ -310,3 +312,37 @@ def test_negative_counts_are_refused(target, setting, message):
     """save_every=-5 acted as 5, eval_batches=-1 silently skipped every evaluation."""
     with pytest.raises(HeadstartError, match=message):
         _cfg(target, setting)
+
+
+def test_resume_without_a_checkpoint_says_so_and_starts_nothing(target, tmp_path):
+    from headstart.train.loop import train
+
+    with pytest.raises(HeadstartError, match="--resume: .* holds no checkpoint to continue from") as err:
+        train(_short(target, tmp_path / "new"), data=_data(target.fingerprint), target=target, resume=True)
+    assert err.value.fix == "drop --resume to start a new run there"
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_step_directory_headstart_did_not_finish_is_moved_aside_never_deleted(target, tmp_path, caplog):
+    """checkpoints/step-N without a trainer state is not a checkpoint headstart completed (a copy,
+    a user's folder): a save at that step keeps it under another name."""
+    from headstart.train.loop import train
+
+    mine = tmp_path / "checkpoints" / "step-00000002"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    train(_short(target, tmp_path), data=_data(target.fingerprint), target=target)
+    kept = list((tmp_path / "checkpoints").glob("step-00000002.kept-*"))
+    assert len(kept) == 1 and (kept[0] / "notes.txt").read_text() == "mine"
+    assert "held no trainer_state.json" in caplog.text
+
+
+def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys):
+    from headstart.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"target: smollm2\noutput_dir: {tmp_path / 'out'}\ndata: {{path: [{tmp_path / 'nodata'}]}}\n")
+    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert f"distilled data {tmp_path / 'nodata'} (it does not exist" in json.loads(captured.out)["cannot_run_here"][0]
+    assert "warning: the real run would fail here: distilled data" in captured.err

@@ -71,7 +71,6 @@ def export_heads(
     import copy
 
     from headstart.heads.checkpoint import model_card
-    from headstart.io import normal_permissions
     from headstart.outputs import files_under, publish_dir
 
     torch_dtype(dtype)
@@ -88,8 +87,6 @@ def export_heads(
             (tmp / TUNED_FILE).write_text(json.dumps(tuned, indent=1) + "\n")
         files = [*files_under(tmp), EXPORT_MARK]
         (tmp / EXPORT_MARK).write_text(json.dumps({"format": fmt, "files": files}) + "\n")
-        for file in tmp.iterdir():
-            normal_permissions(file)  # readable by the serving process, as files written without headstart
 
     return publish_dir(output, publish, stale=export_files(Path(output).expanduser()))
 
