@@ -6,9 +6,11 @@ and are never silenced."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 _USER_ENV = {name: os.environ.get(name) for name in ("TQDM_DISABLE", "HEADSTART_VERBOSE")}
@@ -44,6 +46,21 @@ def configure(verbosity: int) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = _USER_ENV[name]
+
+
+def progress_off() -> bool:
+    """-q was given (or the user set TQDM_DISABLE): no progress bar at all. tqdm reads the variable
+    only for bars made without an explicit `disable=`; those made with one must ask here."""
+    return os.environ.get("TQDM_DISABLE", "").lower() in ("1", "true", "yes")
+
+
+@contextlib.contextmanager
+def libraries_to_stderr() -> Iterator[None]:
+    """What libraries print to stdout while this runs (deepspeed's import-time warning when
+    transformers converts a GGUF, tracker banners) goes to stderr: stdout carries the command's
+    results only (a --json object must parse). Python-level writes only, not a C library's."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def verbosity(quiet: bool, verbose: bool) -> int:

@@ -173,7 +173,9 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     except OSError as err:
-        raise HeadstartError(f"cannot write {dest}: {err.strerror or err}", "choose a writable path") from None
+        raise HeadstartError(
+            f"cannot write {dest}: {err.strerror or err}", "choose a writable path"
+        ) from None
     try:
         write(tmp)
         for path in [tmp, *tmp.rglob("*")]:  # some writers (safetensors) make 0600 files

@@ -25,3 +25,20 @@ def tiny_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_root) -> Path:
     return make_target_dir(tiny_root, "llama")
+
+
+@pytest.fixture
+def slow_plain(monkeypatch):
+    """Plain decoding (a decoder without heads) timed 1 s slower a call, so that random heads on a
+    tiny model beat it and `headstart tune` stores their best tree (tune refuses to store a tree
+    slower than plain decoding: tests/bench/test_tune.py shows that with real timings)."""
+    import headstart.inference.decoder as decoder
+
+    class Slower(decoder.SpeculativeDecoder):
+        def generate(self, *args, **kwargs):
+            result = super().generate(*args, **kwargs)
+            if self.heads is None:
+                result.stats.wall_s += 1.0
+            return result
+
+    monkeypatch.setattr(decoder, "SpeculativeDecoder", Slower)

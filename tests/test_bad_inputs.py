@@ -57,6 +57,17 @@ def work(tmp_path_factory, tiny_llama):
     (w / "empty.gguf").write_bytes(b"")
     (w / "magicless.gguf").write_bytes(b"not a gguf file at all")
     (w / "trunc.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 20)
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(w / "cut.gguf"), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((64, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    whole = (w / "cut.gguf").read_bytes()
+    (w / "cut.gguf").write_bytes(whole[:-1000])  # a download cut short: the header whole, the data not
     (w / "recipe-unknown.yaml").write_text(f"target: {tiny_llama}\nbatch_sise: 2\n")
     (w / "recipe-bytes.yaml").write_bytes(b"target: \xff\xfe\n")
     (w / "accelerate-bad.yaml").write_text("compute_environment: [unclosed\n")
@@ -127,6 +138,7 @@ CASES = [
     ("info --context -5", ["info", "--target", T, "--context", "-5"], "--context must be >= 1"),
     ("info --context past the model", ["info", "--target", T, "--context", "100000"], "--context 100000 + 22 measured tokens exceeds the target's context of 512"),
     ("info truncated GGUF", ["info", "--target", "{W}/trunc.gguf"], "cannot read GGUF file {W}/trunc.gguf"),
+    ("info GGUF cut short", ["info", "--target", "{W}/cut.gguf"], "cannot read GGUF file {W}/cut.gguf: it is truncated (its tensors need 16,"),
     ("info empty GGUF", ["info", "--target", "{W}/empty.gguf"], "cannot read GGUF file {W}/empty.gguf"),
     ("info GGUF without magic", ["info", "--target", "{W}/magicless.gguf"], "cannot read GGUF file {W}/magicless.gguf"),
     # bench (items 9, 17-19)

@@ -18,7 +18,10 @@ from headstart.cli import main
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +32,9 @@ def inputs(tmp_path_factory, tiny_llama):
 
     w = tmp_path_factory.mktemp("safety-inputs")
     target = load_target(str(tiny_llama))
-    build_head(HeadSpec(kind="eagle3", draft_vocab_size=60), target, token_counts=torch.arange(288.0)).save_pretrained(
-        w / "heads"
-    )
+    build_head(
+        HeadSpec(kind="eagle3", draft_vocab_size=60), target, token_counts=torch.arange(288.0)
+    ).save_pretrained(w / "heads")
     (w / "q.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("hello", "count to three")))
     assert main(["distill", "--target", str(tiny_llama), "--prompts", str(w / "q.jsonl"), "--out", str(w / "d"),
                  "--num", "2", "--max-new-tokens", "6", "--max-prompt-tokens", "64", "-q"]) == 0  # fmt: skip
@@ -76,10 +79,38 @@ def commands(inputs: Path, tiny_llama: Path, out: Path) -> dict[str, list[str]]:
     return {
         **{f"export {fmt}": [*export, fmt] for fmt in ("speculators", "eagle", "headstart")},
         "push --dry-run": ["push", str(inputs / "heads"), "--dry-run", str(out)],
-        "distill": ["distill", "--target", str(tiny_llama), "--prompts", str(inputs / "q.jsonl"), "--out", str(out),
-                    "--num", "2", "--max-new-tokens", "4", "--max-prompt-tokens", "64", "-q"],  # fmt: skip
-        "bench": ["bench", "--target", str(tiny_llama), "--heads", str(inputs / "heads"), "--questions",
-                  str(inputs / "q.jsonl"), "--baselines", "vanilla", "--max-new-tokens", "4", "-q", "--output", str(out)],  # fmt: skip
+        "distill": [
+            "distill",
+            "--target",
+            str(tiny_llama),
+            "--prompts",
+            str(inputs / "q.jsonl"),
+            "--out",
+            str(out),
+            "--num",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--max-prompt-tokens",
+            "64",
+            "-q",
+        ],  # fmt: skip
+        "bench": [
+            "bench",
+            "--target",
+            str(tiny_llama),
+            "--heads",
+            str(inputs / "heads"),
+            "--questions",
+            str(inputs / "q.jsonl"),
+            "--baselines",
+            "vanilla",
+            "--max-new-tokens",
+            "4",
+            "-q",
+            "--output",
+            str(out),
+        ],  # fmt: skip
         "train": ["train", "--recipe", _recipe(inputs, tiny_llama, out)],
         "pack": ["pack", str(inputs / "d"), str(out)],
     }
@@ -96,13 +127,24 @@ def _run(argv: list[str]) -> int:
         return int(exit_.code or 0)
 
 
-NAMES = ["export speculators", "export eagle", "export headstart", "push --dry-run", "distill", "bench", "train", "pack"]
+NAMES = [
+    "export speculators",
+    "export eagle",
+    "export headstart",
+    "push --dry-run",
+    "distill",
+    "bench",
+    "train",
+    "pack",
+]
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
 def test_the_home_directory_is_never_an_output(name, overwrite, inputs, tiny_llama, home, capsys):
-    argv = commands(inputs, tiny_llama, home)[name] + (["--overwrite"] if overwrite and name.startswith("export") else [])
+    argv = commands(inputs, tiny_llama, home)[name] + (
+        ["--overwrite"] if overwrite and name.startswith("export") else []
+    )
     before = _tree(home)
     assert _run(argv) == 2
     err = capsys.readouterr().err
@@ -114,7 +156,9 @@ def test_the_home_directory_is_never_an_output(name, overwrite, inputs, tiny_lla
 def test_a_git_checkout_is_never_an_output(name, inputs, tiny_llama, home, capsys):
     project = home / "project"
     before = _tree(home)
-    argv = commands(inputs, tiny_llama, project)[name] + (["--overwrite"] if name.startswith("export") else [])
+    argv = commands(inputs, tiny_llama, project)[name] + (
+        ["--overwrite"] if name.startswith("export") else []
+    )
     assert _run(argv) == 2
     assert "holds a git repository" in capsys.readouterr().err
     assert _tree(home) == before

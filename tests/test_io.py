@@ -8,8 +8,8 @@ def test_atomic_writes_get_normal_permissions(tmp_path):
     import os
     import stat
 
-    from headstart.outputs import publish_dir as atomic_dir
     from headstart.io import atomic_write_text, umask
+    from headstart.outputs import publish_dir as atomic_dir
 
     written = atomic_write_text(tmp_path / "a.json", "{}")
     assert stat.S_IMODE(written.stat().st_mode) == 0o666 & ~umask()

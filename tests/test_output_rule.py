@@ -82,7 +82,9 @@ def test_a_later_export_removes_only_the_files_an_earlier_export_listed(heads, t
 
 
 @pytest.mark.parametrize("where", ["home", "root", "etc", "git"])
-def test_export_never_writes_into_home_root_system_or_git_dirs(where, heads, tiny_llama, tmp_path, monkeypatch, capsys):
+def test_export_never_writes_into_home_root_system_or_git_dirs(
+    where, heads, tiny_llama, tmp_path, monkeypatch, capsys
+):
     """`export --output ~ --overwrite` once replaced a home directory; these are refused outright."""
     home = tmp_path / "home"
     (home / ".git").mkdir(parents=True)
@@ -244,7 +246,7 @@ def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
     assert main(args) == 2 and _tree(out) == finished  # a finished run is never measured over
 
 
-def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path):
+def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path, slow_plain):
     import shutil
 
     from headstart.bench.tune import TUNED_FILE

@@ -13,7 +13,10 @@ from headstart.outputs import protected, publish_dir
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
-    return {p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes() for p in sorted(root.rglob("*"))}
+    return {
+        p.relative_to(root).as_posix(): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
 
 
 def _write(files: dict[str, str]):
@@ -37,7 +40,13 @@ def test_written_files_replace_their_namesakes_stale_ones_go_and_the_rest_stays(
     (out / "mine.txt").write_text("mine")
     (out / "d" / "mine.bin").write_text("mine too")
     publish_dir(out, _write({"a.txt": "new", "d/b.txt": "2"}), stale=["d/old.bin", "gone.txt", "never.txt"])
-    assert _tree(out) == {"a.txt": b"new", "d": None, "d/b.txt": b"2", "d/mine.bin": b"mine too", "mine.txt": b"mine"}
+    assert _tree(out) == {
+        "a.txt": b"new",
+        "d": None,
+        "d/b.txt": b"2",
+        "d/mine.bin": b"mine too",
+        "mine.txt": b"mine",
+    }
 
 
 @pytest.mark.parametrize("name", ["../outside.txt", "/etc/hostname", "", "d/../../x"])

@@ -43,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
 
     from huggingface_hub import HfApi
 
+    from headstart.target.hub import hub_host, hub_reachable
+
+    if not hub_reachable():  # huggingface_hub would retry each request five times, printing each
+        raise HeadstartError(
+            f"cannot push to '{args.repo_id}': {hub_host()[0]} cannot be reached (no network?)",
+            "connect to the network, or stage the upload with --dry-run DIR and push it later",
+        )
     api = HfApi(token=args.token)
     with tempfile.TemporaryDirectory(prefix="headstart-push-") as tmp:
         staged = stage(folder, files, Path(tmp))

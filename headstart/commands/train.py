@@ -71,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
         plan = dry_run(cfg, args.accelerate_config)
         print(json.dumps(plan, indent=2))
         if plan["cannot_run_here"]:
-            print(f"warning: the real run would fail here: {'; '.join(plan['cannot_run_here'])}", file=sys.stderr)
+            print(
+                f"warning: the real run would fail here: {'; '.join(plan['cannot_run_here'])}",
+                file=sys.stderr,
+            )
         return 0
     from headstart.train.loop import train
 

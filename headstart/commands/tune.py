@@ -97,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.dry_run:
         print(f"best: {report['tree']} (not stored: --dry-run)")
+    elif plain and plain["speedup"] < 1.0:  # a stored tree is what generate and serve decode with
+        kept = tuned_file(args.heads)
+        print(
+            f"best: {report['tree']} runs at {plain['speedup']:.2f}x plain decoding: not stored "
+            + (f"({kept} is kept as it was)" if kept.is_file() else "(no tree stored)")
+            + "; decode with --no-heads on this hardware, or train heads that accept more"
+        )
     else:
         print(f"best: {report['tree']} -> stored in {save_tuned(report, args.heads)}")
     return 0

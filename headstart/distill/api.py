@@ -13,6 +13,7 @@ The target's weights are not loaded for this engine (unless features are cached)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import threading
@@ -93,6 +94,8 @@ class OpenAIEngine:
             **({"Authorization": f"Bearer {key}"} if key else {}),
         }
         self.stats = EngineStats()
+        self.empty = 0
+        """Replies with no text: counted and said once at the end (a template or max_tokens issue)."""
 
     def run(self, requests: Iterable[Request], on_reply: Callable[[Request, Reply], Any]) -> EngineStats:
         source, follow = iter(requests), deque[Request]()
@@ -121,6 +124,15 @@ class OpenAIEngine:
             for future in pending:
                 future.cancel()  # not started yet: never sent
             pool.shutdown()
+            if self.empty:
+                logging.getLogger(__name__).warning(
+                    "warning: %d of %d replies from %s were empty (no text): the server's model may need "
+                    "another chat template, a larger max_tokens, or reasoning turned off; such records "
+                    "teach the head nothing",
+                    self.empty,
+                    self.stats.replies,
+                    self.endpoint.url,
+                )
 
     def complete(self, request: Request) -> Reply:
         """One chat completion -> Reply (ids by the target's tokenizer; finished = the model stopped)."""
@@ -146,6 +158,8 @@ class OpenAIEngine:
                 f"{self.endpoint.url} answered without choices[0].message.content: {str(body)[:200]}",
                 "point --base-url at an OpenAI-compatible /v1 endpoint",
             ) from None
+        if not text.strip():
+            self.empty += 1  # one worker thread at a time per reply; a lost count would only be cosmetic
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         return Reply(ids, finished=choice.get("finish_reason") == "stop")
 
@@ -158,7 +172,14 @@ class OpenAIEngine:
             try:
                 call = urllib.request.Request(url, data=data, headers=self.headers, method="POST")
                 with urllib.request.urlopen(call, timeout=self.endpoint.timeout_s) as response:
-                    return json.loads(response.read())
+                    body = response.read()
+                    kind = response.headers.get("Content-Type", "")
+                if "html" in kind or body.lstrip()[:1] == b"<":  # a web page, not an API: no retry mends it
+                    raise HeadstartError(
+                        f"{url} answered with a web page, not JSON ({html_title(body)})",
+                        "point --base-url at the API root of an OpenAI-compatible server, usually ending in /v1",
+                    )
+                return json.loads(body)
             except urllib.error.HTTPError as err:
                 problem = f"HTTP {err.code} {err.reason}: {error_summary(err)}"
                 if err.code not in RETRY_STATUS:
@@ -184,6 +205,17 @@ HTTP_FIXES = {
     405: "--base-url does not serve /chat/completions: point it at the API root, usually ending in /v1",
     501: "--base-url does not serve /chat/completions: point it at the API root, usually ending in /v1",
 }
+
+
+def html_title(body: bytes) -> str:
+    """A web page's title (or its first words), for one line."""
+    import html
+    import re
+
+    text = body[:4096].decode(errors="replace")
+    title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+    words = " ".join(html.unescape(title.group(1) if title else re.sub(r"<[^>]+>", " ", text)).split())
+    return f"'{words[:80]}'" if words else "an empty page"
 
 
 def error_summary(err: urllib.error.HTTPError, limit: int = 160) -> str:

@@ -162,7 +162,8 @@ def verify(dst: str | Path, entry: Any = None) -> dict[str, Any]:
     counted = sum(pq.ParquetFile(dst / name).metadata.num_rows for name in shards)
     if counted != int(manifest["records"]):
         raise HeadstartError(
-            f"{dst} holds {counted} records, {MANIFEST} says {manifest['records']}", "pack the distilled run again"
+            f"{dst} holds {counted} records, {MANIFEST} says {manifest['records']}",
+            "pack the distilled run again",
         )
     return manifest
 
@@ -188,7 +189,9 @@ def _listed(dst: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 def _check(path: Path, expected: dict[str, Any], entry: Any) -> None:
     """One line when `path` is missing or its size or sha256 differs from the manifest's."""
     if not path.is_file():
-        raise HeadstartError(f"{path} is missing ({MANIFEST} lists it)", "restore it (git checkout) or pack again")
+        raise HeadstartError(
+            f"{path} is missing ({MANIFEST} lists it)", "restore it (git checkout) or pack again"
+        )
     actual = entry(path)
     if {key: expected.get(key) for key in actual} != actual:
         raise HeadstartError(

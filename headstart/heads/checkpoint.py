@@ -35,7 +35,12 @@ def _hub_dataset(source: str) -> bool:
     return source.count("/") == 1 and " " not in source and not Path(source).expanduser().exists()
 
 
-METRIC_TYPES = {"top1": "accuracy", "top5": "top_5_accuracy", "accept_len_est": "mean_accepted_tokens", "loss": "loss"}
+METRIC_TYPES = {
+    "top1": "accuracy",
+    "top5": "top_5_accuracy",
+    "accept_len_est": "mean_accepted_tokens",
+    "loss": "loss",
+}
 """headstart's metric keys (eval/top1/step0, ...) as the model-index metric types a Hub page reads."""
 
 

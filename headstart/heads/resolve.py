@@ -27,10 +27,19 @@ def resolve_heads(spec: str | Path, flag: str = "--heads") -> Path:
         )
     from huggingface_hub import snapshot_download
 
-    try:
-        return Path(snapshot_download(text))
-    except Exception as err:  # the hub client raises many types; its message says which
-        raise HeadstartError(
-            f"cannot download heads '{text}': {str(err).splitlines()[0]}",
-            "check the id, your network or HF_TOKEN",
-        ) from None
+    from headstart.target.hub import hub_host, offline_unless_reachable
+
+    with offline_unless_reachable() as online:
+        try:
+            return Path(snapshot_download(text))
+        except Exception as err:  # the hub client raises many types; its message says which
+            if not online:
+                raise HeadstartError(
+                    f"cannot download heads '{text}': {hub_host()[0]} cannot be reached (no network?) and "
+                    "they are not in the local Hub cache",
+                    "connect to the network, or pass a local heads directory",
+                ) from None
+            raise HeadstartError(
+                f"cannot download heads '{text}': {str(err).splitlines()[0]}",
+                "check the id, your network or HF_TOKEN",
+            ) from None

@@ -86,6 +86,26 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
     return value
 
 
+def check_complete(path: Path) -> None:
+    """One line when the file is shorter than its header says (cut off in a download or copy)."""
+    from headstart.target.gguf_header import data_bytes_needed
+
+    try:
+        needed = data_bytes_needed(path)
+    except (struct.error, EOFError, ValueError, KeyError, OSError) as err:
+        raise HeadstartError(
+            f"cannot read GGUF file {path}: its header is truncated or damaged ({err})",
+            "download the file again (compare its size and sha256 with the source's)",
+        ) from None
+    actual = path.stat().st_size
+    if actual < needed:
+        raise HeadstartError(
+            f"cannot read GGUF file {path}: it is truncated (its tensors need {needed:,} bytes, the file "
+            f"has {actual:,})",
+            "download the file again (compare its size and sha256 with the source's)",
+        )
+
+
 def converted_dir(gguf_path: Path, name: str) -> Path:
     """An HF directory holding the dequantised GGUF model; converted on first use."""
     import torch
@@ -95,6 +115,7 @@ def converted_dir(gguf_path: Path, name: str) -> Path:
     target = cache_root() / "gguf" / sha[:16]
     if (target / "config.json").is_file():
         return target
+    check_complete(gguf_path)
     folder, file = str(gguf_path.parent), gguf_path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)

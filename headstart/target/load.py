@@ -225,8 +225,32 @@ def load_target(
     `chat_template`: a Jinja chat template, or a file holding one, replacing the tokenizer's
     (base models and many GGUF files have none). `weights=False`: config, tokenizer and identity
     only, the model on the meta device (for an API engine answering for a target too big to load)."""
+    from headstart.logs import libraries_to_stderr
+
     template = read_chat_template(chat_template)  # before the load: a bad path fails in a second
     device = _device(device)  # likewise a device this machine lacks
+    with libraries_to_stderr():  # a library's notice on stdout would break a command's --json
+        if resolve_spec(spec)[0] != "hub":
+            return _load(spec, dtype, device, revision, template, chat_template, weights)
+        from headstart.target.hub import hub_host, offline_unless_reachable
+
+        with offline_unless_reachable() as online:
+            try:
+                return _load(spec, dtype, device, revision, template, chat_template, weights)
+            except HeadstartError:
+                if online:
+                    raise
+                raise HeadstartError(
+                    f"cannot load target '{spec}': {hub_host()[0]} cannot be reached (no network?) and "
+                    "the model is not in the local Hub cache",
+                    "connect to the network, or copy the model into a folder and pass its path as --target",
+                ) from None
+
+
+def _load(
+    spec: str, dtype: str, device: Any, revision: str | None, template: str | None, chat_template: str | None,
+    weights: bool,
+) -> Target:  # fmt: skip
     from transformers import AutoTokenizer
 
     start = time.perf_counter()

@@ -59,7 +59,9 @@ def save_checkpoint(
         elif final.exists():  # not one headstart completed: never deleted, moved aside
             aside = final.with_name(f"{final.name}.kept-{os.getpid()}")
             os.replace(final, aside)
-            log.warning(f"warning: {final} held no {STATE} (not a checkpoint headstart finished); moved to {aside}")
+            log.warning(
+                f"warning: {final} held no {STATE} (not a checkpoint headstart finished); moved to {aside}"
+            )
         os.replace(tmp, final)
         _fsync_dir(root)  # the rename itself
         for old in checkpoints(root)[:-keep_last]:

@@ -14,6 +14,7 @@ import torch
 
 from headstart.config import to_dict
 from headstart.interrupts import StopRequest, stop_at_step_end
+from headstart.logs import progress_off
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
@@ -198,7 +199,13 @@ def _train(
     tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
     history: list[dict[str, Any]] = list(state.get("history", []))
     if accelerator.is_main_process:
-        accelerator.init_trackers(cfg.tracker_project, config=metrics.flat_config(to_dict(cfg)))
+        # wandb writes its run folder into the working directory unless told: under the run's logs/
+        wandb_dir = {"wandb": {"dir": str(out / "logs")}} if "wandb" in cfg.trackers else {}
+        if wandb_dir:
+            (out / "logs").mkdir(parents=True, exist_ok=True)
+        accelerator.init_trackers(
+            cfg.tracker_project, config=metrics.flat_config(to_dict(cfg)), init_kwargs=wandb_dir
+        )
     per_epoch = len(train_loader)
     if per_epoch == 0:
         from headstart.errors import HeadstartError
@@ -214,7 +221,8 @@ def _train(
     bar = tqdm(
         total=cfg.max_steps,
         initial=step,
-        disable=not accelerator.is_local_main_process,
+        disable=not accelerator.is_local_main_process
+        or progress_off(),  # an explicit disable ignores TQDM_DISABLE
         desc=f"train {cfg.head.kind}",
     )
     start = time.perf_counter()

@@ -64,7 +64,7 @@ def test_paired_gap_separates_a_real_gap_from_noise():
     assert paired_gap([10.0], [5.0])[1] == math.inf
 
 
-def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys):
+def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys, slow_plain):
     from headstart.heads import HeadSpec, build_head
     from headstart.target import load_target
 
@@ -162,3 +162,21 @@ def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, mo
     if os.geteuid() != 0:  # root writes anywhere
         mine.chmod(0o500)
         assert save_tuned({"tree": "chain:4"}, mine).is_relative_to(tmp_path / "cache")
+
+
+def test_tune_never_stores_a_tree_slower_than_plain_decoding(tiny_llama, tmp_path, capsys):
+    """Random heads on a tiny target cost more than they save (real timings): the best tree is
+    reported, not stored, and a tree stored before is kept as it was."""
+    from headstart.heads import HeadSpec, build_head
+    from headstart.target import load_target
+
+    heads = tmp_path / "heads"
+    build_head(HeadSpec(kind="eagle"), load_target(str(tiny_llama))).save_pretrained(heads)
+    earlier = json.dumps({"tree": "chain:2", "device": "cpu", "threads": 1})
+    (heads / TUNED_FILE).write_text(earlier)
+    args = ["tune", "--target", str(tiny_llama), "--heads", str(heads), "--limit", "2", "--max-new-tokens", "8",
+            "--candidates", "chain:1;chain:3"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "x plain decoding: not stored" in out and "is kept as it was" in out, out
+    assert (heads / TUNED_FILE).read_text() == earlier

@@ -49,6 +49,23 @@ class FlakyServer(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(page)
             return
+        if self.path == "/page/chat/completions":  # a proxy's login page, served with 200
+            page = b"<html><head><title>Sign in - Corp Proxy</title></head><body>...</body></html>"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
+        if self.path == "/empty/chat/completions":  # a reasoning model whose text went elsewhere
+            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": None},
+                                            "finish_reason": "length"}]}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if self.path != "/v1/chat/completions":
             self.send_response(404)
             self.end_headers()
@@ -135,6 +152,26 @@ def test_a_server_that_keeps_failing_or_refuses_is_one_line(distill_target, flak
         with pytest.raises(HeadstartError, match="--base-url"):
             DistillConfig(out="x", engine="openai", base_url=url, model="m")
         assert time.perf_counter() - start < 1.0
+
+
+def test_a_web_page_with_status_200_is_not_retried(distill_target, flaky_server):
+    waits = []
+    page = OpenAIEngine(distill_target.tokenizer, Endpoint(flaky_server.replace("/v1", "/page"), "tiny"),
+                        sleep=waits.append)  # fmt: skip
+    FlakyServer.seen = []
+    with pytest.raises(
+        HeadstartError, match="answered with a web page, not JSON .'Sign in - Corp Proxy'."
+    ) as err:
+        page.run([_request("a", "hi")], lambda r, p: None)
+    assert waits == [] and len(FlakyServer.seen) == 1  # one request, no retry
+    assert "/v1" in err.value.fix
+
+
+def test_empty_replies_are_counted_and_said_once(distill_target, flaky_server, caplog):
+    empty = OpenAIEngine(distill_target.tokenizer, Endpoint(flaky_server.replace("/v1", "/empty"), "tiny"))
+    empty.run([_request("a", "hi"), _request("b", "there")], lambda r, p: None)
+    warnings = [r.getMessage() for r in caplog.records if "were empty" in r.getMessage()]
+    assert len(warnings) == 1 and "2 of 2 replies" in warnings[0] and "chat template" in warnings[0]
 
 
 def _free_port() -> int:

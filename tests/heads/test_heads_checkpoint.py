@@ -105,6 +105,9 @@ def test_model_card_metadata_comes_from_training(llama_target, tmp_path):
     assert meta["datasets"] == ["Aeala/ShareGPT_Vicuna_unfiltered"]
     assert meta["license"] == "apache-2.0" and meta["pipeline_tag"] == "text-generation"
     results = {(r.metric_type, r.metric_name): r.metric_value for r in card.data.eval_results}
-    assert results == {("predictions", "eval/predictions"): 40, ("accuracy", "top-1 draft accuracy at draft depth 1"): 0.25}
+    assert results == {
+        ("predictions", "eval/predictions"): 40,
+        ("accuracy", "top-1 draft accuracy at draft depth 1"): 0.25,
+    }
     assert str(tmp_path) not in card.text and f".../{tmp_path.parent.name}/{tmp_path.name}" in card.text
     assert "training steps: 5" in card.text

@@ -6,9 +6,18 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import huggingface_hub
+import pytest
 
 from headstart.cli import main
 from headstart.heads.defaults import shipped_heads
+
+
+@pytest.fixture(autouse=True)
+def hub_up(monkeypatch):
+    """The fake client stands in for a reachable Hub (the probe itself is tested below)."""
+    import headstart.target.hub as hub
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)
 
 
 class FakeApi:
@@ -53,7 +62,10 @@ def test_push_uploads_the_heads_files(monkeypatch, capsys):
         ".headstart-push.json",
     }
     assert upload[1]["delete_patterns"] is None  # no earlier headstart push: nothing of the repo's goes
-    assert b"/root/" not in upload[1]["sent"]["config.json"] and b'"_name_or_path"' not in upload[1]["sent"]["config.json"]
+    assert (
+        b"/root/" not in upload[1]["sent"]["config.json"]
+        and b'"_name_or_path"' not in upload[1]["sent"]["config.json"]
+    )
     assert "pushed medusa heads" in capsys.readouterr().out
 
 
@@ -93,7 +105,12 @@ def test_a_push_removes_only_what_an_earlier_push_listed_and_never_a_card(monkey
         shutil.copy(heads / name, bare / name)
     assert main(["push", str(bare), "me/heads"]) == 0
     upload = FakeApi.calls[-1][1]
-    assert upload["allow_patterns"] == ["README.md", "config.json", "model.safetensors", ".headstart-push.json"]
+    assert upload["allow_patterns"] == [
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        ".headstart-push.json",
+    ]
     assert sorted(upload["delete_patterns"]) == ["medusa_lm_head.pt", "tuned_tree.json"]
     assert b"base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in upload["sent"]["README.md"]  # a card made
 
@@ -118,3 +135,35 @@ def test_push_dry_run_writes_exactly_what_would_be_uploaded(monkeypatch, tmp_pat
     (out / "mine.txt").write_text("mine")
     assert main(["push", str(heads), "--dry-run", str(out)]) == 0  # an earlier dry run: written again
     assert (out / "mine.txt").read_text() == "mine"
+
+
+def test_push_without_a_network_is_one_line_at_once(monkeypatch, capsys):
+    """A real probe of an endpoint nothing listens on: refused at once, no retries."""
+    import time
+
+    import headstart.target.hub as hub
+
+    monkeypatch.undo()
+    monkeypatch.setattr(hub, "hub_host", lambda: ("127.0.0.1", 9))  # discard port: nothing listens
+    started = time.perf_counter()
+    assert main(["push", str(shipped_heads("smollm2")["smollm2-medusa"]), "me/x"]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - started < 5 and len(err.strip().splitlines()) == 1
+    assert "127.0.0.1 cannot be reached (no network?)" in err and "--dry-run" in err
+
+
+def test_a_hub_id_without_a_network_is_one_line_at_once(monkeypatch, capsys):
+    """No network and not in the cache: the Hub target and Hub heads fail in one line, without
+    huggingface_hub's five retries a file (HF_ENDPOINT points at a port nothing listens on)."""
+    import time
+
+    monkeypatch.undo()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("HF_HUB_CACHE", "/nonexistent-headstart-cache")
+    started = time.perf_counter()
+    assert main(["info", "--target", "someone/not-cached-model"]) == 2
+    assert main(["generate", "--target", "someone/not-cached-model", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert time.perf_counter() - started < 20
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 2 and all("cannot be reached (no network?)" in line for line in lines), err

@@ -284,7 +284,9 @@ def test_resume_never_replaces_a_finished_head_with_one_from_scratch(target, tmp
 
     train(_short(target, tmp_path, "max_steps=2"), data=_data(target.fingerprint), target=target)
     shutil.rmtree(tmp_path / "checkpoints")  # a run from before the last step kept one, or cleaned up
-    with pytest.raises(HeadstartError, match="holds no checkpoint to continue from .only a finished run's") as err:
+    with pytest.raises(
+        HeadstartError, match="holds no checkpoint to continue from .only a finished run's"
+    ) as err:
         train(
             _short(target, tmp_path, "max_steps=4"),
             data=_data(target.fingerprint),
@@ -341,8 +343,13 @@ def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys)
     from headstart.cli import main
 
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"target: smollm2\noutput_dir: {tmp_path / 'out'}\ndata: {{path: [{tmp_path / 'nodata'}]}}\n")
+    recipe.write_text(
+        f"target: smollm2\noutput_dir: {tmp_path / 'out'}\ndata: {{path: [{tmp_path / 'nodata'}]}}\n"
+    )
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
     captured = capsys.readouterr()
-    assert f"distilled data {tmp_path / 'nodata'} (it does not exist" in json.loads(captured.out)["cannot_run_here"][0]
+    assert (
+        f"distilled data {tmp_path / 'nodata'} (it does not exist"
+        in json.loads(captured.out)["cannot_run_here"][0]
+    )
     assert "warning: the real run would fail here: distilled data" in captured.err
