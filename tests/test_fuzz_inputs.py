@@ -148,11 +148,33 @@ def test_question_files(tmp_path_factory, content):
     path = tmp_path_factory.mktemp("q") / "questions.jsonl"
     path.write_bytes(b"\n".join(content) + b"\n")
     try:
-        questions = load_questions(str(path))
+        questions = load_questions(str(path), all_turns=True)
     except HeadstartError as err:
         assert "\n" not in err.one_line()
         return
     assert questions and all(q.turns and all(isinstance(t, str) for t in q.turns) for q in questions)
+    # no silent skip, no coercion: one question a non-blank line, its text exactly the row's strings
+    parsed = [json.loads(line) for line in b"\n".join(content).split(b"\n") if line.strip()]
+    assert len(questions) == len(parsed)
+    for question, row in zip(questions, parsed, strict=True):
+        assert list(question.turns) == (row["turns"] if "turns" in row else [_first_text(row)])
+        given_id = next((row[k] for k in ("question_id", "task_id", "id") if k in row), None)
+        assert given_id is None or (type(given_id) in (int, str) and question.question_id == str(given_id))
+
+
+def _first_text(row: dict) -> str:
+    return next(row[k] for k in ("prompt", "text", "question", "instruction") if k in row)
+
+
+def _strings(value) -> set[str]:
+    """Every string inside a JSON value (keys included)."""
+    if isinstance(value, str):
+        return {value}
+    if isinstance(value, dict):
+        return set(value).union(*(_strings(v) for v in value.values()))
+    if isinstance(value, list):
+        return set().union(*(_strings(v) for v in value))
+    return set()
 
 
 @given(st.lists(lines, max_size=5), st.sampled_from(["auto", "sharegpt", "messages", "alpaca", "mtbench", "prompt",
@@ -177,6 +199,9 @@ def test_prompt_files(tmp_path_factory, content, shape, field):
                 except Skip:
                     continue
                 assert conversation.turns and all(isinstance(t, str) for t in conversation.turns)
+                # no coercion: a prompt is text the row holds (an alpaca prompt joins two of them)
+                texts = _strings(row)
+                assert all(t in texts or any(part in texts for part in t.split("\n\n")) for t in conversation.turns)
         except HeadstartError as err:
             assert "\n" not in err.one_line()
 
