@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ from safetensors.torch import load_file
 RUNNER = Path(__file__).with_name("run_tiny.py")
 # Medusa has no input noise. Conversations differ in length (--vary): the processes normalise by the
 # global token count, so their averaged gradients equal the one-process gradient.
+LAUNCH = [sys.executable, "-m", "accelerate.commands.launch"]
+"""accelerate's launcher from this interpreter: the venv's bin/ need not be on PATH (make test)."""
 ARGS = [
     "--vary",
     "head.kind=medusa",
@@ -31,12 +32,10 @@ ARGS = [
 
 @pytest.mark.slow  # two process launches + gloo set-up: ~35 s wall on the shared 2-core box
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not on PATH")
 def test_two_cpu_processes_match_one(tiny_llama, tmp_path):
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     launch = [
-        shutil.which("accelerate"),
-        "launch",
+        *LAUNCH,
         "--multi_gpu",
         "--num_processes",
         "2",
@@ -86,7 +85,6 @@ def test_two_cpu_processes_match_one(tiny_llama, tmp_path):
 
 # one two-process launch: ~8 s on the 2-core box, so in the default run
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not on PATH")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine without GPUs")
 def test_gpu_launch_config_without_gpus_forms_one_cpu_group(tiny_llama, tmp_path):
     """The README's ddp.yaml (MULTI_GPU) launched on a machine without GPUs and without
@@ -96,8 +94,7 @@ def test_gpu_launch_config_without_gpus_forms_one_cpu_group(tiny_llama, tmp_path
     env.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     config = Path(__file__).parents[2] / "recipes" / "accelerate" / "cpu_2proc.yaml"
     launch = [
-        shutil.which("accelerate"),
-        "launch",
+        *LAUNCH,
         "--config_file",
         str(config),
         "--main_process_port",
