@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -211,3 +212,14 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_plain(v) for v in value]
     return value
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """0 (torch's default) up to this machine's CPUs: more only oversubscribes the cores, and torch
+    fails far beyond (it cannot start the threads)."""
+    cpus = os.cpu_count() or 1
+    if not 0 <= threads <= cpus:
+        raise HeadstartError(
+            f"{flag} must be in 0..{cpus} (this machine's CPUs), got {threads}",
+            f"use {flag} 1, or 0 for torch's default",
+        )

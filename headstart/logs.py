@@ -65,3 +65,23 @@ def libraries_to_stderr() -> Iterator[None]:
 
 def verbosity(quiet: bool, verbose: bool) -> int:
     return QUIET if quiet else VERBOSE if verbose else NORMAL
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' info logs and per-tensor progress bars while loading a target
+    (left on with -v/--verbose)."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("HEADSTART_VERBOSE") == "1":
+        yield
+        return
+    from transformers.utils import logging
+
+    previous = logging.get_verbosity()
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(previous)
+        logging.enable_progress_bar()

@@ -100,7 +100,7 @@ def main() -> int:
     import torch
 
     from headstart.bench.questions import load_questions
-    from headstart.bench.tune import tree_for_run
+    from headstart.tuned import tree_for_run
     from headstart.heads import load_heads
     from headstart.heads.defaults import default_heads
     from headstart.target import load_target
@@ -113,7 +113,8 @@ def main() -> int:
         if path is None:
             raise SystemExit(f"{args.target} has no shipped heads: pass --no-heads")
         heads = load_heads(path, target)
-        tree = tree_for_run(None, path, str(target.device), args.threads, True) or "static"  # generate's
+        choice = tree_for_run(None, path, str(target.device), args.threads, True)  # generate's
+        tree = choice.text if choice else "static"
     questions = [q.turns[0] for q in load_questions(args.questions)]
     n = min(args.requests, len(questions))  # spread over the file, as bench_serve.py picks them
     prompts = [target.chat.user_prompt_ids(questions[i * len(questions) // n]) for i in range(n)]

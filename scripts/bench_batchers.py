@@ -38,10 +38,16 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
 
+    import sys
+    from pathlib import Path
+
     import torch
 
-    from headstart.inference.continuous import ContinuousBatcher, Request
-    from headstart.inference.engine import EngineBatcher
+    sys.path.insert(0, str(Path(__file__).parent))  # the retired batcher lives in scripts/reference/
+    from reference.continuous_batcher import ContinuousBatcher
+
+    from headstart.inference.batcher import EngineBatcher
+    from headstart.inference.requests import Request
     from headstart.inference.plain import SamplingConfig
     from headstart.target import load_target
 

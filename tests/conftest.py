@@ -33,6 +33,7 @@ def slow_plain(monkeypatch):
     tiny model beat it and `headstart tune` stores their best tree (tune refuses to store a tree
     slower than plain decoding: tests/bench/test_tune.py shows that with real timings)."""
     import headstart.inference.decoder as decoder
+    import headstart.speculator as speculator
 
     class Slower(decoder.SpeculativeDecoder):
         def generate(self, *args, **kwargs):
@@ -42,3 +43,4 @@ def slow_plain(monkeypatch):
             return result
 
     monkeypatch.setattr(decoder, "SpeculativeDecoder", Slower)
+    monkeypatch.setattr(speculator, "SpeculativeDecoder", Slower)

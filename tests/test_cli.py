@@ -25,7 +25,7 @@ def test_info_json_on_tiny_target(tiny_llama, capsys):
     assert info["layers"] == 2 and info["hidden_size"] == 64 and info["vocab_size"] == 288
     assert info["chat_template"] is True and info["single_token_forward_ms"] > 0
     assert info["attention"] == "2 full_attention; tree-verifiable"
-    from headstart.target.packing import mkl_packing_available
+    from headstart.target.mkl import mkl_packing_available
     from headstart.target.smallmm import small_matmul
 
     if small_matmul() is not None:  # fp32 on CPU: the kernel, or MKL packs without a C compiler

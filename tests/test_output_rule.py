@@ -139,7 +139,7 @@ def test_an_export_carries_the_tuned_tree(heads, tiny_llama, tmp_path):
     """The same heads at another dtype or layout decode with the tree `headstart tune` chose."""
     import shutil
 
-    from headstart.bench.tune import tuned_tree
+    from headstart.tuned import tuned_tree
 
     tuned = tmp_path / "tuned"
     shutil.copytree(heads, tuned)
@@ -249,7 +249,7 @@ def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
 def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path, slow_plain):
     import shutil
 
-    from headstart.bench.tune import TUNED_FILE
+    from headstart.heads.files import TUNED_FILE
 
     mine = tmp_path / "heads"
     shutil.copytree(heads, mine)

@@ -264,7 +264,8 @@ def _gguf_blocks(kind: int, outer: int, inner: int, seed: int):
     import gguf
     import numpy as np
 
-    from headstart.target.gguf_blocks import Q4_1, BlockWeight, repack
+    from headstart.target.blocks import Q4_1, BlockWeight
+    from headstart.target.gguf_blocks import repack
 
     qtype = gguf.GGMLQuantizationType.Q4_1 if kind == Q4_1 else gguf.GGMLQuantizationType.Q8_0
     w = np.random.default_rng(seed).standard_normal((outer, inner)).astype(np.float32)
@@ -303,7 +304,7 @@ def test_bf16_rows_give_the_fp32_weights_bits(inner, outer):
     """bf16 rows of a weight whose values are all bf16 (a head shipped in bf16) are the fp32 kernel
     on that weight bit for bit, at every row and thread count, any K (a vector body and a tail),
     special values included (signed zeros, subnormals, infinities)."""
-    from headstart.target.gguf_blocks import BF16, BlockWeight, dequantise
+    from headstart.target.blocks import BF16, BlockWeight, dequantise
 
     torch.manual_seed(inner * outer)
     dense = torch.randn(outer, inner)

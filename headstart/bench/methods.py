@@ -98,13 +98,8 @@ def plain(target: Target, sampling: SamplingConfig) -> Method:
     return run
 
 
-def speculative(target: Target, heads: str, sampling: SamplingConfig, tree: str | None = None) -> Method:
-    """headstart self-speculative decoding with the heads at `heads` (a directory or Hub id)."""
-    from headstart.heads import load_heads_for_inference
-    from headstart.heads.resolve import resolve_heads
-    from headstart.inference.decoder import SpeculativeDecoder
-
-    decoder = SpeculativeDecoder(target, load_heads_for_inference(resolve_heads(heads), target), tree=tree)
+def speculative(decoder: Any, sampling: SamplingConfig) -> Method:
+    """headstart self-speculative decoding with `decoder` (headstart.speculator.load_speculator's)."""
 
     def run(prompt_ids: list[int]) -> Run:
         out = decoder.generate([prompt_ids], sampling=sampling)

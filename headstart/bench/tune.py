@@ -19,12 +19,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from headstart.io import atomic_write_text
-
 log = logging.getLogger(__name__)
-
-
-TUNED_FILE = "tuned_tree.json"
 
 CALIBRATION_PROMPTS = (
     # Generic, not from any benchmark: the tuner must not be fitted on MT-bench or HumanEval.
@@ -68,110 +63,6 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     return chains + forks + looked + dynamic
 
 
-def user_tuned_file(heads_path: str | Path) -> Path:
-    """Where a tune of heads that must not be written to (the shipped ones, inside the installed
-    package, or a read-only directory) is kept: the user's cache, keyed by the heads' path."""
-    import hashlib
-
-    from headstart.target.gguf import cache_root
-
-    key = hashlib.sha256(str(Path(heads_path).resolve()).encode()).hexdigest()[:16]
-    return cache_root() / "tuned" / key / TUNED_FILE
-
-
-def tuned_file(heads_path: str | Path) -> Path:
-    """The tuned-tree file of these heads: next to them, unless they are shipped or read-only."""
-    import os
-
-    from headstart.heads.defaults import DEFAULT_HEADS_DIR
-
-    folder = Path(heads_path).resolve()
-    shipped = folder.is_relative_to(DEFAULT_HEADS_DIR)
-    if shipped or not os.access(folder, os.W_OK):
-        return user_tuned_file(heads_path)
-    return folder / TUNED_FILE
-
-
-def stored_tune(heads_path: str | Path) -> dict[str, Any] | None:
-    """The report `headstart tune` stored for the heads, if any: the newer of the user's cache
-    copy (a tune of shipped or read-only heads) and the file next to them. Either may be the
-    later tune: heads tuned while read-only, then again once writable, keep an older cache copy."""
-    found = [path for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE) if path.is_file()]
-    for path in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
-        if path.is_file():  # neither for Hub ids: tune after downloading
-            try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as err:  # not JSON, not UTF-8
-                stored = err
-            if isinstance(stored, dict) and isinstance(stored.get("tree"), str):
-                return stored
-            # an optimisation only: a damaged file must not stop decoding, but it is said
-            log.warning(
-                f"warning: {path} is damaged (not a tuned-tree report): ignored; rerun `headstart tune`"
-            )
-    return None
-
-
-def tuned_tree(heads_path: str | Path) -> str | None:
-    """The tree stored by `headstart tune` next to the heads, if any."""
-    stored = stored_tune(heads_path)
-    return stored["tree"] if stored else None
-
-
-def tuned_elsewhere(heads_path: str | Path, device: str, threads: int) -> str | None:
-    """A warning when the stored tree was tuned on another device or thread count than this run:
-    the best tree moves with them (measured: the shipped EAGLE-3 tree, tuned at 1 thread, gave 1.04x
-    at 2 threads on 4 prompts, where 1 thread gives 1.2-1.4x, because the draft's small ops
-    and the host's per-step work do not speed up with threads while the target's forward does)."""
-    stored = stored_tune(heads_path) or {}
-    then = (stored.get("device"), stored.get("threads"))
-    if then == (device, threads) or None in then:
-        return None
-    return (
-        f"the tree stored with {heads_path} was tuned on {then[0]} at {then[1]} thread(s); this run uses "
-        f"{device} at {threads}: run `headstart tune --target TARGET --heads {heads_path} --threads "
-        f"{threads}` for the tree that is fastest here, or match --threads"
-    )
-
-
-def tree_for_run(
-    explicit: str | None, heads_path: str | Path | None, device: str, threads: int, greedy: bool = True
-) -> str | None:
-    """The tree a run decodes with: `--tree` if given, else the stored tuned one (None: none stored),
-    with a note on stderr when that one was tuned for another device or thread count. Sampling
-    drops a tuned tree's lookup branch (exact acceptance cannot mix a static tree's drawn drafts
-    with looked-up tokens); an explicit `--tree` is taken as given and refused by the decoder."""
-    if explicit is not None and not explicit.strip():
-        from headstart.errors import HeadstartError
-
-        raise HeadstartError(
-            "--tree is empty", "leave it out for the tuned or default tree, or e.g. --tree chain:3"
-        )
-    if explicit or heads_path is None:
-        return explicit
-    warning = tuned_elsewhere(heads_path, device, threads)
-    if warning:
-        log.warning(f"note: {warning}")
-    tree = tuned_tree(heads_path)
-    if tree is not None:
-        from headstart.errors import HeadstartError
-        from headstart.inference.lookup import split_lookup
-        from headstart.inference.tree_spec import parse_tree
-
-        try:
-            parse_tree(split_lookup(tree)[0])
-        except HeadstartError as err:
-            log.warning(
-                f"warning: the tuned tree stored with {heads_path} is not a tree ({err.what}): ignored"
-            )
-            tree = None
-    if tree is not None and not greedy:
-        from headstart.inference.lookup import split_lookup
-
-        tree = split_lookup(tree)[0]
-    return tree
-
-
 def tune(
     target: Any,
     heads_path: str | Path,
@@ -189,19 +80,18 @@ def tune(
     max_new_tokens: measure at the length you decode. A lookup branch pays more the longer a reply
     runs, so short calibration replies undersell it (64 tokens picked `chain:2` for the shipped
     EAGLE-3 heads: MT-bench tau 1.62; 128 picked `[[0],[0,0],[1]]+lookup:4`: tau 2.22)."""
-    from headstart.heads import load_heads_for_inference
-    from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target.packing import MIN_ROWS, packed_rows
+    from headstart.speculator import load_speculator
+    from headstart.target.mkl import MIN_ROWS, packed_rows
 
-    heads = load_heads_for_inference(heads_path, target)
-    probe = SpeculativeDecoder(target, heads)
-    candidates = candidates or candidate_trees(heads.kind, probe.max_depth)
-    decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
+    speculator = load_speculator(target, heads_path, "static")  # loaded once; every candidate's tree below
+    probe = speculator.decoder
+    candidates = candidates or candidate_trees(speculator.heads.kind, probe.max_depth)
+    decoders = {spec: speculator.new_decoder(spec) for spec in candidates}
     # keep every candidate's packs while tuning: a re-pack inside a timed run would charge ~0.4 s
     # (SmolLM2) to it. Cost: one copy of the weights per distinct bucket, freed afterwards.
     buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}
     # plain decoding (no drafts) runs every prompt too: whether the heads pay at all on this hardware
-    plain = SpeculativeDecoder(target, None)
+    plain = load_speculator(target, plain=True).decoder
     with probe.packed.keeping(len(buckets)) if probe.packed else contextlib.nullcontext():
         return _measure(target, decoders, candidates, prompts, max_new_tokens, prune, plain)
 
@@ -319,10 +209,3 @@ def _survivors(live: list[str], totals: dict[str, dict[str, Any]], prune: float)
     ranked = sorted(live, key=lambda spec: -speed[spec])
     best = speed[ranked[0]]
     return [spec for i, spec in enumerate(ranked) if i < 3 or speed[spec] >= prune * best]
-
-
-def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:
-    """Store the tune where `tuned_file` says: never inside the installed package."""
-    path = tuned_file(heads_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(path, json.dumps(report, indent=2))

@@ -251,10 +251,9 @@ def run(args: argparse.Namespace) -> int:
     from headstart.bench.report import build_report, write_report
     from headstart.bench.runner import partial_path, run_bench
     from headstart.bench.shards import select_shard
-    from headstart.bench.tune import tree_for_run
     from headstart.heads.defaults import shipped_heads
-    from headstart.heads.resolve import resolve_heads
     from headstart.inference.plain import SamplingConfig
+    from headstart.speculator import load_speculator
 
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
@@ -273,11 +272,10 @@ def run(args: argparse.Namespace) -> int:
     trees = {}
     for spec in heads_specs:
         label, name = _label(spec)
-        path = str(resolve_heads(name))  # a Hub id is downloaded once, as generate does
-        # the tree `headstart tune` stored with the heads, unless --tree
-        tree = tree_for_run(args.tree, path, str(target.device), torch.get_num_threads(), sampling.greedy)
-        methods[f"headstart:{label}"] = bench_methods.speculative(target, path, sampling, tree=tree)
-        trees[f"headstart:{label}"] = tree or "static"
+        # resolved (a Hub id downloaded) and loaded once; the tree `headstart tune` stored, unless --tree
+        speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy)
+        methods[f"headstart:{label}"] = bench_methods.speculative(speculator.decoder, sampling)
+        trees[f"headstart:{label}"] = speculator.tree.text if speculator.tree else "static"
     prompt = turn_prompt(target, args.max_new_tokens)
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-from collections.abc import Iterator
 from typing import Any
+
+from headstart.config import check_threads
+from headstart.logs import quiet_transformers
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
@@ -106,39 +106,6 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
         top_k=args.top_k,
         seed=args.seed,
     )
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence transformers' info logs and per-tensor progress bars while loading a target
-    (left on with -v/--verbose)."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if os.environ.get("HEADSTART_VERBOSE") == "1":
-        yield
-        return
-    from transformers.utils import logging
-
-    previous = logging.get_verbosity()
-    logging.set_verbosity_error()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(previous)
-        logging.enable_progress_bar()
-
-
-def check_threads(threads: int, flag: str = "--threads") -> None:
-    """0 (torch's default) up to this machine's CPUs: more only oversubscribes the cores, and torch
-    fails far beyond (it cannot start the threads)."""
-    from headstart.errors import HeadstartError
-
-    cpus = os.cpu_count() or 1
-    if not 0 <= threads <= cpus:
-        raise HeadstartError(
-            f"{flag} must be in 0..{cpus} (this machine's CPUs), got {threads}",
-            f"use {flag} 1, or 0 for torch's default",
-        )
 
 
 def load_target_from_args(args: argparse.Namespace) -> Any:

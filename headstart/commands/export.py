@@ -69,7 +69,6 @@ def recorded_target(path: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headstart.bench.tune import stored_tune
     from headstart.commands.common import quiet_transformers
     from headstart.heads import load_heads
     from headstart.heads.defaults import shipped_heads
@@ -77,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_output
     from headstart.target import load_target
+    from headstart.tuned import stored_tune
 
     if args.heads is not None and not args.heads.strip():
         raise HeadstartError("the heads directory is empty ('')", "pass a heads directory, or leave it out")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from pathlib import Path
 from typing import Any
 
 from headstart.commands.common import (
@@ -101,66 +100,26 @@ def prompt_ids(target: Any, prompt: str, raw: bool, what: str = "--prompt") -> l
     return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)
 
 
-def load_heads_from_args(args: argparse.Namespace, target: Any) -> tuple[Any, Path | None]:
-    """(heads, their directory) named by --heads (a local directory or a Hub id); without --heads
-    the heads shipped for the embedded target, if any; (None, None) for plain decoding."""
-    from headstart.heads import load_heads_for_inference
-    from headstart.heads.defaults import default_heads
-    from headstart.heads.resolve import resolve_heads
-
-    if args.no_heads:
-        return None, None
-    if not args.heads:
-        shipped = default_heads(args.target)
-        return (None, None) if shipped is None else (load_heads_for_inference(shipped, target), shipped)
-    path = resolve_heads(args.heads)
-    return load_heads_for_inference(path, target), path
-
-
 class Decoding:
-    """One place that decodes token ids for `generate` and `chat`: speculative or plain."""
+    """One place that decodes token ids for `generate` and `chat`: speculative or plain, assembled by
+    `headstart.speculator.load_speculator` from --heads/--no-heads, --tree, --typical, --compile."""
 
     def __init__(self, args: argparse.Namespace, target: Any) -> None:
+        from headstart.inference.captured import wants_capture
+        from headstart.speculator import load_speculator
+
         self.args, self.target = args, target
         self.sampling = sampling_from_args(args)
-        self.heads, path = load_heads_from_args(args, target)
-        if self.heads is None and args.tree:
-            raise HeadstartError(
-                f"--tree {args.tree} needs heads: {target.spec} has no shipped heads",
-                "pass --heads DIR (trained heads), or drop --tree for plain decoding",
-            )
-        self.decoder = None
-        self.tree = args.tree
-        from headstart.inference.captured import wants_capture
-
         capture = wants_capture(getattr(args, "compile", "off"), target.device)
-        if self.heads is None and capture:  # plain steps through the same compiled verify
-            from headstart.inference.decoder import SpeculativeDecoder
-
-            self.decoder = SpeculativeDecoder(target, None, compile=True)
-        if self.heads is not None:
-            import torch
-
-            from headstart.bench.tune import tree_for_run
-            from headstart.inference.decoder import SpeculativeDecoder
-
-            greedy = self.sampling.greedy
-            self.tree = (
-                tree_for_run(args.tree, path, str(target.device), torch.get_num_threads(), greedy) or "static"
-            )
-            self.decoder = SpeculativeDecoder(target, self.heads, tree=self.tree, typical=args.typical,
-                                              compile=capture)  # fmt: skip
+        self.speculator = load_speculator(target, args.heads, args.tree, plain=args.no_heads,
+                                          greedy=self.sampling.greedy, typical=args.typical, compile=capture)  # fmt: skip
+        self.heads = self.speculator.heads
+        # plain decoding runs transformers' generate unless compiled (the same captured verify)
+        self.decoder = self.speculator.decoder if self.heads is not None or capture else None
 
     @property
     def mode(self) -> str:
-        if self.heads is None:
-            return "plain decoding" + (", compiled" if self.decoder is not None else "")
-        compiled = self.decoder is not None and self.decoder.captured is not None
-        return (
-            f"{self.heads.kind} heads, tree {self.tree}"
-            + (", compiled" if compiled else "")
-            + (", typical acceptance (LOSSY)" if self.args.typical else "")
-        )
+        return self.speculator.mode
 
     def run(self, batch: list[list[int]], streamer: Any = None) -> list[tuple[list[int], dict[str, Any]]]:
         """(new token ids, stats) per prompt: each prompt's own figures, and under "batch" the

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cpu_kernel_status(target: Any) -> str:
     """Which CPU matmul path headstart's decoders take for this target: the small-row kernel's
     library, MKL packs only, off (HEADSTART_PACKED=0 / HEADSTART_SMALLMM=0) or n/a (not fp32 CPU)."""
-    from headstart.target.packing import PackedLinears, mkl_packing_available
+    from headstart.target.mkl import mkl_packing_available
+    from headstart.target.packing import PackedLinears
     from headstart.target.smallmm import small_matmul
 
     if PackedLinears.for_model(target.model) is None:
@@ -28,7 +29,8 @@ def cpu_kernel_status(target: Any) -> str:
     if kernel is not None:
         from torch import nn
 
-        from headstart.target.gguf_blocks import BF16, blocks_for
+        from headstart.target.blocks import BF16
+        from headstart.target.gguf_blocks import blocks_for
 
         linears = [m for m in target.model.modules() if isinstance(m, nn.Linear)]
         found = [b for b in map(blocks_for, linears) if b is not None]

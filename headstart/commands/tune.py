@@ -32,9 +32,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from headstart.bench.questions import load_questions
-    from headstart.bench.tune import CALIBRATION_PROMPTS, save_tuned, tune, tuned_file
+    from headstart.bench.tune import CALIBRATION_PROMPTS, tune
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_writable
+    from headstart.tuned import save_tuned, tuned_file
 
     args.heads = str(resolve_heads(args.heads))  # a Hub id is downloaded once, as generate does
     if not (Path(args.heads) / "config.json").is_file():

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from headstart.errors import HeadstartError
-from headstart.inference.continuous import EngineStats, Reply, Request
+from headstart.inference.requests import EngineStats, Reply, Request
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 

@@ -157,7 +157,7 @@ class DistillConfig:
                 )
         if self.skip_rows < 0:
             raise HeadstartError(f"skip_rows must be >= 0, got {self.skip_rows}", "use skip_rows=0")
-        from headstart.commands.common import check_threads
+        from headstart.config import check_threads
         from headstart.inference.plain import check_seed
 
         check_threads(self.threads)

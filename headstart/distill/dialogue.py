@@ -9,8 +9,8 @@ from typing import Any
 from headstart.distill.config import DistillConfig
 from headstart.distill.masks import assistant_spans, loss_mask
 from headstart.distill.plan import Item
-from headstart.inference.continuous import Reply, Request
 from headstart.inference.plain import SamplingConfig
+from headstart.inference.requests import Reply, Request
 from headstart.target import Target
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from headstart.distill.replies import Sampling, generate_batch
-from headstart.inference.continuous import EngineStats, Reply, Request
+from headstart.inference.requests import EngineStats, Reply, Request
 from headstart.target import Target
 
 ENGINES = ("headstart", "generate", "dataset", "openai")
@@ -36,7 +36,7 @@ class HeadstartEngine:
     name = "headstart"
 
     def __init__(self, target: Target, batch_size: int) -> None:
-        from headstart.inference.engine import EngineBatcher
+        from headstart.inference.batcher import EngineBatcher
 
         self.batcher = EngineBatcher(target, max_batch=batch_size, admit_every=max(1, batch_size // 8))
 

@@ -27,7 +27,7 @@ from headstart.distill.store import (
     shard_paths,
 )
 from headstart.errors import HeadstartError, Interrupted
-from headstart.inference.continuous import Reply, Request
+from headstart.inference.requests import Reply, Request
 from headstart.interrupts import stop_signals_interrupt
 from headstart.outputs import check_output_dir
 from headstart.target import Target

@@ -17,12 +17,9 @@ from headstart.distill.config import DistillConfig
 from headstart.distill.datafree import PromptStats, write_prompts
 from headstart.distill.shapes import Conversation, Skip, to_conversation
 from headstart.distill.sources import BadRow, read_rows
-from headstart.distill.store import atomic_write_bytes
+from headstart.distill.store import DATAFREE_PROMPTS, DATAFREE_STATS, atomic_write_bytes
 from headstart.errors import HeadstartError
 from headstart.target import Target
-
-DATAFREE_PROMPTS = "datafree_prompts.jsonl"
-DATAFREE_STATS = "datafree_stats.json"
 
 
 @dataclass

@@ -22,6 +22,9 @@ from headstart.errors import HeadstartError
 from headstart.io import normal_permissions
 
 META = "distill_meta.json"
+DATAFREE_PROMPTS = "datafree_prompts.jsonl"
+"""Data-free prompts sampled from the target so far (distill/plan.py): kept for a rerun."""
+DATAFREE_STATS = "datafree_stats.json"
 FORMAT_VERSION = 1
 
 
@@ -206,8 +209,6 @@ def forget_output(out: str | Path, remove_dir: bool = False) -> None:
     """Undo `open_output` for a run that wrote nothing (no record, no data-free prompt: those are
     kept for the rerun): its meta file, lock and empty directories; `out` itself when this run
     created it and nothing else is there."""
-    from headstart.distill.plan import DATAFREE_PROMPTS, DATAFREE_STATS
-
     out = Path(out)
     prompts = out / DATAFREE_PROMPTS
     if prompts.is_file() and prompts.stat().st_size:

@@ -157,7 +157,7 @@ class HeadCheckpoint(
         """Write the head's files into `path` (each whole or not at all; other files in `path` stay,
         as transformers' save_pretrained leaves them; a tuned tree of earlier heads there goes,
         since it would be read with these); kwargs as ModelHubMixin's."""
-        from headstart.heads.formats import TUNED_FILE
+        from headstart.heads.files import TUNED_FILE
         from headstart.outputs import refuse_protected
 
         refuse_protected(path, "the heads directory")

@@ -12,6 +12,9 @@ import torch
 
 from headstart.errors import HeadstartError
 
+TUNED_FILE = "tuned_tree.json"
+"""The tree `headstart tune` chose for a heads directory, stored in it (headstart/speculator.py reads it)."""
+
 
 def read_json(file: Path) -> dict[str, Any]:
     if not file.is_file():

@@ -23,14 +23,14 @@ from headstart.inference import cache as kv
 from headstart.inference.draft_tree import DraftTree
 from headstart.inference.drafters import make_drafter
 from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
-from headstart.inference.lookup import extend_with_lookup, split_lookup
+from headstart.inference.lookup import extend_with_lookup
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import Prompts, prepare_prompts
 from headstart.inference.results import DecodeState, GenerateOutput
 from headstart.inference.sampling import Generator, probabilities, sample
 from headstart.inference.stops import StopRule
 from headstart.inference.tree import TreeBuffers, build_tree
-from headstart.inference.tree_spec import TreeSpec, parse_tree
+from headstart.inference.tree_spec import TreeChoice, TreeSpec, choose_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
 from headstart.target.exactness import check_no_processors, context_note, must_step_plainly, positions
@@ -44,13 +44,14 @@ ROOT_ONLY = build_tree([])
 class SpeculativeDecoder:
     """Target + heads -> exactly the target's output, faster. `generate` feels like transformers'.
 
-    tree: a `--tree` string, a TreeBuffers, a DynamicTree or None (the default static tree).
+    tree: a TreeChoice (`choose_tree`: a `--tree` value parsed once), a `--tree` string, a
+    TreeBuffers, a DynamicTree or None (the default static tree).
     typical: use Medusa's typical acceptance when sampling. LOSSY: the output is then NOT
     distributed as the target's; stats carry a `lossy` label.
     """
 
     def __init__(
-        self, target: Target, heads: Any, tree: str | TreeSpec | None = None, typical: bool = False,
+        self, target: Target, heads: Any, tree: str | TreeChoice | TreeSpec | None = None, typical: bool = False,
         compile: bool = False, compile_backend: str = "inductor",
     ) -> None:  # fmt: skip
         self.target = target
@@ -61,10 +62,11 @@ class SpeculativeDecoder:
         probe = make_drafter(heads, target.vocab_size)
         self.max_depth = probe.max_depth
         self.feature_layers: tuple[int, ...] = tuple(probe.feature_layers)  # the target layers it reads
-        base, self.lookup = split_lookup(tree) if isinstance(tree, str) else (tree, None)
+        choice = choose_tree(tree)
+        self.lookup = choice.lookup
         # positions a verify must not straddle or pass (target/exactness.py)
         self.positions = positions(target.model)
-        self.tree = parse_tree(base, self.max_depth) if heads is not None else ROOT_ONLY
+        self.tree = choice.resolve(self.max_depth) if heads is not None else ROOT_ONLY
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs

@@ -8,11 +8,12 @@ speculative decoder sample from the same p.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from headstart.inference.plain import SamplingConfig
+if TYPE_CHECKING:  # plain.py samples through this module: a runtime import would be a circle
+    from headstart.inference.plain import SamplingConfig
 
 
 def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

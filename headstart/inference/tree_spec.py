@@ -13,11 +13,13 @@ dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.inference.drafting import DynamicTree
+from headstart.inference.lookup import SUFFIX, Lookup, split_lookup
 from headstart.inference.tree import TreeBuffers, build_tree, chain, check_tree_size, default_tree
 
 TreeSpec = TreeBuffers | DynamicTree
@@ -95,3 +97,41 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
             f"use a tree of depth <= {max_depth}",
         )
     return tree
+
+
+@dataclass(frozen=True)
+class TreeChoice:
+    """A `--tree` value parsed once, at the edge (`choose_tree`): what every command, the tuner and
+    the decoder pass along instead of the string. `tree` is None for the default static tree, cut
+    to the heads' depth when they are known (`resolve`)."""
+
+    text: str
+    """As the user (or the tuned tree) wrote it: what reports show."""
+    tree: TreeSpec | None
+    lookup: Lookup | None = None
+    """A prompt-lookup branch verified beside the drafted tree (`+lookup:K`)."""
+
+    def resolve(self, max_depth: int | None) -> TreeSpec:
+        """The tree for heads that draft at most `max_depth` levels (None: any depth)."""
+        return parse_tree(self.tree, max_depth)
+
+    def without_lookup(self) -> TreeChoice:
+        """The same tree without its lookup branch (sampling cannot mix a static tree's drawn
+        drafts with looked-up tokens)."""
+        if self.lookup is None:
+            return self
+        return TreeChoice(self.text.partition(SUFFIX)[0] or "static", self.tree, None)
+
+
+def choose_tree(spec: str | TreeChoice | TreeSpec | None) -> TreeChoice:
+    """Parse a `--tree` value (or take a parsed one): every syntax error is one line, here."""
+    if isinstance(spec, TreeChoice):
+        return spec
+    if spec is None or isinstance(spec, TreeBuffers | DynamicTree):
+        return TreeChoice("static" if spec is None else type(spec).__name__, spec)
+    if not spec.strip():
+        raise HeadstartError(
+            "--tree is empty", "leave it out for the tuned or default tree, or e.g. --tree chain:3"
+        )
+    base, lookup = split_lookup(spec)
+    return TreeChoice(spec, None if base in (None, "static") else parse_tree(base), lookup)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from headstart.errors import HeadstartError
+from headstart.target.layer_kinds import decoder_layers
 
 
 @dataclass
@@ -35,18 +36,6 @@ class Features:
     last_hidden: torch.Tensor  # (B, T, H): the exact input of the lm_head (post final norm)
     layers: dict[int, torch.Tensor] = field(default_factory=dict)  # id -> (B, T, H)
     past_key_values: Any = None
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder's block list, found structurally (no per-architecture code)."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model
-    layers = getattr(base, "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise HeadstartError(
-            f"cannot find the decoder layers of {type(model).__name__} (no .get_decoder().layers)",
-            "use a decoder-only transformers model (Llama, Qwen2, Mistral, Gemma, ...)",
-        )
-    return layers
 
 
 def eagle3_layer_ids(num_layers: int) -> tuple[int, int, int]:

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from headstart.target.blocks import BF16, Q4_1, Q8_0, BlockWeight, dequantise
+
 log = logging.getLogger(__name__)
 
-Q4_1, Q8_0, BF16 = 0, 1, 2  # smallmm.c's `kind`
 MAX_INNER = 65536  # 4 rows of this many fp32 weights: 1 MiB of each thread's stack
 _BLOCKS: weakref.WeakKeyDictionary[nn.Linear, BlockWeight] = weakref.WeakKeyDictionary()
 _attached = [0]  # bumped by every attach: forwards bound before it may not read the new blocks
@@ -49,23 +49,6 @@ _attached = [0]  # bumped by every attach: forwards bound before it may not read
 def generation() -> int:
     """Changes whenever blocks are attached (packing.py keys its bound forwards on it)."""
     return _attached[0]
-
-
-@dataclass(frozen=True)
-class BlockWeight:
-    """One weight's blocks as smallmm.c reads them; `version` and `pointer`: the fp32 weight they
-    equal (an in-place change or a swapped tensor makes them stale)."""
-
-    kind: int
-    qs: torch.Tensor  # Q4_1: (N, K/2) uint8 nibbles; Q8_0: (N, K) int8; BF16: (N, K) int16 (the bits)
-    d: torch.Tensor  # (N, K/32) fp32 scales (BF16: empty)
-    m: torch.Tensor | None  # (N, K/32) fp32 mins (Q4_1)
-    version: int
-    pointer: int
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
 
 
 def blocks_for(module: nn.Linear) -> BlockWeight | None:
@@ -297,21 +280,6 @@ def repack(raw: np.ndarray, kind: int, rows: int, inner: int) -> tuple[torch.Ten
         m = None
         qs = torch.from_numpy(np.ascontiguousarray(raw[..., 2:]).view(np.int8).reshape(rows, inner))
     return qs, d, m, dequantise(kind, qs, d, m)
-
-
-def dequantise(kind: int, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
-    """The fp32 weight (N, K) of blocks in smallmm.c's layout, computed as gguf-py does: Q4_1
-    (d * q) + m with element i the low nibble of byte i and i + 16 its high one; Q8_0 d * q;
-    BF16 the bits widened."""
-    if kind == BF16:
-        return qs.view(torch.bfloat16).float()
-    rows, blocks = d.shape
-    if kind == Q4_1:
-        assert m is not None
-        nibbles = qs.view(rows, blocks, 16).long()
-        values = torch.cat([nibbles & 15, nibbles >> 4], -1).float()
-        return (d[..., None] * values + m[..., None]).reshape(rows, 32 * blocks)
-    return (d[..., None] * qs.view(rows, blocks, 32).float()).reshape(rows, 32 * blocks)
 
 
 def _row_order(dense: torch.Tensor, weight: torch.Tensor) -> Any:

@@ -109,3 +109,15 @@ def layer_masks(model: nn.Module, mask: Any) -> Any:
     if all(kind == SLIDING for kind in kinds.kinds):
         return local
     return {FULL: mask, SLIDING: local}
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder's block list, found structurally (no per-architecture code)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(base, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise HeadstartError(
+            f"cannot find the decoder layers of {type(model).__name__} (no .get_decoder().layers)",
+            "use a decoder-only transformers model (Llama, Qwen2, Mistral, Gemma, ...)",
+        )
+    return layers

@@ -342,7 +342,7 @@ def best_pair(mine: Callable[[], object], other: Callable[[], object], reps: int
 
 
 def _measure_rows(kernel: SmallMatmul) -> int:
-    from headstart.target.packing import MIN_ROWS, mkl_packing_available, packed_rows
+    from headstart.target.mkl import MIN_ROWS, mkl_packing_available, packed_rows
 
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, 576, generator=generator) for n in (1536, 8192)]
@@ -403,7 +403,7 @@ def _measure_block_rows(kernel: SmallMatmul) -> int:
     """Synthetic Q4_1 (MLP projections) and Q8_0 (a vocabulary) weights shaped as SmolLM2's, ~80 MB
     of them in fp32: more than a CPU's last-level cache, as a decoder's weights are (a weight that
     stays cached would favour the fp32 side)."""
-    from headstart.target.gguf_blocks import Q4_1, Q8_0, BlockWeight, dequantise
+    from headstart.target.blocks import Q4_1, Q8_0, BlockWeight, dequantise
 
     generator = torch.Generator().manual_seed(0)
     weights = []

@@ -7,19 +7,12 @@ import math
 
 import pytest
 
-from headstart.bench.tune import (
-    TUNED_FILE,
-    _survivors,
-    candidate_trees,
-    forked,
-    paired_gap,
-    tree_for_run,
-    tuned_elsewhere,
-    tuned_tree,
-)
+from headstart.bench.tune import _survivors, candidate_trees, forked, paired_gap
 from headstart.cli import main
+from headstart.heads.files import TUNED_FILE
 from headstart.inference.lookup import split_lookup
 from headstart.inference.tree_spec import parse_tree
+from headstart.tuned import tree_for_run, tuned_elsewhere, tuned_tree
 
 
 def test_candidates_fit_the_heads():
@@ -113,9 +106,11 @@ def test_a_tree_tuned_elsewhere_is_named(tmp_path, capsys):
     assert "1 thread" in warning and "--threads 2" in warning
     assert "cuda:0" in tuned_elsewhere(tmp_path, "cuda:0", 1)
     # a run takes --tree as given, silently; else the stored tree, with the note on stderr
-    assert tree_for_run("chain:1", tmp_path, "cpu", 2) == "chain:1" and not capsys.readouterr().err
-    assert tree_for_run(None, tmp_path, "cpu", 2) == "chain:2" and "--threads 2" in capsys.readouterr().err
-    assert tree_for_run(None, tmp_path, "cpu", 1) == "chain:2" and not capsys.readouterr().err
+    assert tree_for_run("chain:1", tmp_path, "cpu", 2).text == "chain:1" and not capsys.readouterr().err
+    assert (
+        tree_for_run(None, tmp_path, "cpu", 2).text == "chain:2" and "--threads 2" in capsys.readouterr().err
+    )
+    assert tree_for_run(None, tmp_path, "cpu", 1).text == "chain:2" and not capsys.readouterr().err
     assert tree_for_run(None, None, "cpu", 1) is None
 
 
@@ -123,23 +118,24 @@ def test_sampling_drops_a_tuned_lookup_branch(tmp_path):
     """A tuned tree with a lookup branch (the shipped heads' until 2026-11-26), which exact sampling
     cannot use with a static tree: sampling runs the tuned tree without it; greedy and an explicit
     --tree keep theirs."""
-    from headstart.bench.tune import tree_for_run
+    from headstart.tuned import tree_for_run
 
     heads = tmp_path / "heads"
     heads.mkdir()
     report = {"tree": "[[0],[0,0],[1]]+lookup:4", "device": "cpu", "threads": 2}
     (heads / TUNED_FILE).write_text(json.dumps(report))
     tuned = tree_for_run(None, heads, "cpu", 2)
-    assert tuned == "[[0],[0,0],[1]]+lookup:4"
-    assert tree_for_run(None, heads, "cpu", 2, greedy=False) == tuned.partition("+lookup:")[0]
-    assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False) == "chain:1+lookup:4"
+    assert tuned.text == "[[0],[0,0],[1]]+lookup:4" and tuned.lookup is not None
+    untuned = tree_for_run(None, heads, "cpu", 2, greedy=False)
+    assert untuned.text == "[[0],[0,0],[1]]" and untuned.lookup is None and untuned.tree == tuned.tree
+    assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False).text == "chain:1+lookup:4"
 
 
 def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, monkeypatch):
     import os
 
-    from headstart.bench.tune import save_tuned, tuned_tree
     from headstart.heads.defaults import shipped_heads
+    from headstart.tuned import save_tuned, tuned_tree
 
     monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
     heads = shipped_heads("smollm2")["smollm2-eagle3"]
@@ -152,7 +148,7 @@ def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, mo
     assert save_tuned({"tree": "chain:3"}, mine) == mine / TUNED_FILE
     # tuned once while read-only (the cache), then again once writable (next to the heads): the
     # later tune is the one decoding uses
-    from headstart.bench.tune import user_tuned_file
+    from headstart.tuned import user_tuned_file
 
     cached = user_tuned_file(mine)
     cached.parent.mkdir(parents=True, exist_ok=True)

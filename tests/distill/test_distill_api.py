@@ -22,8 +22,8 @@ import pytest
 from headstart.distill import load_distilled
 from headstart.distill.api import Endpoint, OpenAIEngine
 from headstart.errors import HeadstartError
-from headstart.inference.continuous import Request
 from headstart.inference.plain import SamplingConfig
+from headstart.inference.requests import Request
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -112,11 +112,21 @@ def test_seeded_sampled_requests_do_not_depend_on_their_batch(target):
     assert len({tuple(v) for v in together.values()}) > 1  # different seeds, different replies
 
 
-def test_the_engine_batcher_answers_a_request_stream_like_the_plain_batcher(target):
-    """Distillation's interface on the engine: the same greedy replies as the plain continuous
-    batcher, follow-up turns first, with and without heads."""
-    from headstart.inference.continuous import ContinuousBatcher, Request
-    from headstart.inference.engine import EngineBatcher
+def _generate_reply(target, prompt: list[int], max_new: int) -> tuple[list[int], bool]:
+    """transformers' greedy `generate` for one request, as a Reply's (ids without the end id, finished)."""
+    eos = set(target.eos_token_ids)
+    x = torch.tensor([prompt])
+    out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                                eos_token_id=sorted(eos), pad_token_id=0)[0, len(prompt):].tolist()  # fmt: skip
+    ended = next((i for i, t in enumerate(out) if t in eos), None)
+    return (out[:ended], True) if ended is not None else (out, False)
+
+
+def test_the_engine_batcher_answers_a_request_stream_like_generate(target):
+    """Distillation's interface on the engine: every reply (follow-up turns first) is transformers'
+    greedy `generate` of its request, with and without heads, shared prefix or not."""
+    from headstart.inference.batcher import EngineBatcher
+    from headstart.inference.requests import Request
 
     prompts = [target.chat.user_prompt_ids(f"question {i} " + "x" * (i % 7)) for i in range(12)]
 
@@ -137,7 +147,11 @@ def test_the_engine_batcher_answers_a_request_stream_like_the_plain_batcher(targ
         stats = batcher.run(requests, on_reply)
         return got, stats
 
-    reference, _ = run(ContinuousBatcher(target, max_batch=5, admit_every=2))
+    reference = {}
+    for i, prompt in enumerate(prompts):
+        reference[i] = _generate_reply(target, prompt, 20 + i)
+        if i % 4 == 0:
+            reference[(i, 2)] = _generate_reply(target, prompt + reference[i][0][:3], 9)
     for heads in (None, heads_of("dflash", target)):
         got, stats = run(EngineBatcher(target, heads=heads, max_batch=5, admit_every=2))
         assert got == reference

@@ -12,7 +12,7 @@ from scripted import ScriptedDrafter
 
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.target import load_target
-from headstart.target.packing import mkl_packing_available
+from headstart.target.mkl import mkl_packing_available
 from headstart.target.smallmm import small_matmul
 
 # the exactness suite runs on every device: "cuda" (bf16, the `--dtype auto` default there) only

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.inference.continuous import Request
 from headstart.inference.engine import EngineBatcher
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import common_prefix
+from headstart.inference.requests import Request
 from headstart.target import load_target
 from tests.tiny import FAMILIES, make_target_dir
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.heads.files import read_json
+from headstart.heads.files import TUNED_FILE, read_json
 
 ADAPTERS = {
     "headstart": "headstart.heads.formats.own",
@@ -55,7 +55,6 @@ EXPORT_MARK = ".headstart-export"
 """Written into every export (JSON: the format and the files it wrote): only a directory holding it
 is an earlier export that a new one may write into without --overwrite (a training run's `final/`
 has the same file names), and only the files it lists may be removed by a later export."""
-TUNED_FILE = "tuned_tree.json"  # headstart.bench.tune's (not imported: that module loads torch's half)
 CARD_FILE = "README.md"
 
 

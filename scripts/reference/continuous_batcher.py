@@ -1,9 +1,10 @@
-"""Continuous batching: many prompts in flight through headstart's own forward, finished rows
+"""RETIRED from the package (2026-11-27): a benchmark reference for scripts/bench_batchers.py only.
+
+Continuous batching: many prompts in flight through headstart's own forward, finished rows
 refilled at once. It was the engine of `headstart distill` until 2026-11-26; distillation now runs
-on the one decoding engine (inference/engine.py's EngineBatcher, the engine of `generate` and
-`serve`), which matched it on the CPU (scripts/bench_batchers.py). It stays as that benchmark's
-reference until the engine is measured against it on a GPU, where this loop's throughput was
-tuned (README, "On a GPU"). Also home of the request/reply types every batcher shares.
+on the one decoding engine (headstart/inference/batcher.py's EngineBatcher, the engine of
+`generate` and `serve`), which matched it on the CPU. It is kept here, outside the package, until
+the engine is measured against it on a GPU, where this loop's throughput was tuned.
 
 A decode step is ONE target forward over every live row (one new token each): on a CPU the
 small-row kernel reads the weights once for up to 64 rows (target/smallmm.py), on a GPU the batch
@@ -38,58 +39,11 @@ from typing import Any
 import torch
 
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
+from headstart.inference.requests import EngineStats, Reply, Request
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.sampling import probabilities
 from headstart.target import Target, forward, new_cache, tree_attention_mask
-
-
-@dataclass
-class Request:
-    """One prompt to answer. `key` is the caller's (returned with the reply)."""
-
-    key: Any
-    prompt: list[int]
-    sampling: SamplingConfig
-    seed: int | None = None
-    messages: list[dict[str, str]] | None = None
-    """The chat the prompt renders, for engines that take messages, not ids (an API server)."""
-    reference: str | None = None
-    """The data's own reply to this turn, if it has one (`--engine dataset` answers with it)."""
-
-
-@dataclass
-class Reply:
-    token_ids: list[int]  # the generated ids, end-of-turn id excluded
-    finished: bool  # True when the target emitted an end-of-turn id (False: hit max_new_tokens)
-
-
-@dataclass
-class EngineStats:
-    replies: int = 0
-    new_tokens: int = 0  # generated tokens, end-of-turn ids included
-    prompt_tokens: int = 0
-    decode_steps: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    compactions: int = 0
-    row_steps: int = 0  # live rows summed over decode steps (mean batch = row_steps / decode_steps)
-    prefix_reused: int = 0  # prompt tokens copied from a shared prefix's cache instead of run per row
-
-    def as_dict(self) -> dict[str, Any]:
-        wall = self.prefill_s + self.decode_s
-        return {
-            "replies": self.replies,
-            "new_tokens": self.new_tokens,
-            "prompt_tokens": self.prompt_tokens,
-            "prefix_reused": self.prefix_reused,
-            "decode_steps": self.decode_steps,
-            "mean_batch": round(self.row_steps / self.decode_steps, 2) if self.decode_steps else 0.0,
-            "prefill_s": round(self.prefill_s, 2),
-            "decode_s": round(self.decode_s, 2),
-            "new_tokens_per_s": round(self.new_tokens / wall, 2) if wall > 0 else 0.0,
-            "compactions": self.compactions,
-        }
 
 
 @dataclass

@@ -1,0 +1,113 @@
+"""The one assembly point: target + heads + tree -> a decoder. `generate`, `chat`, `serve`, `bench`
+and `tune` all come through here, so heads are resolved and loaded once, the tree `headstart tune`
+stored with them is read once, and a `--tree` value is parsed once into a TreeChoice.
+
+    from headstart.speculator import load_speculator
+    from headstart.target import load_target
+
+    target = load_target("smollm2")
+    speculator = load_speculator(target)            # the heads shipped for it, their tuned tree
+    out = speculator.decoder.generate([target.chat.user_prompt_ids("Hi!")])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from headstart.errors import HeadstartError
+from headstart.inference.decoder import SpeculativeDecoder
+from headstart.inference.tree_spec import TreeChoice, choose_tree
+
+
+@dataclass
+class Speculator:
+    """Heads loaded for a target, the tree they decode with, and decoders built from both."""
+
+    target: Any
+    heads: Any
+    """The loaded heads (None: plain decoding through the same engine)."""
+    heads_path: Path | None
+    """Where they were loaded from (None for heads passed as objects, or none)."""
+    tree: TreeChoice | None
+    """The tree decoders draft (None: plain decoding, or the heads' default static tree)."""
+    typical: bool = False
+    compile: bool = False
+
+    def new_decoder(self, tree: str | TreeChoice | None = None) -> SpeculativeDecoder:
+        """A fresh decoder of these heads (a server's lane, a tuning candidate): `tree` overrides
+        the speculator's for this one."""
+        choice = self.tree if tree is None else choose_tree(tree)
+        return SpeculativeDecoder(self.target, self.heads, tree=choice, typical=self.typical,
+                                  compile=self.compile)  # fmt: skip
+
+    @property
+    def decoder(self) -> SpeculativeDecoder:
+        """The decoder with the speculator's own tree (built once)."""
+        if not hasattr(self, "_decoder"):
+            self._decoder = self.new_decoder()
+        return self._decoder
+
+    @property
+    def mode(self) -> str:
+        """What decodes, in words (the CLI's stats line, the server's /health)."""
+        if self.heads is None:
+            return "plain decoding" + (", compiled" if self.compile else "")
+        return (
+            f"{self.heads.kind} heads, tree {self.tree.text if self.tree else 'static'}"
+            + (", compiled" if self.compile else "")
+            + (", typical acceptance (LOSSY)" if self.typical else "")
+        )
+
+
+def load_speculator(
+    target: Any,
+    heads: str | Path | Any | None = None,
+    tree: str | TreeChoice | None = None,
+    *,
+    plain: bool = False,
+    greedy: bool = True,
+    typical: bool = False,
+    compile: bool = False,
+) -> Speculator:
+    """Assemble decoding for `target`.
+
+    heads: a heads directory or Hub id, loaded heads, or None for the heads shipped for the target
+    (plain decoding when there are none); `plain=True` decodes without heads whatever is shipped.
+    tree: a `--tree` value (parsed here, once) or a TreeChoice; None takes the tree `headstart tune`
+    stored with the heads (noting on stderr when it was tuned for another device or thread count),
+    else the default static tree. `greedy=False` drops a tuned tree's lookup branch (exact sampling
+    cannot mix a static tree's drawn drafts with looked-up tokens)."""
+    import torch
+
+    from headstart.tuned import tree_for_run
+
+    choice = choose_tree(tree) if tree is not None else None
+    loaded, path = (None, None) if plain else _heads(target, heads)
+    if loaded is None and choice is not None and (choice.tree is not None or choice.lookup is None):
+        raise HeadstartError(
+            f"--tree {choice.text} needs heads: {getattr(target, 'spec', 'the target')} has no shipped heads"
+            if not plain
+            else f"--tree {choice.text} drafts with heads, and plain decoding has none",
+            "pass --heads DIR (trained heads), or drop --tree for plain decoding",
+        )
+    if loaded is not None:
+        choice = tree_for_run(choice, path, str(target.device), torch.get_num_threads(), greedy)
+    return Speculator(target, loaded, path, choice, typical=typical, compile=compile)
+
+
+def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | None]:
+    """(loaded heads, their directory) for `heads` as `load_speculator` takes it."""
+    from headstart.heads import load_heads_for_inference
+    from headstart.heads.defaults import default_heads
+    from headstart.heads.resolve import resolve_heads
+
+    if heads is None:
+        shipped = default_heads(getattr(target, "spec", ""))
+        return (None, None) if shipped is None else (load_heads_for_inference(shipped, target), shipped)
+    if isinstance(heads, str | Path):
+        path = resolve_heads(heads)
+        return load_heads_for_inference(path, target), path
+    heads.bind(target.model)  # heads passed as an object: the caller loaded them
+    return heads, None

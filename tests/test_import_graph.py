@@ -1,0 +1,124 @@
+"""The package's import graph, read with ast (no third-party tool): no import circle between modules
+(imports inside functions count: a lazy import is still a dependency), and no import from a lower
+package up into the command line (`headstart.commands`, `headstart.cli`)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "headstart"
+TOP = ("headstart.cli", "headstart.commands", "headstart.__main__")
+"""The command line: only these may import headstart.commands or headstart.cli."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imports(path: Path, known: dict[str, Path]) -> set[str]:
+    """The package modules `path` imports anywhere in its body (functions included; imports only
+    for type checking excepted: they never run). `from pkg import name` is an edge to the submodule
+    `pkg.name` when there is one, else to `pkg` itself."""
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for node in ast.walk(block)
+    }
+    here = module_name(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+    return {name for name in found if name in known and name != here}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(path, known) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    found = cycles(graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_nothing_below_the_command_line_imports_it():
+    upward = sorted(
+        f"{name} imports {target}"
+        for name, targets in graph().items()
+        if not name.startswith(TOP)
+        for target in targets
+        if target.startswith(TOP)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):
+    """The checker itself: a circle made by a lazy import inside a function is found."""
+    root = tmp_path / "headstart"
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "sub" / "__init__.py").write_text("")
+    (root / "sub" / "a.py").write_text("from headstart.sub import b\n")
+    (root / "sub" / "b.py").write_text("def f():\n    from headstart.sub.a import x\n")
+    (root / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from headstart.sub import a\n"
+    )
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", root)
+    edges = graph()
+    assert edges["headstart.sub.a"] == {"headstart.sub.b"} and edges["headstart.sub.b"] == {"headstart.sub.a"}
+    assert edges["headstart.c"] == set()  # type-checking imports never run
+    assert cycles(edges) == [["headstart.sub.a", "headstart.sub.b"]]
