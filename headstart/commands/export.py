@@ -49,11 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-FORMATS_OF = {"medusa": ("medusa", "headstart"), "eagle3": ("speculators", "eagle", "headstart"),
-              "dflash": ("speculators", "dflash", "headstart")}  # fmt: skip
-"""The formats each kind of head can be written in."""
-
-
 def recorded_target(path: object) -> str:
     """The target a headstart heads directory says it was trained for (its load spec: a Hub id,
     a path, smollm2), else smollm2 (the published formats name a verifier, not a loadable spec)."""
@@ -70,7 +65,7 @@ def recorded_target(path: object) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from headstart.commands.common import quiet_transformers
-    from headstart.heads import load_heads
+    from headstart.heads import kinds, load_heads
     from headstart.heads.defaults import shipped_heads
     from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
@@ -89,10 +84,11 @@ def run(args: argparse.Namespace) -> int:
         path = resolve_heads(args.heads, flag="heads directory")
     else:
         kind = args.kind or ("medusa" if args.format == "medusa" else "eagle3")
-        if args.format not in FORMATS_OF[kind]:
+        formats = kinds.get(kind).formats
+        if args.format not in formats:
             raise HeadstartError(
                 f"{kind} heads cannot be written as --format {args.format}",
-                f"use --format {' or '.join(FORMATS_OF[kind])}, or another --kind",
+                f"use --format {' or '.join(formats)}, or another --kind",
             )
         target = args.target or "smollm2"
         path = shipped_heads(target).get(f"smollm2-{kind}")  # type: ignore[assignment]

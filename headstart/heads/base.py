@@ -22,13 +22,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-HEAD_KINDS = ("medusa", "eagle", "eagle3", "dflash")
-
 
 @runtime_checkable
 class DraftHead(Protocol):
     kind: str
-    """One of HEAD_KINDS."""
+    """A registered kind (headstart.heads.kinds)."""
     feature_layers: tuple[int, ...]
     """Target layer ids (see headstart.target.features for the convention) this head reads;
     empty when it only needs `Features.last_hidden` (Medusa, EAGLE-1)."""

@@ -9,27 +9,23 @@ from typing import Any
 import torch
 
 from headstart.errors import HeadstartError
+from headstart.heads import kinds
 from headstart.heads.config import HeadConfig, HeadSpec
-from headstart.heads.dflash import derived_draft_config
 from headstart.target.features import check_layer_ids, eagle3_layer_ids
 
 
 def head_class(kind: str, layout: str = "fc") -> type:
-    from headstart.heads.dflash import DFlashHead
-    from headstart.heads.eagle import Eagle3FcHead, Eagle3Head, EagleHead
-    from headstart.heads.medusa import MedusaHeads
-
-    classes = {"medusa": MedusaHeads, "eagle": EagleHead, "eagle3": Eagle3FcHead, "dflash": DFlashHead}
-    if kind not in classes:
-        raise HeadstartError(f"unknown head kind '{kind}'", f"use one of {', '.join(classes)}")
-    return Eagle3Head if (kind, layout) == ("eagle3", "reference") else classes[kind]
+    """The nn.Module class of a registered kind (headstart.heads.kinds) in `layout`."""
+    return kinds.get(kind).head_class(layout)
 
 
 def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
-    """The checkpoint config for `spec` on `target`; checks the spec fits before any compute."""
+    """The checkpoint config for `spec` on `target`; checks the spec fits before any compute. The
+    generic fields are set here, the kind's own ones by its class (`spec_fields`)."""
+    kind = kinds.get(spec.kind)
     vocab = target.vocab_size
     layers: list[int] = []
-    if spec.kind in ("eagle3", "dflash"):
+    if kind.reads_layers:
         layers = (
             list(spec.feature_layers)
             if spec.feature_layers is not None
@@ -38,7 +34,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         check_layer_ids(target.model, layers)
     elif spec.feature_layers:
         raise HeadstartError(
-            f"head.feature_layers is only used by eagle3 and dflash, not {spec.kind}",
+            f"head.feature_layers is only used by kinds that read target layers, not {spec.kind}",
             "remove head.feature_layers",
         )
     if spec.draft_vocab_size > vocab:
@@ -46,55 +42,18 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
             f"head.draft_vocab_size={spec.draft_vocab_size} exceeds the target vocabulary ({vocab})",
             f"set head.draft_vocab_size <= {vocab} (0 = full vocabulary)",
         )
-    if spec.draft_vocab_size and spec.kind == "eagle":
-        raise HeadstartError(
-            "head.draft_vocab_size is not used by eagle (EAGLE-1 drafts through the target's lm_head)",
-            "remove head.draft_vocab_size, or use head.kind=eagle3",
-        )
-    dflash = spec.kind == "dflash"
+    fields = {"draft_vocab_size": spec.draft_vocab_size or vocab}
+    layout = spec.layout if spec.layout in kind.heads else "fc"  # the recipe's default suits eagle3 only
+    fields.update(kind.head_class(layout).spec_fields(spec, target))
     return HeadConfig(
         kind=spec.kind,
         hidden_size=target.hidden_size,
         vocab_size=vocab,
         target=dict(target.fingerprint),
         target_config=target.model.config.to_dict(),
-        num_heads=spec.num_heads if spec.kind == "medusa" else 1,
-        num_layers=spec.num_layers if spec.kind in ("medusa", "dflash") else 1,  # type: ignore[arg-type]
-        block_size=spec.block_size if dflash else 0,
-        mask_token_id=mask_token(spec, target) if dflash else -1,
-        draft_config=derived_draft_config(
-            target.model.config.to_dict(), target.hidden_size, vocab, spec.num_layers
-        )
-        if dflash
-        else {},  # type: ignore[arg-type]  # fmt: skip
-        shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
-        draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,
-        layout=spec.layout if spec.kind == "eagle3" else "fc",
-        # the reference layout has its norms built in
-        input_norms=spec.input_norms
-        and (spec.kind == "eagle" or (spec.kind, spec.layout) == ("eagle3", "fc")),
+        **fields,
     )
-
-
-def mask_token(spec: HeadSpec, target: Any) -> int:
-    """DFlash's mask token: head.mask_token_id, else the tokenizer's mask, pad or end token. Any
-    fixed id works (the draft learns what its frozen embedding means in a block); every runtime
-    reads the id from the checkpoint."""
-    vocab = target.vocab_size
-    if spec.mask_token_id is not None:
-        if not 0 <= spec.mask_token_id < vocab:
-            raise HeadstartError(
-                f"head.mask_token_id={spec.mask_token_id} is not a token of the target (0..{vocab - 1})",
-                "pick an id in the vocabulary, or leave head.mask_token_id unset",
-            )
-        return spec.mask_token_id
-    tokenizer = getattr(target, "tokenizer", None)
-    for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
-        value = getattr(tokenizer, name, None)
-        if isinstance(value, int) and 0 <= value < vocab:
-            return value
-    return vocab - 1
 
 
 def draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:

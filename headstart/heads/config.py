@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from headstart.errors import HeadstartError
-from headstart.heads.base import HEAD_KINDS
+from headstart.heads import kinds
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
@@ -25,9 +25,9 @@ a damaged config must not build a million modules before its weights are compare
 class HeadSpec:
     """The head to train, as written in a recipe's `head:` section."""
 
-    kind: Literal["medusa", "eagle", "eagle3", "dflash"] = "medusa"
-    """medusa (Medusa-1/2), eagle (EAGLE-1/2), eagle3, or dflash (a block drafter: one forward
-    drafts block_size - 1 tokens; headstart.heads.dflash)."""
+    kind: str = "medusa"
+    """A registered head kind (headstart.heads.kinds): medusa (Medusa-1/2), eagle (EAGLE-1/2),
+    eagle3, or dflash (a block drafter: one forward drafts block_size - 1 tokens)."""
     num_heads: int = 3
     """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
     num_layers: int | None = None
@@ -64,6 +64,7 @@ class HeadSpec:
     without the norms the head all but ignores the token it is given."""
 
     def __post_init__(self) -> None:
+        kinds.get(self.kind)  # one line naming the registered kinds
         if self.num_heads < 1:
             raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
         if self.num_layers is None:
@@ -163,8 +164,7 @@ class HeadConfig:
         for key in LOCAL_KEYS:
             self.target_config.pop(key, None)
             self.draft_config.pop(key, None)
-        if self.kind not in HEAD_KINDS:
-            raise HeadstartError(f"unknown head kind '{self.kind}'", f"use one of {', '.join(HEAD_KINDS)}")
+        kinds.get(self.kind)  # one line naming the registered kinds
         if self.format != FORMAT:
             raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
         if not self.draft_vocab_size:

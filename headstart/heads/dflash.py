@@ -31,7 +31,7 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig
+from headstart.heads.config import HeadConfig, HeadSpec
 from headstart.heads.vocab import DraftVocab
 from headstart.target.features import cache_keyword, tree_attention_mask
 
@@ -92,6 +92,26 @@ def draft_layers_config(config: HeadConfig) -> Any:
     return layer
 
 
+def mask_token(spec: HeadSpec, target: Any) -> int:
+    """DFlash's mask token: head.mask_token_id, else the tokenizer's mask, pad or end token. Any
+    fixed id works (the draft learns what its frozen embedding means in a block); every runtime
+    reads the id from the checkpoint."""
+    vocab = target.vocab_size
+    if spec.mask_token_id is not None:
+        if not 0 <= spec.mask_token_id < vocab:
+            raise HeadstartError(
+                f"head.mask_token_id={spec.mask_token_id} is not a token of the target (0..{vocab - 1})",
+                "pick an id in the vocabulary, or leave head.mask_token_id unset",
+            )
+        return spec.mask_token_id
+    tokenizer = getattr(target, "tokenizer", None)
+    for name in ("mask_token_id", "pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int) and 0 <= value < vocab:
+            return value
+    return vocab - 1
+
+
 class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
     """The block drafter (module docstring). Bound to the target's embeddings and lm_head (not
     saved). With a draft vocabulary, training scores and drafting proposes only its Vd tokens,
@@ -100,6 +120,18 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
     saves a reduced vocabulary)."""
 
     kind = "dflash"
+
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        """A recipe's `head:` as this kind's HeadConfig fields (headstart.heads.build.head_config)."""
+        return {
+            "num_layers": spec.num_layers,
+            "block_size": spec.block_size,
+            "mask_token_id": mask_token(spec, target),
+            "draft_config": derived_draft_config(
+                target.model.config.to_dict(), target.hidden_size, target.vocab_size, spec.num_layers
+            ),
+        }
 
     def __init__(self, config: HeadConfig) -> None:
         from headstart.heads.layer import layer_classes

@@ -30,6 +30,16 @@ class EagleHead(HeadCheckpoint, nn.Module):
 
     kind = "eagle"
 
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        """A recipe's `head:` as this kind's HeadConfig fields (headstart.heads.build.head_config)."""
+        if spec.draft_vocab_size:
+            raise HeadstartError(
+                "head.draft_vocab_size is not used by eagle (EAGLE-1 drafts through the target's lm_head)",
+                "remove head.draft_vocab_size, or use head.kind=eagle3",
+            )
+        return {"draft_vocab_size": target.vocab_size, "input_norms": spec.input_norms}
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
@@ -102,6 +112,10 @@ class Eagle3FcHead(DraftVocab, EagleHead):
 
     kind = "eagle3"
 
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        return {"layout": "fc", "input_norms": spec.input_norms}
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__(config)
         hidden, draft = config.hidden_size, config.draft_vocab_size
@@ -144,6 +158,10 @@ class Eagle3Head(Eagle3FcHead):
     token embeddings; otherwise the target's are bound, frozen and not saved."""
 
     layout = "reference"
+
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        return {"layout": "reference", "input_norms": False}  # the reference layout has its norms built in
 
     def __init__(self, config: HeadConfig) -> None:
         nn.Module.__init__(self)

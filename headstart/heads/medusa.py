@@ -41,6 +41,15 @@ class MedusaHeads(DraftVocab, HeadCheckpoint, nn.Module):
     kind = "medusa"
     feature_layers: tuple[int, ...] = ()
 
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        """A recipe's `head:` as this kind's HeadConfig fields (headstart.heads.build.head_config)."""
+        return {
+            "num_heads": spec.num_heads,
+            "num_layers": spec.num_layers,
+            "shared_lm_head": spec.shared_lm_head,
+        }
+
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config

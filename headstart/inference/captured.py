@@ -1,7 +1,7 @@
 """Decoding steps as compiled graphs over fixed-size KV buffers (`--compile`): the verify
-(`CapturedVerify`), an EAGLE head's steps (`CapturedHead`), Medusa's heads (`CapturedMedusa`)
-and DFlash's context and block steps (`CapturedDFlash`); the verify is described here, the
-others follow the same pattern over the head's own cache.
+(`CapturedVerify`), described here, and the pieces every head kind's compiled steps share (their
+classes live with their drafters: inference/drafters/<kind>.py, `Drafter.compiled_steps`), which
+follow the same pattern over the head's own cache.
 
 Eager, every decode step is the target's Python forward: hundreds of kernel launches, which on
 a GPU cost more than a small model's arithmetic (on an H100 a SmolLM2 step was launch-bound for
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from headstart.target import Features
-from headstart.target.features import decoder_layers
+from headstart.target.layer_kinds import decoder_layers
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CAPACITY_STEP = 512
@@ -148,7 +148,7 @@ class CapturedVerify:
         from headstart.target.features import cache_keyword
 
         self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
-        mode = _graph_mode(model, mode)
+        mode = graph_mode(model, mode)
         self.fn = _compiled(backend, mode)
         self.buffers = BufferPool()
         self.steps = 0  # verifies that ran captured
@@ -180,203 +180,31 @@ class CapturedVerify:
             return None
         size, keys, values = claimed
         device = tokens.device
-        tokens, positions = _pad_nodes(tokens, size), _pad_nodes(positions, size)
+        tokens, positions = pad_nodes(tokens, size), pad_nodes(positions, size)
         tree = tree_visible.expand(batch, n, n) if tree_visible.dim() == 2 else tree_visible
         allowed = torch.cat([visible[:, None, :].expand(batch, n, length), tree], dim=-1)
-        mask = _static_mask(allowed, size, keys[0].shape[-2], dtype)
-        start = _column(length, device)
+        mask = static_mask(allowed, size, keys[0].shape[-2], dtype)
+        start = column(length, device)
         from headstart.target.attention import grouped_query_attention
 
         with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
-            _step_begins(device)
-            logits, last, layers = _own(self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
+            step_begins(device)
+            logits, last, layers = own(self.fn(self.model, self.taps, self.feature_layers, self.cache_kw, tokens,
                                                 positions, mask, start, keys, values))  # fmt: skip
-        _end_views(cache, length + n)
+        end_views(cache, length + n)
         self.steps += 1
         return Features(logits=logits[:, :n], last_hidden=last[:, :n],
                         layers={i: x[:, :n] for i, x in layers.items()})  # fmt: skip
 
 
-class CapturedHead:
-    """An EAGLE head's step (its one decoder layer over its own KV cache, then its logits over
-    the target vocabulary) compiled the same way: the head's cache is a growing cache in a kept
-    buffer, new entries written at a device-held column, the mask over every column, the nodes
-    padded to a bucket. One graph per (rows, nodes) shape: a static tree's levels have fixed
-    widths, the committed tokens an `observe` feeds are bucketed; a prompt-sized `observe` (the
-    prefill) runs eagerly, into the same buffer."""
-
-    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
-        self.heads = heads
-        mode = _graph_mode(heads, mode)
-        self.fn = _compiled_head(backend, mode)
-        self.buffers = BufferPool()
-        self.steps = 0
-        self.fallbacks = 0
-
-    def new_cache(self, reserve: int) -> Any:
-        """The head's cache for one generation: `reserve` entries (rounded up), zeroed, in the
-        pool's buffers when they fit."""
-        from headstart.target.growing_cache import growing_cache
-
-        cache = growing_cache(self.heads.midlayer.config, reserve)
-        self.buffers.adopt(cache)
-        return cache
-
-    def step(self, cache: Any, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             allowed: torch.Tensor, to_target: torch.Tensor | None, vocab: int,
-             with_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:  # fmt: skip
-        """g (B, k, H) and, `with_logits`, target-vocabulary logits (B, k, V) of the head over
-        `tokens` (B, k); `allowed` (B, k, length + k): which cached entries and new nodes each
-        node sees. None: run it eagerly."""
-        batch, k = tokens.shape
-        length = allowed.shape[-1] - k
-        claimed = self.buffers.claim(cache, length, k)
-        if claimed is None:
-            self.fallbacks += 1
-            return None
-        size, keys, values = claimed
-        mask = _static_mask(allowed, size, keys[0].shape[-2], hidden.dtype)
-        hidden = (
-            torch.cat([hidden, hidden.new_zeros(batch, size - k, hidden.shape[-1])], 1)
-            if size > k
-            else hidden
-        )
-        start = _column(length, tokens.device)
-        _step_begins(tokens.device)
-        g, logits = _own(self.fn(self.heads, hidden.contiguous(), _pad_nodes(tokens, size),
-                                 _pad_nodes(positions, size), mask, start, keys, values, to_target, vocab,
-                                 with_logits))  # fmt: skip
-        _end_views(cache, length + k)
-        self.steps += 1
-        return g[:, :k], (logits[:, :k] if logits is not None else None)
-
-
-class CapturedDFlash:
-    """A DFlash head's two steps compiled: adding the committed positions' keys and values to its
-    context cache (bucketed like the verify) and the block forward over that cache (the block
-    size is fixed: one graph). Its cache is a growing cache in a kept buffer; the block's own
-    entries land after the context and are dropped (a shorter view). The lm_head over the block
-    states runs outside the graph (the head caches its draft-vocabulary rows in Python)."""
-
-    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
-        self.heads = heads
-        mode = _graph_mode(heads, mode)
-        self.context_fn, self.block_fn = _compiled_dflash(backend, mode)
-        self.buffers = BufferPool()
-        self.steps = 0
-        self.fallbacks = 0
-
-    def new_cache(self, reserve: int) -> Any:
-        from headstart.target.growing_cache import growing_cache
-
-        cache = growing_cache(self.heads.layer_config, reserve)
-        self.buffers.adopt(cache)
-        return cache
-
-    def add_context(self, cache: Any, g: torch.Tensor, positions: torch.Tensor) -> bool:
-        """Append g (B, T, H) at `positions` to the context; False: do it eagerly."""
-        batch, count = positions.shape
-        length = _cache_length(cache)
-        claimed = self.buffers.claim(cache, length, count)
-        if claimed is None:
-            self.fallbacks += 1
-            return False
-        size, keys, values = claimed
-        if size > count:
-            g = torch.cat([g, g.new_zeros(batch, size - count, g.shape[-1])], 1)
-        start = _column(length, g.device)
-        _step_begins(g.device)
-        self.context_fn(self.heads, g.contiguous(), _pad_nodes(positions, size), start, keys, values)
-        _end_views(cache, length + count)
-        self.steps += 1
-        return True
-
-    def block(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor,
-              visible: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
-        """The block's normed states (B, S, H) over the context (`visible` (B, P) its real
-        entries); None: run it eagerly. The block's own entries are dropped after."""
-        batch, size = tokens.shape
-        length = visible.shape[1]
-        claimed = self.buffers.claim(cache, length, size, pad=False)
-        if claimed is None:
-            self.fallbacks += 1
-            return None
-        _, keys, values = claimed
-        block = torch.ones(batch, size, size, dtype=torch.bool, device=tokens.device)
-        allowed = torch.cat([visible[:, None, :].expand(batch, size, length), block], dim=-1)
-        mask = _static_mask(allowed, size, keys[0].shape[-2], self.heads.fc.weight.dtype)
-        start = _column(length, tokens.device)
-        _step_begins(tokens.device)
-        states = _own(
-            self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, keys, values)
-        )
-        _end_views(cache, length)
-        self.steps += 1
-        return states
-
-
-def _cache_length(cache: Any) -> int:
-    layer = cache.layers[0]
-    keys = getattr(layer, "keys", None)
-    return int(keys.shape[-2]) if keys is not None and keys.dim() == 4 else 0
-
-
-def _dflash_context(heads: Any, g: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
-                    keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:  # fmt: skip
-    heads.add_context(g, positions, StaticKV(keys, values, start))
-
-
-def _dflash_block(heads: Any, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                  start: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
-    return heads.block(tokens, positions, mask, StaticKV(keys, values, start))
-
-
-@functools.cache
-def _compiled_dflash(backend: str, mode: str | None) -> tuple[Any, Any]:
-    _allow_graphs()
-    return (
-        torch.compile(_dflash_context, fullgraph=True, backend=backend, mode=mode, dynamic=False),
-        torch.compile(_dflash_block, fullgraph=True, backend=backend, mode=mode, dynamic=False),
-    )
-
-
-class CapturedMedusa:
-    """Medusa's heads over the last committed feature (B, 1, H) -> (K, B, 1, V or Vd), compiled:
-    no cache, one graph per (rows, depth)."""
-
-    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
-        self.heads = heads
-        mode = _graph_mode(heads, mode)
-        self.fn = _compiled_medusa(backend, mode)
-        self.steps = 0
-
-    def __call__(self, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
-        rows = self.heads.draft_rows(depth) if draft_vocab else None  # outside: a Python cache
-        _step_begins(hidden.device)
-        self.steps += 1
-        return _own(self.fn(self.heads, hidden.contiguous(), depth, rows))
-
-
-def _medusa_graph(
-    heads: Any, hidden: torch.Tensor, depth: int, rows: list[torch.Tensor] | None
-) -> torch.Tensor:
-    return heads.draft_logits(hidden, depth, rows=rows) if rows is not None else heads(hidden, depth)
-
-
-@functools.cache
-def _compiled_medusa(backend: str, mode: str | None) -> Any:
-    _allow_graphs()
-    return torch.compile(_medusa_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
-
-
-def _step_begins(device: torch.device) -> None:
+def step_begins(device: torch.device) -> None:
     """CUDA graphs (reduce-overhead) reuse their output memory at the next replay: tell them a
     new step begins, so outputs still alive from the last one are not an error."""
     if device.type == "cuda":
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def _own(outputs: Any) -> Any:
+def own(outputs: Any) -> Any:
     """Outputs the caller may keep past the next graph replay: on CUDA a copy (a CUDA graph's
     outputs live in its static memory; cost: logits-sized copies per step), elsewhere as they are."""
 
@@ -395,7 +223,7 @@ def _own(outputs: Any) -> Any:
 _COLUMNS: dict[str, torch.Tensor] = {}
 
 
-def _column(index: int, device: torch.device) -> torch.Tensor:
+def column(index: int, device: torch.device) -> torch.Tensor:
     """`index` as a 0-d device tensor without a host-to-device copy per step (on CUDA a copy
     from pageable memory would wait for the stream: a sync): a view into an arange kept per
     device, grown when needed."""
@@ -407,7 +235,7 @@ def _column(index: int, device: torch.device) -> torch.Tensor:
     return table[index]
 
 
-def _graph_mode(module: torch.nn.Module, mode: str | None) -> str | None:
+def graph_mode(module: torch.nn.Module, mode: str | None) -> str | None:
     """torch.compile's mode: "reduce-overhead" (CUDA graphs: one replay per step instead of the
     launches) for a module on CUDA, unless the caller chose one."""
     if mode is None and next(module.parameters()).device.type == "cuda":
@@ -415,27 +243,13 @@ def _graph_mode(module: torch.nn.Module, mode: str | None) -> str | None:
     return mode
 
 
-def for_drafter(heads: Any, drafter: Any, backend: str = "inductor") -> Any:
-    """The compiled steps of `drafter`'s kind (handed to `drafter.capture` at each prefill), or
-    None where its steps stay eager (plain decoding; scripted and test drafters)."""
-    from headstart.inference.drafters import DFlashDrafter, EagleDrafter, MedusaDrafter
-
-    if isinstance(drafter, EagleDrafter) and hasattr(heads, "midlayer"):  # headstart's own layer
-        return CapturedHead(heads, backend=backend)
-    if isinstance(drafter, MedusaDrafter) and isinstance(heads, torch.nn.Module):
-        return CapturedMedusa(heads, backend=backend)
-    if isinstance(drafter, DFlashDrafter):
-        return CapturedDFlash(heads, backend=backend)
-    return None
-
-
-def _pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:
+def pad_nodes(x: torch.Tensor, size: int) -> torch.Tensor:
     """(B, n) -> (B, size), padded with the last column (tokens, positions of pad nodes)."""
     pad = size - x.shape[1]
     return torch.cat([x, x[:, -1:].expand(-1, pad)], 1) if pad else x.contiguous()  # strides are guarded
 
 
-def _static_mask(allowed: torch.Tensor, size: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+def static_mask(allowed: torch.Tensor, size: int, capacity: int, dtype: torch.dtype) -> torch.Tensor:
     """(B, 1, size, capacity) additive mask: the n real nodes see what `allowed` (B, n, length + n)
     says, pad node i sees only its own column length + n + i, no node sees the columns after."""
     batch, n, width = allowed.shape
@@ -447,34 +261,14 @@ def _static_mask(allowed: torch.Tensor, size: int, capacity: int, dtype: torch.d
     return mask.masked_fill_(~sees, torch.finfo(dtype).min)[:, None]
 
 
-def _end_views(cache: Any, length: int) -> None:
+def end_views(cache: Any, length: int) -> None:
     """Every layer's views end after the real entries (the pad nodes' entries stay unseen)."""
     for layer in cache.layers:
         layer.keys = layer._key_buffer[:, :, :length]
         layer.values = layer._value_buffer[:, :, :length]
 
 
-def _head_graph(heads: Any, hidden: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                start: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                to_target: torch.Tensor | None, vocab: int, with_logits: bool) -> Any:  # fmt: skip
-    """The head step that is compiled (see CapturedHead.step)."""
-    g = heads(hidden, tokens, position_ids=positions, attention_mask=mask,
-              past_key_values=StaticKV(keys, values, start))  # fmt: skip
-    if not with_logits:
-        return g, None
-    from headstart.inference.drafters import in_target_vocab
-
-    logits = heads.logits(g)
-    return g, (in_target_vocab(logits, to_target, vocab) if to_target is not None else logits)
-
-
-@functools.cache
-def _compiled_head(backend: str, mode: str | None) -> Any:
-    _allow_graphs()
-    return torch.compile(_head_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
-
-
-def _allow_graphs() -> None:
+def allow_graphs() -> None:
     """One graph per shape is the design (node buckets x levels x batch sizes): dynamo's default
     of 8 graphs per function would refuse the 9th under fullgraph. cost: more compiles if a
     caller's shapes keep changing (the batch is fixed in the cases this serves)."""
@@ -497,7 +291,7 @@ def _graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tup
 def _compiled(backend: str, mode: str | None) -> Any:
     """One compiled `_graph` per backend and mode, shared by every decoder (dynamo keys its
     graphs on the model, the shapes and the layer ids)."""
-    _allow_graphs()
+    allow_graphs()
     return torch.compile(_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
 
 

@@ -76,10 +76,11 @@ class SpeculativeDecoder:
         self.captured: Any = None
         self.captured_head: Any = None  # the drafter's steps, compiled too (captured.for_drafter)
         if compile:
-            from headstart.inference.captured import CapturedVerify, for_drafter
+            from headstart.inference.captured import CapturedVerify
+            from headstart.inference.drafters import compiled_steps
 
             self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
-            self.captured_head = for_drafter(heads, probe, backend=compile_backend)
+            self.captured_head = compiled_steps(probe, heads, compile_backend)
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from headstart.inference import cache as kv
-from headstart.inference.drafters import make_drafter
+from headstart.inference.drafters import Drafter, make_drafter
 from headstart.inference.drafting import static_plan
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.pending import PendingObservations
@@ -345,4 +345,4 @@ def _pad_left(mask: torch.Tensor, width: int) -> torch.Tensor:
 
 def _fresh_drafters(heads: Any) -> bool:
     """make_drafter builds a new drafter per call for head modules (not for a drafter object)."""
-    return not all(hasattr(heads, name) for name in ("observe", "root_logits", "expand", "end_step"))
+    return not isinstance(heads, Drafter)

@@ -72,13 +72,9 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
             f"accelerate config sets gradient_accumulation_steps={ds_accum} but the recipe has grad_accum={cfg.grad_accum}",
             f"set grad_accum={ds_accum} or change the DeepSpeed config",
         )
-    loss = {
-        "medusa": "Medusa-2 (joint LoRA)" if cfg.lora.enabled else "Medusa-1 (per-head CE)",
-        "eagle": "EAGLE-1 (SmoothL1 features + CE)",
-        "eagle3": f"EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)",
-        "dflash": f"DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, "
-        f"{cfg.loss.dflash_labels} CE, slot decay)",
-    }[cfg.head.kind]
+    from headstart.heads import kinds
+
+    loss = "Medusa-2 (joint LoRA)" if cfg.lora.enabled else kinds.get(cfg.head.kind).loss.format(cfg=cfg)
     return {
         "target": cfg.target,
         "head": to_dict(cfg.head),

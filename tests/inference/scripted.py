@@ -55,3 +55,8 @@ class ScriptedDrafter:
     def select_rows(self, rows: torch.Tensor) -> None:
         self.rows = [self.rows[i] for i in rows.tolist()]
         self.root_pos = self.root_pos[rows]
+
+    def merge(self, other: Any) -> None:
+        """A drafter object keeps its batch: the engine never merges one (a drafter given as an
+        object is one generation's, not a server lane's)."""
+        raise AssertionError("a scripted drafter is never merged")

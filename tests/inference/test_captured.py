@@ -193,7 +193,7 @@ def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tr
     """--compile also runs an EAGLE-3 head's steps (observe and every expand) as graphs over a
     kept buffer: the child logits they give equal the eager head's (float noise aside), and only
     the prompt-sized observe of each generation runs eagerly."""
-    from headstart.inference.drafters import EagleDrafter
+    from headstart.inference.drafters.eagle import EagleDrafter
 
     target = family_target(tiny_root, "qwen3")
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
@@ -218,7 +218,7 @@ def test_eagle_head_steps_are_captured_and_draft_what_eager_drafts(tiny_root, tr
 def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, vocab, monkeypatch):
     """Full vocabulary and a draft vocabulary (the shipped heads': its rows come from a Python
     cache, handed to the graph)."""
-    from headstart.inference.drafters import MedusaDrafter
+    from headstart.inference.drafters.medusa import MedusaDrafter
 
     target = family_target(tiny_root, "llama")
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
@@ -241,7 +241,7 @@ def test_medusa_heads_are_captured_and_draft_what_eager_drafts(tiny_root, vocab,
 def test_dflash_steps_are_captured_and_draft_what_eager_drafts(tiny_root, family, monkeypatch):
     """A DFlash head's context update and block forward as graphs: the same block logits as
     the eager head's, the same output."""
-    from headstart.inference.drafters import DFlashDrafter
+    from headstart.inference.drafters.dflash import DFlashDrafter
 
     target = family_target(tiny_root, family)
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))

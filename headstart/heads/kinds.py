@@ -1,0 +1,77 @@
+"""Head kinds, registered by name: where each kind's pieces live in every layer. A new kind adds
+its files (a head module, a drafter module, a training objective, a format adapter if it has one)
+and ONE `register(HeadKind(...))` line; nothing else in the package names kinds
+(docs/developer/add-a-head-kind.md).
+
+The pieces above this package (the drafter in inference/, the objective in train/) are named by
+"module:attribute" and imported when first asked for, so heads/ never imports the layers that use
+it."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from headstart.errors import HeadstartError
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """One kind of draft head and where its pieces live."""
+
+    name: str
+    """The `head.kind` recipes and checkpoints name."""
+    heads: dict[str, str]
+    """Layout -> "module:Class" of its nn.Module (most kinds have one layout, "fc")."""
+    drafter: str
+    """"module:Class" of its drafter (the decoder's view of it: headstart.inference.drafters.Drafter)."""
+    objective: str
+    """"module:function" of its training loss: (objective, batch, evaluate) -> (loss, metrics)."""
+    loss: str
+    """The loss in words for `train --dry-run`, formatted with the recipe as `cfg`."""
+    formats: tuple[str, ...] = ("headstart",)
+    """The `headstart export --format`s it can be written in."""
+    reads_layers: bool = False
+    """It reads tapped target layers (head.feature_layers), not only the last hidden state."""
+    metric_step: str = "step"
+    """What its per-depth metrics are named by: `step` (an unrolled step) or `head` (Medusa's k)."""
+
+    def head_class(self, layout: str = "fc") -> type:
+        if layout not in self.heads:
+            raise HeadstartError(
+                f"{self.name} heads have no '{layout}' layout", f"use head.layout={' or '.join(self.heads)}"
+            )
+        return load(self.heads[layout])
+
+
+KINDS: dict[str, HeadKind] = {}
+
+
+def register(kind: HeadKind) -> HeadKind:
+    """Make `kind` known by its name (a later registration of the same name replaces it)."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def get(name: str) -> HeadKind:
+    """The kind called `name`, or one line naming the known ones."""
+    if name not in KINDS:
+        raise HeadstartError(f"unknown head kind '{name}'", f"use one of {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(KINDS)
+
+
+def load(ref: str) -> Any:
+    """The attribute a "module:attribute" reference names."""
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+register(HeadKind("medusa", {"fc": "headstart.heads.medusa:MedusaHeads"}, "headstart.inference.drafters.medusa:MedusaDrafter", "headstart.train.objectives:medusa_loss", "Medusa-1 (per-head CE)", ("medusa", "headstart"), metric_step="head"))  # fmt: skip
+register(HeadKind("eagle", {"fc": "headstart.heads.eagle:EagleHead"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives:eagle_loss", "EAGLE-1 (SmoothL1 features + CE)"))  # fmt: skip
+register(HeadKind("eagle3", {"fc": "headstart.heads.eagle:Eagle3FcHead", "reference": "headstart.heads.eagle:Eagle3Head"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives:eagle_loss", "EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)", ("speculators", "eagle", "headstart"), reads_layers=True))  # fmt: skip
+register(HeadKind("dflash", {"fc": "headstart.heads.dflash:DFlashHead"}, "headstart.inference.drafters.dflash:DFlashDrafter", "headstart.train.objectives:dflash_loss", "DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, {cfg.loss.dflash_labels} CE, slot decay)", ("speculators", "dflash", "headstart"), reads_layers=True))  # fmt: skip

@@ -1,0 +1,73 @@
+"""Drafters: the decoder's view of a head, one module per head kind (with its compiled steps),
+found through the kind registry (headstart.heads.kinds).
+
+A drafter sees the target's features of every newly committed position (`observe`), gives the
+draft logits of the root's children (`root_logits`), and expands frontier nodes of the tree
+being drafted (`expand`), all batched over rows and frontier nodes. Logits are always over the
+TARGET vocabulary: an EAGLE-3 draft vocabulary is mapped back through `draft_to_target` (d2t),
+non-draft tokens get -inf.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from headstart.inference.drafters.common import in_target_vocab
+from headstart.inference.drafters.plain import PlainDrafter
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The contract every drafter keeps (the engine and the decoder call nothing else)."""
+
+    feature_layers: tuple[int, ...]
+    """Target layers it reads (headstart.target.features ids); () for the last hidden state only."""
+    max_depth: int | None
+    """How deep it can draft (Medusa: its number of heads); None: any depth."""
+
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        """Committed positions: target features (B, T, H) with the NEXT tokens (B, T), their
+        positions, which are real (`valid`), and each row's last committed index (`last`, (B,))."""
+
+    def root_logits(self) -> torch.Tensor:
+        """(B, V) draft logits of the root's children."""
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """(B, k, V) logits of the children of frontier `nodes` (B, k) holding `tokens` at `depth`."""
+
+    def end_step(self) -> None:
+        """Forget what the step drafted (only committed positions stay)."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep these rows (requests that left the batch are dropped)."""
+
+    def merge(self, other: Any) -> None:
+        """Append `other`'s rows (requests joining the running batch)."""
+
+
+def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Drafter:
+    """The drafter for `heads`: its kind's (headstart.heads.kinds), plain decoding for None; an
+    object that already is a Drafter (a scripted test drafter) is used as is. `depth`: how deep the
+    tree drafts (None: as deep as the heads can)."""
+    from headstart.heads import kinds
+
+    if heads is None:
+        return PlainDrafter()
+    if isinstance(heads, Drafter):
+        return heads
+    drafter = kinds.load(kinds.get(getattr(heads, "kind", "?")).drafter)
+    return drafter(heads, vocab_size=vocab_size, depth=depth)
+
+
+def compiled_steps(drafter: Any, heads: Any, backend: str) -> Any:
+    """The drafter's steps as compiled graphs (`--compile`), or None where they stay eager (plain
+    decoding, scripted drafters, heads not built by headstart)."""
+    make = getattr(type(drafter), "compiled_steps", None)
+    return make(heads, backend) if make is not None else None
+
+
+__all__ = ["Drafter", "PlainDrafter", "compiled_steps", "in_target_vocab", "make_drafter"]

@@ -1,0 +1,208 @@
+"""DFlash's drafter: one block forward per step drafts every depth, and its compiled context and
+block steps (`--compile`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from headstart.inference import cache as kv
+from headstart.inference.captured import (
+    BufferPool,
+    StaticKV,
+    allow_graphs,
+    column,
+    end_views,
+    graph_mode,
+    own,
+    pad_nodes,
+    static_mask,
+    step_begins,
+)
+from headstart.inference.drafters.common import in_target_vocab, module_device, packers, stack_visible
+from headstart.target.packing import packed
+
+
+class DFlashDrafter:
+    """DFlash: one block forward per step drafts every depth at once. Committed positions enter
+    the head's cache as context keys and values (from the TARGET's features); the block [root,
+    mask, ...] runs over them and its own keys are dropped at once. Like Medusa's, a node's
+    draft does not depend on its parent's token (`expand` broadcasts the depth's logits), so a
+    static tree takes the top-k per depth and a dynamic tree expands them by cumulative
+    probability; the tree verifier checks them in one target forward."""
+
+    def __init__(self, heads: Any, vocab_size: int, depth: int | None = None) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
+        self.max_depth: int | None = int(heads.max_depth)
+        self.vocab_size = vocab_size
+        # Only the depths the tree reaches go through the lm_head (a V x H matrix per row).
+        self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
+        self.cache = heads.new_cache()
+        self.visible: torch.Tensor | None = None  # (B, P) real entries of the context cache
+        self._logits: torch.Tensor | None = None  # (B, depth, V)
+        self._to_target = heads.draft_ids().to(module_device(heads)) if heads.has_draft_vocab else None
+        self.packers = packers(heads)
+        self.captured: Any = None  # a CapturedDFlash (decoder --compile)
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the context and block steps through `captured`, the context cache in a kept buffer."""
+        self.captured = captured
+        self.cache = captured.new_cache(reserve)
+
+    @torch.no_grad()
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        """Add the committed positions (B, T) to the context, then draft the block anchored at
+        the new root (the token after `last`)."""
+        batch = next_tokens.shape[0]
+        rows = batch * next_tokens.shape[1]
+        with packed(self.packers, rows):  # eager, always (the compiled steps trace the plain linears)
+            g = self.heads.fuse(last_hidden, layers)
+        if self.captured is None or not self.captured.add_context(self.cache, g, positions):
+            with packed(self.packers, rows):
+                self.heads.add_context(g, positions, self.cache)
+        prefix = self.visible if self.visible is not None else valid.new_zeros(batch, 0)
+        self.visible = torch.cat([prefix, valid], dim=1)
+        committed = kv.cache_length(self.cache)
+        rows = torch.arange(batch, device=last.device)
+        root, root_pos = next_tokens[rows, last], positions[rows, last] + 1
+        states = None
+        if self.captured is not None:
+            size = self.heads.block_size
+            tokens = torch.full((batch, size), self.heads.mask_token_id, dtype=torch.long, device=root.device)
+            tokens[:, 0] = root
+            states = self.captured.block(self.cache, tokens, root_pos[:, None] + torch.arange(size, device=root.device),
+                                         self.visible)  # fmt: skip
+        with packed(self.packers, batch * self.heads.block_size):
+            if states is None:
+                states = self.heads.draft_block(root, root_pos, self.visible, self.cache)  # (B, S, H)
+            logits = self.heads.logits(states[:, 1 : 1 + self.depth])  # (B, depth, Vd)
+        kv.truncate(self.cache, committed)  # the block's own keys: drafted, not committed
+        if self._to_target is not None:
+            logits = in_target_vocab(logits, self._to_target, self.vocab_size)
+        self._logits = logits
+
+    def root_logits(self) -> torch.Tensor:
+        assert self._logits is not None, "observe() first"
+        return self._logits[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth`: the block's slot depth + 1."""
+        assert self._logits is not None
+        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
+
+    def end_step(self) -> None:
+        """The block's keys were dropped in `observe`: only committed positions are cached."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        kv.select_rows(self.cache, rows)
+        if self.visible is not None:
+            self.visible = self.visible[rows]
+        if self._logits is not None:
+            self._logits = self._logits[rows]
+
+    def merge(self, other: DFlashDrafter) -> None:
+        """Append `other`'s rows between steps: the context caches stack, left-padded."""
+        assert self.visible is not None and other.visible is not None
+        assert self._logits is not None and other._logits is not None
+        self.visible = stack_visible(self.visible, other.visible)
+        kv.stack_rows(self.cache, other.cache)
+        self._logits = torch.cat([self._logits, other._logits])
+
+    @staticmethod
+    def compiled_steps(heads: Any, backend: str) -> Any:
+        """Its context and block steps as graphs (`--compile`)."""
+        return CapturedDFlash(heads, backend=backend)
+
+
+class CapturedDFlash:
+    """A DFlash head's two steps compiled: adding the committed positions' keys and values to its
+    context cache (bucketed like the verify) and the block forward over that cache (the block
+    size is fixed: one graph). Its cache is a growing cache in a kept buffer; the block's own
+    entries land after the context and are dropped (a shorter view). The lm_head over the block
+    states runs outside the graph (the head caches its draft-vocabulary rows in Python)."""
+
+    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
+        self.heads = heads
+        mode = graph_mode(heads, mode)
+        self.context_fn, self.block_fn = _compiled_dflash(backend, mode)
+        self.buffers = BufferPool()
+        self.steps = 0
+        self.fallbacks = 0
+
+    def new_cache(self, reserve: int) -> Any:
+        from headstart.target.growing_cache import growing_cache
+
+        cache = growing_cache(self.heads.layer_config, reserve)
+        self.buffers.adopt(cache)
+        return cache
+
+    def add_context(self, cache: Any, g: torch.Tensor, positions: torch.Tensor) -> bool:
+        """Append g (B, T, H) at `positions` to the context; False: do it eagerly."""
+        batch, count = positions.shape
+        length = cache_length(cache)
+        claimed = self.buffers.claim(cache, length, count)
+        if claimed is None:
+            self.fallbacks += 1
+            return False
+        size, keys, values = claimed
+        if size > count:
+            g = torch.cat([g, g.new_zeros(batch, size - count, g.shape[-1])], 1)
+        start = column(length, g.device)
+        step_begins(g.device)
+        self.context_fn(self.heads, g.contiguous(), pad_nodes(positions, size), start, keys, values)
+        end_views(cache, length + count)
+        self.steps += 1
+        return True
+
+    def block(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor,
+              visible: torch.Tensor) -> torch.Tensor | None:  # fmt: skip
+        """The block's normed states (B, S, H) over the context (`visible` (B, P) its real
+        entries); None: run it eagerly. The block's own entries are dropped after."""
+        batch, size = tokens.shape
+        length = visible.shape[1]
+        claimed = self.buffers.claim(cache, length, size, pad=False)
+        if claimed is None:
+            self.fallbacks += 1
+            return None
+        _, keys, values = claimed
+        block = torch.ones(batch, size, size, dtype=torch.bool, device=tokens.device)
+        allowed = torch.cat([visible[:, None, :].expand(batch, size, length), block], dim=-1)
+        mask = static_mask(allowed, size, keys[0].shape[-2], self.heads.fc.weight.dtype)
+        start = column(length, tokens.device)
+        step_begins(tokens.device)
+        states = own(
+            self.block_fn(self.heads, tokens.contiguous(), positions.contiguous(), mask, start, keys, values)
+        )
+        end_views(cache, length)
+        self.steps += 1
+        return states
+
+
+def cache_length(cache: Any) -> int:
+    layer = cache.layers[0]
+    keys = getattr(layer, "keys", None)
+    return int(keys.shape[-2]) if keys is not None and keys.dim() == 4 else 0
+
+
+def _dflash_context(heads: Any, g: torch.Tensor, positions: torch.Tensor, start: torch.Tensor,
+                    keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:  # fmt: skip
+    heads.add_context(g, positions, StaticKV(keys, values, start))
+
+
+def _dflash_block(heads: Any, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                  start: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+    return heads.block(tokens, positions, mask, StaticKV(keys, values, start))
+
+
+@functools.cache
+def _compiled_dflash(backend: str, mode: str | None) -> tuple[Any, Any]:
+    allow_graphs()
+    return (
+        torch.compile(_dflash_context, fullgraph=True, backend=backend, mode=mode, dynamic=False),
+        torch.compile(_dflash_block, fullgraph=True, backend=backend, mode=mode, dynamic=False),
+    )

@@ -1,0 +1,116 @@
+"""Medusa's drafter: head k at the last committed feature drafts depth k (no cache), and its
+compiled step (`--compile`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from headstart.inference.captured import allow_graphs, graph_mode, own, step_begins
+from headstart.inference.drafters.common import in_target_vocab, module_device, packers
+from headstart.target.packing import packed
+
+
+class MedusaDrafter:
+    """Medusa: head k at the last committed position's feature predicts the token at depth k;
+    the draft does not depend on the parent's token, so `expand` only broadcasts."""
+
+    def __init__(self, heads: Any, vocab_size: int | None = None, depth: int | None = None) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = tuple(heads.feature_layers)
+        self.max_depth: int | None = int(heads.num_heads)  # head k drafts depth k
+        self.vocab_size = (
+            vocab_size
+            if vocab_size is not None
+            else getattr(getattr(heads, "config", None), "vocab_size", None)
+        )
+        # Only the heads the tree reaches run: a chain of 1 needs head 1 alone (each head costs a
+        # V x H projection per step).
+        self.depth = self.max_depth if depth is None else max(1, min(depth, self.max_depth))
+        self._logits: torch.Tensor | None = None  # (B, K, V): head k's logits at the last feature
+        self.packers = packers(heads)
+        # A draft vocabulary: project onto its Vd rows only (`in_target_vocab` maps back)
+        self._to_target = (
+            heads.draft_ids().to(module_device(heads)) if getattr(heads, "has_draft_vocab", False) else None
+        )
+        self.captured: Any = None  # a CapturedMedusa (decoder --compile)
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the heads through `captured` (no cache: `reserve` is not needed)."""
+        self.captured = captured
+
+    def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
+                positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
+        rows = torch.arange(last_hidden.shape[0], device=last.device)
+        hidden = last_hidden[rows, last][:, None]  # (B, 1, H)
+        draft_vocab = self._to_target is not None
+        if self.captured is not None:  # --compile: one graph
+            logits = self.captured(hidden, self.depth, draft_vocab)
+        else:
+            with torch.no_grad(), packed(self.packers, self.depth * hidden.shape[0]):  # the stacked lm_head
+                if not draft_vocab:
+                    logits = self.heads(hidden, self.depth)  # (K, B, 1, V)
+                else:
+                    logits = self.heads.draft_logits(hidden, self.depth)  # (K, B, 1, Vd)
+        logits = logits[:, :, 0].transpose(0, 1)  # (B, K, V or Vd)
+        if self._to_target is not None:
+            logits = in_target_vocab(logits, self._to_target, self.vocab_size)
+        self._logits = logits  # (B, K, V)
+
+    def root_logits(self) -> torch.Tensor:
+        assert self._logits is not None, "observe() first"
+        return self._logits[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth` (their children sit at depth + 1)."""
+        assert self._logits is not None
+        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
+
+    def end_step(self) -> None:
+        """Nothing drafted is cached by Medusa heads."""
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        if self._logits is not None:
+            self._logits = self._logits[rows]
+
+    def merge(self, other: MedusaDrafter) -> None:
+        """Append `other`'s rows (requests joining a running batch)."""
+        assert self._logits is not None and other._logits is not None
+        self._logits = torch.cat([self._logits, other._logits])
+
+    @staticmethod
+    def compiled_steps(heads: Any, backend: str) -> Any:
+        """Its heads as one graph (`--compile`), for headstart's own modules."""
+        return CapturedMedusa(heads, backend=backend) if isinstance(heads, torch.nn.Module) else None
+
+
+class CapturedMedusa:
+    """Medusa's heads over the last committed feature (B, 1, H) -> (K, B, 1, V or Vd), compiled:
+    no cache, one graph per (rows, depth)."""
+
+    def __init__(self, heads: Any, backend: str = "inductor", mode: str | None = None) -> None:
+        self.heads = heads
+        mode = graph_mode(heads, mode)
+        self.fn = _compiled_medusa(backend, mode)
+        self.steps = 0
+
+    def __call__(self, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
+        rows = self.heads.draft_rows(depth) if draft_vocab else None  # outside: a Python cache
+        step_begins(hidden.device)
+        self.steps += 1
+        return own(self.fn(self.heads, hidden.contiguous(), depth, rows))
+
+
+def _medusa_graph(
+    heads: Any, hidden: torch.Tensor, depth: int, rows: list[torch.Tensor] | None
+) -> torch.Tensor:
+    return heads.draft_logits(hidden, depth, rows=rows) if rows is not None else heads(hidden, depth)
+
+
+@functools.cache
+def _compiled_medusa(backend: str, mode: str | None) -> Any:
+    allow_graphs()
+    return torch.compile(_medusa_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
