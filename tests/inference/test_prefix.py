@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.inference.engine import EngineBatcher
+from headstart.inference.batcher import EngineBatcher
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import common_prefix
 from headstart.inference.requests import Request

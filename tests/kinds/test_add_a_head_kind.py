@@ -1,0 +1,53 @@
+"""A new head kind costs files, not switches: the toy kind (tests/kinds/toy_kind.py, one new file)
+registered with ONE line builds, saves and loads through headstart's checkpoints, and decodes
+exactly (greedy output equals the target's own `generate`) through the one engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headstart.heads import kinds
+
+
+@pytest.fixture
+def toy_registered():
+    from headstart.heads.kinds import HeadKind, register
+
+    register(HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE"))  # the one line
+    yield
+    kinds.KINDS.pop("toy")
+
+
+def test_a_registered_kind_builds_saves_loads_and_decodes_exactly(toy_registered, tiny_llama, tmp_path):
+    from toy_kind import ToyDrafter, ToyHead
+
+    from headstart.heads import HeadSpec, build_head, load_heads_for_inference
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.plain import SamplingConfig
+    from headstart.target import load_target
+
+    target = load_target(str(tiny_llama))
+    head = build_head(HeadSpec(kind="toy"), target)
+    with torch.no_grad():
+        head.block.weight.normal_(0, 0.5)  # drafts that are sometimes right, sometimes wrong
+    head.save_pretrained(tmp_path / "toy")
+    loaded = load_heads_for_inference(tmp_path / "toy", target)
+    assert isinstance(loaded, ToyHead) and torch.equal(loaded.block.weight, head.block.weight)
+    decoder = SpeculativeDecoder(target, loaded)
+    prompts = [[1, 5, 9, 13], [1, 7, 3]]
+    out = decoder.generate(prompts, sampling=SamplingConfig(max_new_tokens=12))
+    for prompt, got in zip(prompts, out.token_ids, strict=True):
+        x = torch.tensor([prompt])
+        ref = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()  # fmt: skip
+        assert got == ref
+    assert out.stats.target_forwards < len(prompts) * 12  # some drafts were accepted
+
+
+def test_an_unregistered_kind_is_one_line(tiny_llama):
+    from headstart.errors import HeadstartError
+    from headstart.heads import HeadSpec
+
+    with pytest.raises(HeadstartError, match="unknown head kind 'toy' .fix: use one of medusa, eagle, eagle3, dflash"):
+        HeadSpec(kind="toy")

@@ -1,0 +1,81 @@
+"""A toy head kind, written as a new kind's author would (docs/developer/add-a-head-kind.md): a
+head module, a drafter, a training objective, all in this one new file; the test registers it
+with one line. The head: one residual block on the target's last hidden state, projected by the
+target's own lm_head, drafting one token (a one-head Medusa)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headstart.heads.checkpoint import HeadCheckpoint
+from headstart.heads.config import HeadConfig
+
+
+class ToyHead(HeadCheckpoint, nn.Module):
+    kind = "toy"
+    feature_layers: tuple[int, ...] = ()
+
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        return {}
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.block = nn.Linear(config.hidden_size, config.hidden_size)
+        nn.init.zeros_(self.block.weight)
+        nn.init.zeros_(self.block.bias)
+        self._bound: dict[str, nn.Module] = {}
+
+    def bind(self, target_model: Any) -> None:
+        self._bound["lm_head"] = target_model.get_output_embeddings()
+
+    def init_from_target(self, target_model: Any) -> None:
+        pass
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (B, T, H) -> logits (B, T, V) of the token after the target's next one."""
+        return self._bound["lm_head"](hidden + torch.nn.functional.silu(self.block(hidden)))
+
+
+class ToyDrafter:
+    """The decoder's view: one drafted level, from the last committed feature."""
+
+    max_depth = 1
+
+    def __init__(self, heads: ToyHead, vocab_size: int, depth: int | None = None) -> None:
+        self.heads = heads
+        self.feature_layers: tuple[int, ...] = ()
+        self.logits: torch.Tensor | None = None  # (B, V)
+
+    @torch.no_grad()
+    def observe(self, last_hidden, layers, next_tokens, positions, valid, last) -> None:
+        rows = torch.arange(last_hidden.shape[0], device=last.device)
+        self.logits = self.heads(last_hidden[rows, last][:, None])[:, 0]
+
+    def root_logits(self) -> torch.Tensor:
+        return self.logits
+
+    def expand(self, nodes, parents, tokens, depth, visible) -> torch.Tensor:
+        raise AssertionError("the toy drafts one level")
+
+    def end_step(self) -> None:
+        pass
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.logits = self.logits[rows]
+
+    def merge(self, other: ToyDrafter) -> None:
+        self.logits = torch.cat([self.logits, other.logits])
+
+
+def toy_loss(objective: Any, batch: dict[str, torch.Tensor], features: Any) -> tuple[torch.Tensor, dict]:
+    """CE of the token two ahead, from the last hidden state (the objective's per-kind loss)."""
+    logits = objective.head(features.last_hidden[:, :-2])  # predicts x_{t+2}
+    labels = batch["input_ids"][:, 2:]
+    mask = batch["loss_mask"][:, 2:].bool()
+    loss = torch.nn.functional.cross_entropy(logits[mask], labels[mask])
+    return loss, {"loss": loss.detach()}
