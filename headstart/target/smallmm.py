@@ -40,7 +40,7 @@ counts where it is not slower (a contiguous range 1..R, cached per machine besid
 
 Exactness: each output element is the same chain of fused multiply-adds whatever the row count
 (up to `MAX_ROWS`) and the thread count, so a tree verify's matmuls equal sequential decoding's
-bit for bit (tests/test_target_smallmm.py). Against MKL (transformers' `generate`) results differ
+bit for bit (tests/target/test_smallmm.py). Against MKL (transformers' `generate`) results differ
 by summation order only (~1e-6 relative), as MKL's own 8-row and 1-row paths already do.
 Inference only: there is no backward.
 """

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tiny import make_target_dir
 
-sys.path.insert(0, str(Path(__file__).parent / "inference"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "inference"))
 from random_heads import RandomMedusa  # noqa: E402
 from scripted import ScriptedDrafter  # noqa: E402
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorc
 
 @pytest.fixture(autouse=True)
 def mkl_packs_only(monkeypatch):
-    """These tests are about MKL's packs: keep the small-row kernel (tests/test_target_smallmm.py),
+    """These tests are about MKL's packs: keep the small-row kernel (tests/target/test_smallmm.py),
     which takes 1-64 rows first, out of the way."""
     monkeypatch.setenv("HEADSTART_SMALLMM", "0")
     small_matmul.cache_clear()
