@@ -244,6 +244,10 @@ def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
                                                "accept_lengths.png"}  # fmt: skip
     finished = _tree(out)
     assert main(args) == 2 and _tree(out) == finished  # a finished run is never measured over
+    report = json.loads((out / "report.json").read_text())
+    assert report["config"]["provenance"]["headstart"] and "commit" in report["config"]["provenance"]
+    assert str(tmp_path) not in (out / "report.json").read_text() + (out / "report.md").read_text()
+    assert "Measured by headstart" in (out / "report.md").read_text()
 
 
 def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path, slow_plain):

@@ -17,8 +17,10 @@ log = logging.getLogger(__name__)
 
 def build_report(config: dict[str, Any], records: list[Record], greedy: bool) -> dict[str, Any]:
     categories = sorted({r.category for r in records})
+    from headstart.provenance import portable, stamp
+
     return {
-        "config": config,
+        "config": portable(config) | {"provenance": stamp()},
         "methods": summarise(records, greedy),
         "by_category": {c: summarise([r for r in records if r.category == c], greedy) for c in categories},
         "accept_length_histogram": {
@@ -37,6 +39,18 @@ def _fmt(value: Any, digits: int = 2) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _provenance(cfg: dict[str, Any]) -> str:
+    """Which code measured it: the headstart version and commit (reports made before they were
+    stamped say so)."""
+    made = cfg.get("provenance") or {}
+    if not made:
+        return "Measured by headstart (version and commit not recorded)."
+    commit = made.get("commit") or "not from a git checkout"
+    return f"Measured by headstart {made.get('headstart')}, commit {commit}" + (
+        " with uncommitted changes." if made.get("dirty") else "."
+    )
+
+
 def _turns_note(cfg: dict[str, Any]) -> str:
     """How the prompts relate to the questions when every turn was answered."""
     if cfg.get("turns") != "all":
@@ -52,6 +66,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{cfg['num_prompts']} prompts{_turns_note(cfg)}, max_new_tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
         f"{cfg['device']} {cfg['dtype']}, {cfg['threads']} threads. tau = mean tokens committed per target "
         "forward, bonus token included; speedup vs vanilla in the same run.",
+        "",
+        _provenance(cfg),
         "",
     ]
     if cfg.get("trees"):

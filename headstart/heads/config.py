@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import typing
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -109,15 +108,6 @@ class HeadSpec:
             )
 
 
-ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:/[\w.+@-]+){3,}")
-"""An absolute path of 3+ parts in free text (a URL's path follows '//host', so never matches)."""
-
-
-def _last_parts(match: re.Match) -> str:
-    """An absolute path as its last two parts: `/root/.cache/x/run/final` -> `.../run/final`."""
-    return ".../" + "/".join(match.group(0).split("/")[-2:])
-
-
 LOCAL_KEYS = ("_name_or_path", "_commit_hash")
 """transformers config fields that say where this machine loaded a model from."""
 
@@ -189,8 +179,9 @@ class HeadConfig:
         target = dict(self.target)
         if target.get("kind") not in ("hub", "embedded") and isinstance(target.get("name"), str):
             target["name"] = Path(target["name"]).name
-        training = json.loads(ABSOLUTE_PATH.sub(_last_parts, json.dumps(self.training)))
-        return dataclasses.replace(self, target=target, training=training)
+        from headstart.provenance import portable
+
+        return dataclasses.replace(self, target=target, training=portable(self.training))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

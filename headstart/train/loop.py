@@ -15,6 +15,7 @@ import torch
 from headstart.config import to_dict
 from headstart.interrupts import StopRequest, stop_at_step_end
 from headstart.logs import progress_off
+from headstart.provenance import portable, stamp
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
@@ -357,7 +358,7 @@ def _train(
     }
     if accelerator.is_main_process:
         summary["final"] = str(save_final(accelerator.unwrap_model(model), cfg, p, summary, out))
-        metrics.write_json(out / "results.json", summary)
+        metrics.write_json(out / "results.json", portable(summary) | {"provenance": stamp()})
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
