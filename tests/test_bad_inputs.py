@@ -367,6 +367,9 @@ def test_push_takes_an_export(work, tiny_llama, tmp_path, monkeypatch, capsys):
     """An engine-format export (what vLLM serves) is pushed with its own files."""
     import huggingface_hub
 
+    import headstart.target.hub as hub
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)  # the fake client below is the Hub
     out = tmp_path / "spec"
     assert main(["export", str(work / "heads-eagle3"), "--target", str(tiny_llama), "--format", "speculators",
                  "--output", str(out)]) == 0  # fmt: skip

@@ -181,8 +181,12 @@ def nothing_to_resume(args: argparse.Namespace) -> int:
     asked = {"target": args.target, "questions": args.questions, "turns": args.turns, "shard": args.shard,
              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
              "heads": heads, "methods": [*_baselines(args.baselines), *heads]}  # fmt: skip
-    # (a report from before a key was kept says nothing about it)
-    diff = [key for key, value in asked.items() if key in saved and saved[key] != value]
+    from headstart.provenance import portable
+
+    # (a report from before a key was kept says nothing about it; reports keep paths portable)
+    diff = [
+        key for key, value in asked.items() if key in saved and saved[key] not in (value, portable(value))
+    ]
     if args.tree and any(tree != args.tree for tree in (saved.get("trees") or {}).values()):
         diff.append("trees")
     if diff:

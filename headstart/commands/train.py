@@ -70,11 +70,9 @@ def run(args: argparse.Namespace) -> int:
 
         plan = dry_run(cfg, args.accelerate_config)
         print(json.dumps(plan, indent=2))
-        if plan["cannot_run_here"]:
-            print(
-                f"warning: the real run would fail here: {'; '.join(plan['cannot_run_here'])}",
-                file=sys.stderr,
-            )
+        lacking = plan["cannot_run_here"] + plan["missing_data"]
+        if lacking:
+            print(f"warning: the real run would fail here: {'; '.join(lacking)}", file=sys.stderr)
         return 0
     from headstart.train.loop import train
 

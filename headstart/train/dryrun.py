@@ -93,7 +93,8 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "trackers": chosen,
         "accelerate": procs,
         "output_dir": cfg.output_dir,
-        "cannot_run_here": cannot_run_here(procs, cfg.cpu) + missing_data(cfg),
+        "cannot_run_here": cannot_run_here(procs, cfg.cpu),
+        "missing_data": missing_data(cfg),
     }
 
 

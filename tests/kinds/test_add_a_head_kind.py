@@ -14,13 +14,15 @@ from headstart.heads import kinds
 def toy_registered():
     from headstart.heads.kinds import HeadKind, register
 
-    register(HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE"))  # the one line
+    register(
+        HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE")
+    )  # the one line
     yield
     kinds.KINDS.pop("toy")
 
 
 def test_a_registered_kind_builds_saves_loads_and_decodes_exactly(toy_registered, tiny_llama, tmp_path):
-    from toy_kind import ToyDrafter, ToyHead
+    from toy_kind import ToyHead
 
     from headstart.heads import HeadSpec, build_head, load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
@@ -49,5 +51,7 @@ def test_an_unregistered_kind_is_one_line(tiny_llama):
     from headstart.errors import HeadstartError
     from headstart.heads import HeadSpec
 
-    with pytest.raises(HeadstartError, match="unknown head kind 'toy' .fix: use one of medusa, eagle, eagle3, dflash"):
+    with pytest.raises(
+        HeadstartError, match="unknown head kind 'toy' .fix: use one of medusa, eagle, eagle3, dflash"
+    ):
         HeadSpec(kind="toy")

@@ -92,7 +92,12 @@ def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, kind, c
     card = (tmp_path / "run" / "final" / "README.md").read_text()
     assert "(10 conversations)" in card
     # how to rebuild it, and the prompts by file name (not a path on the machine that distilled)
-    assert f"command: headstart train --recipe {recipe} data.mode={mode} loss.ttt_steps=2" in card
+    from headstart.provenance import portable
+
+    # the card names no path of this machine: the recipe by its last two parts
+    assert (
+        f"command: headstart train --recipe {portable(str(recipe))} data.mode={mode} loss.ttt_steps=2" in card
+    )
     assert "\n- prompt sources: prompts.jsonl\n" in card
 
 

@@ -350,6 +350,6 @@ def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys)
     captured = capsys.readouterr()
     assert (
         f"distilled data {tmp_path / 'nodata'} (it does not exist"
-        in json.loads(captured.out)["cannot_run_here"][0]
+        in json.loads(captured.out)["missing_data"][0]
     )
     assert "warning: the real run would fail here: distilled data" in captured.err
