@@ -1,7 +1,7 @@
 """The table of scripts/ablate_smollm2.sh: one row per variant (its overrides, held-out top-1 per
 TTT step, estimated accept length, train tokens/s, wall time), from each OUT/NAME/results.json.
 
-    python3 scripts/ablation_table.py runs/ablate --output docs/scaling/smollm2-eagle3-ablations-cpu.json
+    python3 scripts/ablation_table.py runs/ablate --output docs/results/scaling/smollm2-eagle3-ablations-cpu.json
 prints the markdown table and, with --output, writes the numbers as JSON (the report's prose,
 NAME.md beside it, is written by hand around the table).
 """

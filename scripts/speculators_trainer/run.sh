@@ -3,7 +3,7 @@
 # the same 600 distilled SmolLM2 conversations, the same 300 steps (~609k tokens), the same draft
 # vocabulary (8,192; speculators builds the identical set) and TTT depth (4, decay 0.8), both
 # heads scored by headstart's held-out evaluator (train init_from=... max_steps=0). Results and
-# the differences that remain: docs/scaling/smollm2-eagle3-vs-speculators-cpu.md.
+# the differences that remain: docs/results/scaling/smollm2-eagle3-vs-speculators-cpu.md.
 # From the repository root, after the data of recipes/train_smollm2_eagle3_ablate.yaml exists:
 #   scripts/speculators_trainer/run.sh venv      # /tmp/specvenv: torch 2.13 CPU + speculators 0.9.0
 #   scripts/speculators_trainer/run.sh data      # runs/spec/specdata (1.4 GB of float32 features)
