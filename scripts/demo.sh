@@ -17,7 +17,7 @@ $HS distill --target smollm2 --out $OUT/data --num 24 --max-new-tokens 48 --batc
 
 step "3/5 train: Medusa heads for a few steps on that data"
 rm -rf $OUT/medusa
-$HS train --recipe recipes/demo_smollm2_medusa.yaml
+$HS train --recipe recipes/smollm2-medusa-demo.yaml
 
 step "4/5 generate with the shipped default heads (same output as plain decoding, fewer target forwards)"
 # torch's default threads (2 on this project's CPU): the setting the shipped trees were tuned at

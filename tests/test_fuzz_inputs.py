@@ -201,7 +201,9 @@ def test_prompt_files(tmp_path_factory, content, shape, field):
                 assert conversation.turns and all(isinstance(t, str) for t in conversation.turns)
                 # no coercion: a prompt is text the row holds (an alpaca prompt joins two of them)
                 texts = _strings(row)
-                assert all(t in texts or any(part in texts for part in t.split("\n\n")) for t in conversation.turns)
+                assert all(
+                    t in texts or any(part in texts for part in t.split("\n\n")) for t in conversation.turns
+                )
         except HeadstartError as err:
             assert "\n" not in err.one_line()
 
