@@ -23,7 +23,7 @@ $HS info --target smollm2
 took
 
 step "2/5 distill: the target writes 24 prompts itself (data-free), then answers them" \
-  "a few minutes on a 2-core CPU: the two bars are the prompts, then the replies"
+  "about a minute on a 2-core CPU: the two bars are the prompts, then the replies"
 $HS distill --target smollm2 --out $OUT/data --num 24 --max-new-tokens 48 --batch-size 8
 took
 
