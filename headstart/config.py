@@ -174,7 +174,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise HeadstartError(
-            f"recipe {path} is a directory", "pass a YAML file, e.g. recipes/train_smollm2_medusa.yaml"
+            f"recipe {path} is a directory", "pass a YAML file, e.g. recipes/smollm2-medusa-cpu.yaml"
         )
     if not path.is_file():
         raise HeadstartError(f"recipe file not found: {path}", "pass an existing YAML file, e.g. recipes/")

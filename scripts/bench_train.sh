@@ -5,7 +5,7 @@
 #   scripts/bench_train.sh 0e23d4e                 # the code of the day issue 23 began
 #   THREADS=2 ROUNDS=3 scripts/bench_train.sh HEAD~1
 # Environment: DATA (a distill directory with cached features, default runs/distill-smollm2-sg600;
-# see recipes/train_smollm2_eagle3_ablate.yaml for the command that makes it), STEPS (16),
+# see experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml for the command that makes it), STEPS (16),
 # THREADS (1), ROUNDS (2), LAYOUT (fc, default, or reference: the EAGLE-3 layout of both sides;
 # commits before c44e3e0 know fc only), NEW_ARGS (recipe overrides for this checkout's runs only, e.g.
 # "optim.freeze=[lm_head]": what a recipe change buys on top of the code).

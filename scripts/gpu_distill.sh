@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 36's kept dataset (data/smollm2-kept, see its README): the embedded SmolLM2's own replies
 # to ~30,600 conversations (96 held-out + 2,400 sg_90k + 647 ShareGPT_V3 first turns, 7,473 GSM8K,
-# 20,000 data-free), distilled on one GPU (scripts/scaling_smollm2.sh distill, batch 1024, greedy,
+# 20,000 data-free), distilled on one GPU (experiments/smollm2-scaling/scaling_smollm2.sh distill, batch 1024, greedy,
 # 256-token prompts, 128-token replies: the mix of the scaling runs), brought back as at most
 # 5 files of 15 MB (xz-compressed shards), then packed here for `headstart train`.
 #
@@ -40,7 +40,7 @@ device() {
   for packed in .gpu/data/train/*.gz; do [[ -f "${packed%.gz}" ]] || gunzip -k "$packed"; done
   local start=$SECONDS code=0
   DATA=.gpu/data TARGET="$STAGE/smollm2.gguf" timeout -s TERM -k 30 "$DEADLINE" \
-    scripts/scaling_smollm2.sh distill || code=$?
+    experiments/smollm2-scaling/scaling_smollm2.sh distill || code=$?
   settle 'headstart distill'  # its last shard, written on SIGTERM, before the count and the tar
   echo "distill: exit $code after $((SECONDS - start)) s (124: cut at the deadline, finished records kept)"
   local kept=()

@@ -12,7 +12,7 @@
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
 #   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
 #   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
-#   .venv/bin/python scripts/plot_scaling.py --output docs/scaling/smollm2-eagle3-kept-gpu \
+#   .venv/bin/python scripts/plot_scaling.py --output docs/results/scaling/smollm2-eagle3-kept-gpu \
 #     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
 # Issue 35's GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
@@ -22,8 +22,8 @@
 # and here, after the unpack (a run finished from its checkpoint reports 0 train tok/s in its
 # results: its training figures are the log's "stopped" summary):
 #   .venv/bin/python scripts/plot_scaling.py --x epochs --title "DFlash against EAGLE-3 on SmolLM2-135M" \
-#     --output docs/scaling/smollm2-dflash-vs-eagle3-gpu runs/gpu-scaling/results-*.json
-# (Done 2026-11-27 on an H100: docs/scaling/smollm2-dflash-vs-eagle3-gpu.md. EAGLE-3 won; none of
+#     --output docs/results/scaling/smollm2-dflash-vs-eagle3-gpu runs/gpu-scaling/results-*.json
+# (Done 2026-11-27 on an H100: docs/results/scaling/smollm2-dflash-vs-eagle3-gpu.md. EAGLE-3 won; none of
 # these 900-step heads beat the shipped ones, 2,500 steps on chat and math.)
 # A longer EAGLE-3 on the kept chat and math only (10,520 conversations; dry-run on the CPU: the
 # later data.path wins), alone, in two calls on one warm machine (~3.5 steps a second alone on an H100):
@@ -82,7 +82,7 @@ device() {
   OUT=runs/scaling SRC=data/smollm2-kept TARGET="$STAGE/smollm2.gguf" STEPS=${STEPS-1000} PARALLEL=1 BUDGET="$BUDGET" \
     RESUME="${RESUME:-0}" FINISH="${FINISH:-1}" DFLASH_LAYERS="$DFLASH_LAYERS" TRAIN_ARGS="${TRAIN_ARGS:-}" \
     timeout -s TERM -k 30 "$((BUDGET + 100))" \
-    scripts/scaling_smollm2.sh train $SIZES || code=$?
+    experiments/smollm2-scaling/scaling_smollm2.sh train $SIZES || code=$?
   kill "$watchdog" 2>/dev/null || true
   settle 'headstart train'  # a checkpoint or final head being written when the backstop came
   echo "train: exit $code after $((SECONDS - start)) s"
@@ -96,7 +96,7 @@ smoke() {  # one process, two steps on 64 conversations, 120 s at most: a start-
   rm -rf runs/smoke
   mkdir -p runs
   local pid code=0
-  headstart train --recipe recipes/train_smollm2_eagle3_scaling.yaml target="$STAGE/smollm2.gguf" \
+  headstart train --recipe experiments/smollm2-scaling/train_smollm2_eagle3_scaling.yaml target="$STAGE/smollm2.gguf" \
     "data.path=[data/smollm2-kept/sg]" "data.eval_path=[data/smollm2-kept/sgeval]" data.max_records=64 \
     max_steps=2 eval_every=2 save_every=2 output_dir=runs/smoke > runs/smoke.log 2>&1 &
   pid=$!

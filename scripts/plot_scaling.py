@@ -4,7 +4,7 @@ length of each training run, against its data size and steps. Reads the runs' re
 A run continued from another (init_from) is given as PATH@STEPS, STEPS being the steps before it;
 NAME=PATH names a run (default: its output_dir's name).
 
-    .venv/bin/python scripts/plot_scaling.py --output docs/scaling/smollm2-eagle3-gpu \\
+    .venv/bin/python scripts/plot_scaling.py --output docs/results/scaling/smollm2-eagle3-gpu \\
         runs/scaling/eagle3-4000/results.json runs/scaling/eagle3-5351/results.json \\
         runs/smollm2-eagle3-gpu/results.json runs/smollm2-eagle3-gpu2/results.json@1400
 """

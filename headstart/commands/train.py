@@ -13,7 +13,7 @@ import sys
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--recipe", required=True, help="a YAML TrainConfig, e.g. recipes/train_smollm2_medusa.yaml"
+        "--recipe", required=True, help="a YAML TrainConfig, e.g. recipes/smollm2-medusa-cpu.yaml"
     )
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. max_steps=100 head.num_heads=4")
     parser.add_argument(

@@ -1,6 +1,6 @@
 """Training draft heads on a frozen target: one accelerate loop (`train`), pure losses, data checks.
 
-`train(cfg)` runs a TrainConfig (see recipes/train_*.yaml); `plan(cfg)` checks a recipe against
+`train(cfg)` runs a TrainConfig (see recipes/*.yaml); `plan(cfg)` checks a recipe against
 its target and data without computing anything.
 """
 

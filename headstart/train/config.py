@@ -1,4 +1,4 @@
-"""TrainConfig: everything a training recipe (recipes/train_*.yaml) can set, with a docstring per field."""
+"""TrainConfig: everything a training recipe (recipes/*.yaml) can set, with a docstring per field."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ class LossConfig:
     eval_ttt_steps: int = 0
     """EAGLE-3 and DFlash metrics: score this many draft steps on held-out data (0 = ttt_steps for
     EAGLE-3, block_size - 1 for DFlash). Set it to compare heads trained at different depths, or
-    of different kinds, on the same held-out steps (scripts/ablate_smollm2.sh)."""
+    of different kinds, on the same held-out steps (experiments/smollm2-ablations/ablate_smollm2.sh)."""
     dflash_anchors: int = 32
     """DFlash: blocks per conversation in a training step, anchored at random reply positions
     (cost: anchors x block_size queries through the draft layers and the lm_head rows)."""

@@ -3,7 +3,7 @@
 Why: glibc raises its mmap threshold to the size of each large buffer freed (up to 32 MB), so a
 loop whose tensor sizes vary from batch to batch (every padded length is a new shape) ends up
 serving its big activations from the heap, which fragments and is not returned: RSS climbs for
-hours. Measured on recipes/train_smollm2_eagle3_stage3.yaml (bf16, 1 thread, 2-core CPU shared by
+hours. Measured on experiments/smollm2-shipped/train_smollm2_eagle3_stage3.yaml (bf16, 1 thread, 2-core CPU shared by
 three runs; RssAnon sampled every 20 s; step times relative to a concurrent untrimmed run):
 
     no trim (heap_trim_every 0): 3.3 GB at step 12, 5.5 GB at 60, 8.9 GB at 290 (11 GB at the end

@@ -52,10 +52,13 @@ def test_flags_recipe_and_overrides_build_one_config(tmp_path):
 
 
 def test_every_shipped_recipe_parses():
-    recipes = sorted((REPO / "recipes").glob("distill_*.yaml"))
-    assert len(recipes) >= 2
+    found = [*(REPO / "recipes").glob("*.yaml"), *(REPO / "experiments").rglob("*.yaml")]
+    recipes = sorted(p for p in found if " headstart distill " in p.read_text().splitlines()[0])
+    assert len(recipes) >= 2 and (REPO / "recipes" / "smollm2-distill-cpu.yaml") in recipes
     for recipe in recipes:
-        assert recipe.read_text().startswith("# headstart distill --recipe recipes/" + recipe.name)
+        assert recipe.read_text().startswith(
+            "# headstart distill --recipe " + recipe.relative_to(REPO).as_posix()
+        )
         _cfg(["--recipe", str(recipe)])
 
 
