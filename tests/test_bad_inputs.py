@@ -410,13 +410,27 @@ def test_distill_keeps_finished_records_on_sigterm(tiny_llama, tmp_path):
            "--out", str(out), "--num", "400", "--max-new-tokens", "48", "--batch-size", "4", "--shard-size",
            "1000", "--threads", "1", "--max-prompt-tokens", "64"]  # fmt: skip
     env = dict(os.environ, HEADSTART_CACHE=str(tmp_path / "cache"))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, text=True)
-    deadline = time.time() + 120
-    while not (out / "distill_meta.json").is_file() and time.time() < deadline and proc.poll() is None:
+    import threading
+
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env)
+    chunks: list[bytes] = []  # stderr as it comes: the progress bar says when records are done
+    reader = threading.Thread(
+        target=lambda: chunks.extend(iter(lambda: proc.stderr.read1(4096), b"")), daemon=True
+    )
+    reader.start()
+    deadline = time.time() + 300
+    # some records finish (a bar at 1/400 or more), none is a whole shard (shard size 1000): on a
+    # loaded machine a fixed wait could end before the first record
+    while (
+        time.time() < deadline
+        and proc.poll() is None
+        and not re.search(rb"\| *[1-9]\d*/400 ", b"".join(chunks))
+    ):
         time.sleep(0.1)
-    time.sleep(3)  # some records finish; none is a whole shard (shard size 1000)
     proc.send_signal(signal.SIGTERM)
-    err = proc.communicate(timeout=120)[1]
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    err = b"".join(chunks).decode()
     lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
     assert proc.returncode == 130, err
     assert len(lines) == 1 and "distill interrupted:" in lines[0] and "rerun the same command" in lines[0], (

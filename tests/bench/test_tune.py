@@ -127,7 +127,11 @@ def test_sampling_drops_a_tuned_lookup_branch(tmp_path):
     tuned = tree_for_run(None, heads, "cpu", 2)
     assert tuned.text == "[[0],[0,0],[1]]+lookup:4" and tuned.lookup is not None
     untuned = tree_for_run(None, heads, "cpu", 2, greedy=False)
-    assert untuned.text == "[[0],[0,0],[1]]" and untuned.lookup is None and untuned.tree.paths == tuned.tree.paths
+    assert (
+        untuned.text == "[[0],[0,0],[1]]"
+        and untuned.lookup is None
+        and untuned.tree.paths == tuned.tree.paths
+    )
     assert tree_for_run("chain:1+lookup:4", heads, "cpu", 2, greedy=False).text == "chain:1+lookup:4"
 
 
