@@ -65,8 +65,8 @@ def test_a_failing_step_fails_only_its_own_lane(target, monkeypatch):
 
     monkeypatch.setattr(broken, "step", fail)
     scheduler.run(lambda: True)
-    kinds = [kind for kind, _ in events(loop, sampled)]
+    kinds = [kind for _, kind, _ in events(loop, sampled)]
     assert kinds[-1] == "error" and "done" not in kinds
-    assert events(loop, greedy)[-1] == ("done", "length") and len(greedy.job.emitted) == 6
+    assert events(loop, greedy)[-1] == (0, "done", "length") and len(greedy.job.emitted) == 6
     assert metrics.running == 0
     loop.close()
