@@ -94,8 +94,9 @@ def completion_logprobs(scored: Scored, pieces: Pieces) -> dict[str, Any]:
         if logprob is None:
             tops.append(None)
             continue
-        entry = {pieces(i): value for i, value in best}
-        entry.setdefault(pieces(token), logprob)
+        entry: dict[str, float] = {}
+        for i, value in [*best, (token, logprob)]:  # tokens of one text (bytes of a character): the best
+            entry.setdefault(pieces(i), value)
         tops.append(entry)
     return {
         "tokens": texts,
