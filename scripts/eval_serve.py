@@ -87,6 +87,13 @@ def run_lm_eval(python: Path, url: str, model: str, out: Path, args: argparse.Na
     return time.perf_counter() - start
 
 
+def tau(url: str) -> str:
+    """The server's tau from /metrics (generation only: a loglikelihood request decodes one token)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    return next((line.split()[-1] for line in lines if line.startswith("headstart_tau ")), "?")
+
+
 def collect(out: Path) -> tuple[dict, dict]:
     """(metrics by task, responses by (task, doc_id)) of one lm-eval run."""
     results = json.loads(max(out.rglob("results_*.json")).read_text())["results"]
@@ -112,13 +119,14 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path.home() / ".cache" / "headstart" / "eval-serve")
     args = parser.parse_args()
     python = lm_eval_venv(args.venv)
-    runs, stamp = {}, time.strftime("%Y%m%d-%H%M%S")
+    runs, taus, stamp = {}, {}, time.strftime("%Y%m%d-%H%M%S")
     for mode, extra in (("heads", []), ("no-heads", ["--no-heads"])):
         out = args.out / stamp / mode
         out.mkdir(parents=True, exist_ok=True)
         proc, url, model = start_serve([*shlex.split(args.serve), *extra], out / "serve.log")
         try:
             seconds = run_lm_eval(python, url, model, out, args)
+            taus[mode] = tau(url)
         finally:
             proc.terminate()
             proc.wait(60)
@@ -128,7 +136,10 @@ def main() -> int:
         print(
             f"{task}: heads {json.dumps(heads[task])}\n{' ' * len(task)}  no heads {json.dumps(plain[task])}"
         )
-    print(f"lm-eval wall time: heads {heads_s:.0f} s, no heads {plain_s:.0f} s; {len(heads_samples)} samples")
+    print(
+        f"lm-eval wall time: heads {heads_s:.0f} s, no heads {plain_s:.0f} s; {len(heads_samples)} samples; "
+        f"tau (tokens committed per verify forward, bonus included): heads {taus['heads']}, no heads {taus['no-heads']}"
+    )
     if heads != plain:
         print("DIFFERENT metrics with heads and without")
         return 1

@@ -59,6 +59,12 @@ def build_app(served: Served) -> FastAPI:
                                         code="method_not_allowed"), exc.headers)  # fmt: skip
         return refuse(path, Refused(exc.status_code, str(exc.detail)), exc.headers)
 
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        """A bug: a 500 in OpenAI's shape (Starlette's own is a text/plain line), its traceback logged."""
+        log.error("500 %s", request.url.path, exc_info=exc)
+        return refuse(request.url.path, Refused(500, f"internal error: {type(exc).__name__}: {exc}"))
+
     def check_key(request: Request) -> None:
         if served.api_key is None:
             return

@@ -7,7 +7,10 @@ Requests with the same warping (greedy, or one temperature/top-p/top-k) share on
 engine (headstart.inference.engine): a newcomer is prefilled and joins the running batch between
 two steps, a finished or abandoned row leaves at once. Engines with live rows take turns, one
 step each. Limits: at most `max_batch` rows a lane (newcomers wait for a row to leave) and
-`max_queue` requests waiting in all (then `submit` refuses: the caller answers 429).
+`max_queue` requests waiting in all (then `submit` refuses: the caller answers 429). A request's
+choices (several prompts, n) are submitted together and join the same wave. Work a ticket asks
+for after its reply (the logprobs' scoring forward) runs here too, between two steps: the target
+is never run by two threads at once.
 """
 
 from __future__ import annotations
