@@ -178,7 +178,7 @@ def validation_refusal(exc: RequestValidationError) -> Refused:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid":
         return Refused(400, "the request body is not valid JSON")
-    if loc[:1] == ["prompt"]:  # a union: pydantic's first error names one of its members
+    if loc[:1] == ["prompt"] and first.get("type") != "value_error":  # a union: its first member's error
         return Refused(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
                        f"lists of token ids ({first.get('msg', 'invalid value')})", "prompt")  # fmt: skip
     where = (
