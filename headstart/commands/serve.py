@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batch", type=int, default=8, help="requests decoded together per sampling setting"
     )
     group.add_argument("--max-queue", type=int, default=64, help="requests waiting before 429")
+    group.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                       help="CORS: web pages from these origins (e.g. http://localhost:3000, or *) may call "
+                       "the API from a browser (default: none)")  # fmt: skip
     group.add_argument("--max-tokens", type=int, default=None, help="the most tokens a request may ask for "
                        "(default: the target's context)")  # fmt: skip
     group.add_argument("--default-max-tokens", type=int, default=512,
@@ -70,6 +73,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise HeadstartError(f"--port must be <= 65535, got {args.port}", "use e.g. --port 8000")
     if not args.grace >= 0:
         raise HeadstartError(f"--grace must be >= 0, got {args.grace}", "use e.g. --grace 30")
+    for origin in args.allowed_origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise HeadstartError(f"--allowed-origins {origin!r} is not an origin",
+                                 "give scheme://host[:port], e.g. http://localhost:3000, or *")  # fmt: skip
     if args.api_key is not None and not args.api_key.strip():
         raise HeadstartError("--api-key is empty", "pass a key, or leave --api-key out")
     if args.stop:
@@ -101,9 +108,10 @@ def run(args: argparse.Namespace) -> int:
 
     from headstart.commands.common import check_generation_args
     from headstart.commands.generate import Decoding
-    from headstart.serve.app import Served, build_app
+    from headstart.serve.app import build_app
     from headstart.serve.metrics import Metrics
     from headstart.serve.scheduler import Scheduler
+    from headstart.serve.served import Served
 
     check_arguments(args)
     args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed = 1, 0.0, 1.0, 0, None
@@ -142,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                           prefix_cache=args.prefix_cache)  # fmt: skip
     served = Served(target=target, scheduler=scheduler, metrics=metrics, model=args.served_model_name or args.target,
                     context=context, max_tokens=min(args.max_tokens or context, context),
-                    default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode)  # fmt: skip
+                    default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode,
+                    allowed_origins=tuple(args.allowed_origins))  # fmt: skip
     app = build_app(served)
     # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
     # decode loop's, which answers what still runs at --grace with a 503 or an error event

@@ -1,85 +1,69 @@
-"""The HTTP side of `headstart serve` (FastAPI): OpenAI's chat and text completions (streamed as
-server-sent events in OpenAI's chunk format, usage last), the model list, health and metrics.
-Every refusal is an OpenAI error body with its status (400 a bad field, 401 a wrong key, 404 an
-unknown model, 413 too long for the context, 429 the queue is full, 503 shutting down) and one
-log line."""
+"""The HTTP side of `headstart serve` (FastAPI): OpenAI's chat and text completions (replies.py),
+the model list and card, vLLM's tokenizer endpoints (tokens.py: lm-evaluation-harness finds the
+server's tokenizer there), health and metrics.
+
+Every refusal is an OpenAI error body (`{"error": {"message", "type", "param", "code"}}`) with its
+status, unknown paths (404) and methods (405) included, and one log line: 400 a bad field, 401 a
+wrong key, 404 an unknown model or path, 413 too long for the context, 415 a body not sent as
+JSON, 429 the queue is full, 503 shutting down. Fields headstart does not know are ignored, as
+vLLM ignores them: one warning line per request and a count per field in /metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException
 
-from headstart.errors import HeadstartError
-from headstart.inference.engine import Job
-from headstart.inference.plain import MIN_TEMPERATURE
-from headstart.inference.stops import StopRule
+from headstart.errors import printable
 from headstart.serve import protocol
-from headstart.serve.metrics import Metrics
-from headstart.serve.scheduler import Closing, QueueFull, Scheduler, Ticket
-from headstart.serve.text import TextStream
+from headstart.serve.bodies import Refused
+from headstart.serve.chat import chat_prompt, utf8
+from headstart.serve.replies import Asked, respond
+from headstart.serve.served import Served
+from headstart.serve.tokens import TOKENIZER_PATHS, add_tokenizer_routes, check_ids
 
 log = logging.getLogger("headstart.serve")
-
-
-@dataclass
-class Served:
-    """What the handlers share: the target (tokenizer, chat template), the decode loop, limits."""
-
-    target: Any
-    scheduler: Scheduler
-    metrics: Metrics
-    model: str  # the id clients name (`--served-model-name`, default the --target given)
-    context: int  # the target's context: prompt + max_tokens must fit
-    max_tokens: int  # the most tokens a request may ask for
-    default_tokens: int  # a chat request that names no max_tokens gets this many at most
-    api_key: str | None = None
-    mode: str = "plain decoding"
-
-
-class Refused(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+POSTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
+UNION_TAGS = {"str", "int", "float", "bool"}  # pydantic's names for a union's members in an error's loc
+ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics"
 
 
 def build_app(served: Served) -> FastAPI:
-    app = FastAPI(title="headstart serve", docs_url=None, redoc_url=None)
+    app = FastAPI(title="headstart serve", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
 
-    def refuse(endpoint: str, err: Refused) -> JSONResponse:
+    def refuse(endpoint: str, err: Refused, headers: dict[str, str] | None = None) -> JSONResponse:
         served.metrics.request(endpoint, err.status)
-        log.warning("%d %s: %s", err.status, endpoint, err.message)
-        kind = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error",
-                503: "service_unavailable"}.get(err.status, "invalid_request_error")  # fmt: skip
-        kind = "server_error" if err.status >= 500 and err.status != 503 else kind
-        return JSONResponse(
-            protocol.error_body(err.message, kind, err.param, err.code), status_code=err.status
-        )
+        log.warning("%d %s: %s", err.status, endpoint, printable(err.message))
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        if first.get("type") == "json_invalid":
-            message, where = "the request body is not valid JSON", None
-        elif first.get("type") == "extra_forbidden":
-            message = f"unknown field '{where}'"
-        else:
-            message = (
-                f"{where}: {first.get('msg', 'invalid value')}"
-                if where
-                else first.get("msg", "invalid request")
-            )
-        return refuse(request.url.path, Refused(400, message, where))
+        return refuse(request.url.path, validation_refusal(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        path, method = request.url.path, request.method
+        if exc.status_code == 404:
+            err = Refused(404, f"no endpoint {path!r}: this server answers {ROUTES}", code="not_found")
+            return refuse("unknown", err)  # a path as a metric label would let clients add series
+        if exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            return refuse(path, Refused(405, f"{method} is not allowed on {path}: use {allowed}",
+                                        code="method_not_allowed"), exc.headers)  # fmt: skip
+        return refuse(path, Refused(exc.status_code, str(exc.detail)), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        """A bug: a 500 in OpenAI's shape (Starlette's own is a text/plain line), its traceback logged."""
+        log.error("500 %s", request.url.path, exc_info=exc)
+        return refuse(request.url.path, Refused(500, f"internal error: {type(exc).__name__}: {exc}"))
 
     def check_key(request: Request) -> None:
         if served.api_key is None:
@@ -90,15 +74,29 @@ def build_app(served: Served) -> FastAPI:
             raise Refused(401, "missing or wrong API key (Authorization: Bearer KEY)")
 
     @app.middleware("http")
-    async def key_first(request: Request, call_next: Any) -> Any:
+    async def guard(request: Request, call_next: Any) -> Any:
         """The key before anything else of a /v1 request: a caller without it learns nothing,
-        not even what its body got wrong (FastAPI validates the body before a handler runs)."""
-        if request.url.path.startswith("/v1/"):
-            try:
+        not even what its body got wrong (FastAPI validates the body before a handler runs);
+        then a body that is not JSON, in one line (FastAPI's own error names a dict it could
+        not read)."""
+        path = request.url.path
+        try:
+            if path.startswith("/v1/") or path in TOKENIZER_PATHS:
                 check_key(request)
-            except Refused as err:
-                return refuse(request.url.path, err)
+            if request.method == "POST" and path in POSTS:
+                given = request.headers.get("content-type", "")
+                if given.split(";")[0].strip().lower() != "application/json":
+                    raise Refused(415, f"send the body as JSON with the header 'Content-Type: application/json' "
+                                  f"(got {given or 'no Content-Type'!r})", code="unsupported_media_type")  # fmt: skip
+        except Refused as err:
+            return refuse(path, err)
         return await call_next(request)
+
+    if served.allowed_origins:  # added last: outermost, so preflights and refusals get CORS headers
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(served.allowed_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600)  # fmt: skip
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -110,23 +108,31 @@ def build_app(served: Served) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(served.metrics.text(), media_type="text/plain; version=0.0.4")
 
+    def card() -> dict[str, Any]:
+        return {"id": served.model, "object": "model", "created": started, "owned_by": "headstart",
+                "max_model_len": served.context}  # fmt: skip
+
     @app.get("/v1/models")
-    async def models(request: Request) -> JSONResponse:
-        card = {"id": served.model, "object": "model", "created": int(time.time()), "owned_by": "headstart"}
-        return JSONResponse({"object": "list", "data": [card]})
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [card()]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        try:
+            check_model(model)
+        except Refused as err:
+            return refuse("/v1/models/{id}", err)
+        return JSONResponse(card())
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: protocol.ChatRequest, request: Request) -> Any:
         endpoint = "/v1/chat/completions"
         try:
+            note_ignored(endpoint, body)
             check_model(body.model)
-            messages = [{"role": "system" if m.role == "developer" else m.role, "content": utf8(m.text(), "messages")}
-                        for m in body.messages]  # fmt: skip
-            try:
-                prompt = served.target.chat.prompt_ids(messages)
-            except HeadstartError as err:
-                raise Refused(400, err.what, "messages") from None
-            return await answer(endpoint, body, prompt, body.limit(), chat=True, request=request)
+            prompt = chat_prompt(served.target.chat, body)
+            asked = Asked(endpoint, True, [prompt], body.limit(), [""], body.top(), "messages")
+            return await respond(served, body, asked, request)
         except Refused as err:
             return refuse(endpoint, err)
 
@@ -134,164 +140,50 @@ def build_app(served: Served) -> FastAPI:
     async def completions(body: protocol.CompletionRequest, request: Request) -> Any:
         endpoint = "/v1/completions"
         try:
+            note_ignored(endpoint, body)
             check_model(body.model)
-            if not body.text():
-                raise Refused(400, "prompt is empty", "prompt")
-            prompt = served.target.chat.encode_raw(utf8(body.text(), "prompt"))
-            return await answer(endpoint, body, prompt, body.limit(), chat=False, request=request)
+            prompts, texts = [], []
+            for prompt in body.prompts():
+                ids = served.target.chat.encode_raw(utf8(prompt, "prompt")) if isinstance(prompt, str) \
+                    else check_ids(served.target, prompt, "prompt")  # fmt: skip
+                if not ids:
+                    raise Refused(400, "prompt is empty", "prompt")
+                prompts.append(ids)
+                texts.append(prompt if isinstance(prompt, str) else served.target.tokenizer.decode(ids))
+            echoes = texts if body.echo else [""] * len(texts)
+            asked = Asked(endpoint, False, prompts, body.limit(), echoes, body.top(), "prompt", body.echo)
+            return await respond(served, body, asked, request)
         except Refused as err:
             return refuse(endpoint, err)
-
-    def utf8(text: str, where: str) -> str:
-        """JSON can carry a lone surrogate ("\\ud800"), which no tokenizer takes: a 400, not a 500."""
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise Refused(400, f"{where} is not valid Unicode text ({err.reason} at character {err.start})",
-                          where) from None  # fmt: skip
-        return text
 
     def check_model(name: str) -> None:
         if name != served.model:
             raise Refused(404, f"model '{name}' is not served here (it serves '{served.model}')", "model",
                           "model_not_found")  # fmt: skip
 
-    async def answer(endpoint: str, body: protocol.Sampling, prompt: list[int], asked: int | None, chat: bool,
-                     request: Request) -> Any:  # fmt: skip
-        where = "messages" if chat else "prompt"
-        if len(prompt) >= served.context:
-            raise Refused(413, f"prompt of {len(prompt)} tokens leaves no room in the context of {served.context}",
-                          where, "context_length_exceeded")  # fmt: skip
-        # a request that names no max_tokens gets the default, within this server's own limit
-        limit = (
-            asked
-            if asked is not None
-            else min(served.default_tokens, served.max_tokens, served.context - len(prompt))
-        )
-        if limit > served.max_tokens:
-            raise Refused(
-                400, f"max_tokens {limit} exceeds this server's limit of {served.max_tokens}", "max_tokens"
-            )
-        if len(prompt) + limit > served.context:
-            raise Refused(413, f"prompt of {len(prompt)} tokens + max_tokens {limit} exceeds the context of "
-                          f"{served.context}", where, "context_length_exceeded")  # fmt: skip
-        target = served.target
-        stops = body.stop_strings()
-        rule = StopRule(limit, frozenset(target.eos_token_ids), stops, target.tokenizer)
-        job = Job(
-            key=protocol.new_id("chatcmpl" if chat else "cmpl"), prompt=prompt, rule=rule, seed=body.seed
-        )
-        # below MIN_TEMPERATURE the logits would overflow: greedy, as vLLM does
-        sampled = body.temperature >= MIN_TEMPERATURE
-        warp = (body.temperature, body.top_p, body.top_k) if sampled else (0.0, 1.0, 0)
-        ticket = Ticket(job, warp, asyncio.get_running_loop())
-        job.on_tokens = lambda tokens: ticket.post("tokens", tokens)
-        try:
-            served.scheduler.submit(ticket)
-        except QueueFull:
-            raise Refused(429, "too many requests waiting; retry later") from None
-        except Closing:
-            raise Refused(503, "the server is shutting down") from None
-        started = time.perf_counter()
-        stream = TextStream(target.tokenizer, stops)
-        if body.stream:
-            served.metrics.request(endpoint, 200)
-            events = sse(job, ticket, stream, chat, len(prompt), started)
-            return StreamingResponse(events, media_type="text/event-stream")
-        try:
-            finish = await drain_unless_gone(ticket, stream, request)
-        finally:
-            if job.finish is None:  # a client that went away (or an error) frees its row at once
-                job.cancelled = True
-                with served.scheduler.wake:
-                    served.scheduler.wake.notify()
-        if finish is None:
-            served.metrics.request(endpoint, 499)  # nginx's "client closed request": nobody reads this
-            log.info("%s: the client went away; its row is freed", endpoint)
-            return JSONResponse(
-                protocol.error_body("the client closed the request", "invalid_request_error"), 499
-            )
-        text = stream.text  # all of it: `push` released parts of it as it came
-        reason = "stop" if stream.stopped or finish == "stop" else "length"
-        served.metrics.served(
-            len(prompt), len(job.emitted), time.perf_counter() - started, _first(job, started)
-        )
-        served.metrics.request(endpoint, 200)
-        build = protocol.chat_response if chat else protocol.completion_response
-        return JSONResponse(build(job.key, served.model, text, reason, len(prompt), len(job.emitted)))
+    def note_ignored(endpoint: str, body: Any) -> None:
+        names = protocol.ignored_fields(body)
+        if names:
+            served.metrics.ignored(names)
+            shown = ", ".join(names[:16]) + (f" and {len(names) - 16} more" if len(names) > 16 else "")
+            log.warning("%s: ignored fields headstart does not know: %s", endpoint, printable(shown))
 
-    def failure(err: Exception) -> tuple[int, str]:
-        """The status and message of a request the decode loop failed."""
-        if isinstance(err, Closing):
-            return 503, str(err)
-        return 500, f"generation failed: {str(err) or type(err).__name__}"
-
-    async def drain_unless_gone(ticket: Ticket, stream: TextStream, request: Request) -> str | None:
-        """The finish reason, or None when the client went away first. Starlette cancels a
-        streamed response whose client leaves, but not a plain one: without this race its row
-        would decode to max_tokens for nobody."""
-        drained = asyncio.ensure_future(drain(ticket, stream))
-        gone = asyncio.ensure_future(disconnected(request))
-        try:
-            done, _ = await asyncio.wait({drained, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (drained, gone):
-                task.cancel()
-        return drained.result() if drained in done else None
-
-    async def disconnected(request: Request) -> None:
-        """Returns when the client disconnects (the body is read: receive() waits for that)."""
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    async def drain(ticket: Ticket, stream: TextStream) -> str:
-        while True:
-            kind, value = await ticket.events.get()
-            if kind == "tokens":
-                stream.push(value)
-            elif kind == "done":
-                return value
-            else:
-                raise Refused(*failure(value))
-
-    async def sse(job: Job, ticket: Ticket, stream: TextStream, chat: bool, prompt: int,
-                  started: float) -> AsyncIterator[str]:  # fmt: skip
-        def event(data: dict[str, Any]) -> str:
-            return f"data: {json.dumps(data)}\n\n"
-
-        finish = None
-        try:
-            if chat:
-                yield event(protocol.chunk(job.key, served.model, chat, role=True))
-            while finish is None:
-                kind, value = await ticket.events.get()
-                if kind == "tokens":
-                    text = stream.push(value)
-                    if text:
-                        yield event(protocol.chunk(job.key, served.model, chat, text=text))
-                elif kind == "done":
-                    finish = value
-                else:
-                    yield event(protocol.error_body(failure(value)[1], "server_error"))
-                    return
-            rest = stream.finish()
-            reason = "stop" if stream.stopped or finish == "stop" else "length"
-            yield event(protocol.chunk(job.key, served.model, chat, text=rest or None, finish=reason))
-            yield event(
-                protocol.chunk(job.key, served.model, chat, use=protocol.usage(prompt, len(job.emitted)))
-            )
-            yield "data: [DONE]\n\n"
-            served.metrics.served(
-                prompt, len(job.emitted), time.perf_counter() - started, _first(job, started)
-            )
-        finally:  # the client went away mid-stream (the generator is closed): its row leaves at once
-            if job.finish is None:
-                job.cancelled = True
-                with served.scheduler.wake:
-                    served.scheduler.wake.notify()
-
+    add_tokenizer_routes(app, served, refuse, check_model)
     return app
 
 
-def _first(job: Job, started: float) -> float | None:
-    return None if job.first_token_s is None else max(0.0, job.first_token_s - started)
+def validation_refusal(exc: RequestValidationError) -> Refused:
+    """FastAPI's first validation error as one line naming the field."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return Refused(400, "the request body is not valid JSON")
+    if loc[:1] == ["prompt"] and first.get("type") != "value_error":  # a union: its first member's error
+        return Refused(400, "prompt must be a string, a list of strings, a list of token ids or a list of "
+                       f"lists of token ids ({first.get('msg', 'invalid value')})", "prompt")  # fmt: skip
+    where = (
+        ".".join(p for p in loc if p not in UNION_TAGS and not p.startswith(("function-", "list[", "dict[")))
+        or None
+    )
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return Refused(400, f"{where}: {message}" if where else message, where)

@@ -8,6 +8,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+MAX_FIELD_SERIES = 64  # distinct ignored-field names counted by name; later ones count as "(other)"
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -36,6 +37,7 @@ class Metrics:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests: Counter = Counter()  # (endpoint, status) -> count
+        self.ignored_fields: Counter = Counter()  # unknown request field -> requests that sent it
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.row_steps = 0  # verify forwards summed over rows
@@ -50,6 +52,14 @@ class Metrics:
     def request(self, endpoint: str, status: int) -> None:
         with self.lock:
             self.requests[(endpoint, status)] += 1
+
+    def ignored(self, names: list[str]) -> None:
+        """Fields a request sent that headstart ignored. The names come from clients: a bounded
+        number of series, and label values escaped as Prometheus' text format asks."""
+        with self.lock:
+            for name in set(names):
+                known = name in self.ignored_fields or len(self.ignored_fields) < MAX_FIELD_SERIES
+                self.ignored_fields[name if known else "(other)"] += 1
 
     def observe_wait(self, seconds: float) -> None:
         with self.lock:
@@ -75,6 +85,12 @@ class Metrics:
             lines += [f'headstart_requests_total{{endpoint="{e}",status="{s}"}} {n}'
                       for (e, s), n in sorted(self.requests.items())]  # fmt: skip
             lines += [
+                "# HELP headstart_ignored_fields_total requests that sent a field headstart ignores, by field",
+                "# TYPE headstart_ignored_fields_total counter",
+            ]
+            lines += [f'headstart_ignored_fields_total{{field="{_label(f)}"}} {n}'
+                      for f, n in sorted(self.ignored_fields.items())]  # fmt: skip
+            lines += [
                 "# TYPE headstart_prompt_tokens_total counter", f"headstart_prompt_tokens_total {self.prompt_tokens}",
                 "# TYPE headstart_generation_tokens_total counter",
                 f"headstart_generation_tokens_total {self.generation_tokens}",
@@ -91,3 +107,7 @@ class Metrics:
                 "# TYPE headstart_queue_wait_seconds histogram", *self.queue_wait.lines("headstart_queue_wait_seconds"),
             ]  # fmt: skip
         return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,184 +1,247 @@
-"""The OpenAI API as `headstart serve` speaks it: request models (pydantic, as FastAPI validates
-them: a wrong type or an unknown field is a 400 naming the field), the response and stream-chunk
-bodies, and OpenAI-style error bodies."""
+"""The OpenAI API's requests as `headstart serve` reads them (pydantic, as FastAPI validates them):
+a wrong type is a 400 that names the field; a field headstart does not know is ignored, as vLLM
+ignores it (`ignored_fields` names them for the log and /metrics); a known field whose value
+headstart cannot honour exactly (a penalty, constrained decoding) is a 400 that names it and says
+what to send instead. Response bodies are in bodies.py."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 UNSUPPORTED = "headstart serve does not support it"
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+MAX_STOPS = 64  # OpenAI allows 4; vLLM and llama-server any number (each costs a decode per token)
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Lenient(BaseModel):
+    """Unknown fields are kept aside (`model_extra`), not refused."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def ignored_fields(value: Any, where: str = "") -> list[str]:
+    """The dotted names of every unknown field in a validated request, nested ones included."""
+    if isinstance(value, list):
+        return [name for i, item in enumerate(value) for name in ignored_fields(item, f"{where}{i}.")]
+    if not isinstance(value, BaseModel):
+        return []
+    names = [f"{where}{key}" for key in (value.model_extra or {})]
+    for key in type(value).model_fields:
+        names += ignored_fields(getattr(value, key), f"{where}{key}.")
+    return names
+
+
+class TextPart(Lenient):
     type: Literal["text"]
     text: str
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+class Function(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(Lenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: Function
+
+
+class Message(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = True  # headstart always ends a stream with its usage
+class ToolSpec(Lenient):
+    type: Literal["function"]
+    function: dict[str, Any]
 
 
-class Sampling(BaseModel):
-    """What both endpoints share. Fields OpenAI has and headstart does not support are accepted
-    at their neutral values only (a client library sending defaults keeps working)."""
+class StreamOptions(Lenient):
+    include_usage: bool = False  # OpenAI's default: no usage chunk unless asked
 
-    model_config = ConfigDict(extra="forbid")
+
+def _refuse_unless(value: Any, neutral: Any, field: str, why: str) -> Any:
+    if value is not None and value != neutral:
+        raise ValueError(
+            f"{field} {value!r} is not applied by headstart serve ({why}); send {neutral!r} or leave it out"
+        )
+    return value
+
+
+PENALTY_WHY = (
+    "its verifier accepts draft tokens against the target's own logits, and no penalty is applied there"
+)
+
+
+class Sampling(Lenient):
+    """What both endpoints share."""
+
     model: str
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0)  # an extension (vLLM, SGLang, llama.cpp take it too)
+    top_k: int = Field(0, ge=-1)  # an extension (vLLM, SGLang, llama.cpp); -1 is vLLM's "off"
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=128)
     user: str | None = None
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
-    logit_bias: dict[str, float] | None = None
-    logprobs: Literal[False] | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = 1.0  # vLLM's and transformers' extension
+    min_p: float | None = 0.0  # an extension (vLLM, llama.cpp)
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("stop")
     @classmethod
     def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         stops = [value] if isinstance(value, str) else value or []
-        if len(stops) > 4 or any(not s for s in stops):
-            raise ValueError("at most 4 stop strings, none empty")
+        if len(stops) > MAX_STOPS or any(not s for s in stops):
+            raise ValueError(f"at most {MAX_STOPS} stop strings, none empty")
         return value
+
+    @field_validator("presence_penalty", "frequency_penalty", "repetition_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: Any) -> float | None:
+        return _refuse_unless(value, 1.0 if info.field_name == "repetition_penalty" else 0.0, info.field_name,
+                              PENALTY_WHY)  # fmt: skip
+
+    @field_validator("min_p")
+    @classmethod
+    def _no_min_p(cls, value: float | None) -> float | None:
+        return _refuse_unless(value, 0.0, "min_p", "it warps with temperature, top_p and top_k only")
 
     @field_validator("logit_bias")
     @classmethod
     def _no_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise ValueError(f"logit_bias: {UNSUPPORTED}")
+            raise ValueError(f"logit_bias: {UNSUPPORTED}; leave it out")
         return value
 
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def warp(self) -> tuple[float, float, int]:
+        from headstart.inference.plain import MIN_TEMPERATURE
+
+        # below MIN_TEMPERATURE the logits would overflow: greedy, as vLLM does
+        if self.temperature < MIN_TEMPERATURE:
+            return (0.0, 1.0, 0)
+        return (self.temperature, self.top_p, max(self.top_k, 0))
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     response_format: dict[str, Any] | None = None
-    tools: None = None
-    tool_choice: None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
     @field_validator("response_format")
     @classmethod
     def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value not in (None, {"type": "text"}):
-            raise ValueError(f"response_format other than text: {UNSUPPORTED}")
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError(
+                f"type {value.get('type')!r}: headstart serve has no constrained decoding, so it cannot promise "
+                "JSON; send {'type': 'text'} (and ask for JSON in the prompt), or leave it out"
+            )
         return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        if value not in (None, "none", "auto"):
+            raise ValueError(
+                f"{value!r} would force a tool call, which needs constrained decoding (headstart serve has "
+                "none); send 'auto' or 'none': tools are rendered into the prompt and the reply is the model's text"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def top(self) -> int | None:
+        """How many alternatives per token when logprobs are asked for, else None."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+TokenIds = list[int]
+
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    echo: Literal[False] = False
-    suffix: None = None
-    best_of: Literal[1] | None = None
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions; 0 with echo: scoring
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError(f"one prompt per request ({len(value)} given): {UNSUPPORTED}")
+    def _prompts(cls, value: Any) -> Any:
+        if isinstance(value, list) and (not value or any(isinstance(p, list | str) and not p for p in value)):
+            raise ValueError("an empty list or an empty prompt in it")
         return value
 
-    def text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError(f"suffix (fill-in-the-middle): {UNSUPPORTED}; leave it out")
+        return value
+
+    @model_validator(mode="after")
+    def _combinations(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(
+                f"best_of {self.best_of} != n {self.n}: ranking choices is not served; leave best_of out"
+            )
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError(
+                "max_tokens 0 returns nothing without echo: ask for tokens, or set echo to score the prompt"
+            )
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a string or token ids."""
+        if isinstance(self.prompt, str) or (self.prompt and isinstance(self.prompt[0], int)):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
 
     def limit(self) -> int | None:
         return self.max_tokens
 
-
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
-               code: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def chat_response(
-    rid: str, model: str, text: str, finish: str, prompt: int, completion: int
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-                "logprobs": None,
-            }
-        ],  # fmt: skip
-        "usage": usage(prompt, completion),
-    }
-
-
-def completion_response(
-    rid: str, model: str, text: str, finish: str, prompt: int, completion: int
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}],
-        "usage": usage(prompt, completion),
-    }
-
-
-def chunk(rid: str, model: str, chat: bool, text: str | None = None, finish: str | None = None,
-          role: bool = False, use: dict[str, int] | None = None) -> dict[str, Any]:  # fmt: skip
-    """One server-sent event's body: a text delta, the first (role) or the last (finish) chunk,
-    or the usage chunk after it (its choices empty, as OpenAI's include_usage sends)."""
-    body: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                            "created": int(time.time()), "model": model}  # fmt: skip
-    if use is not None:
-        body["choices"], body["usage"] = [], use
-        return body
-    if chat:
-        delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
-        if text:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-    else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-    body["choices"] = [choice]
-    return body
+    def top(self) -> int | None:
+        return self.logprobs

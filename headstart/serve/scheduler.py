@@ -7,7 +7,10 @@ Requests with the same warping (greedy, or one temperature/top-p/top-k) share on
 engine (headstart.inference.engine): a newcomer is prefilled and joins the running batch between
 two steps, a finished or abandoned row leaves at once. Engines with live rows take turns, one
 step each. Limits: at most `max_batch` rows a lane (newcomers wait for a row to leave) and
-`max_queue` requests waiting in all (then `submit` refuses: the caller answers 429).
+`max_queue` requests waiting in all (then `submit` refuses: the caller answers 429). A request's
+choices (several prompts, n) are submitted together and join the same wave. Work a ticket asks
+for after its reply (the logprobs' scoring forward) runs here too, between two steps: the target
+is never run by two threads at once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,21 +44,32 @@ class Closing(Exception):
 
 @dataclass
 class Ticket:
-    """A request between its handler (asyncio) and the worker thread."""
+    """One choice of a request between its handler (asyncio) and the worker thread. The choices
+    of one request (n, several prompts) share one `events` queue; each event names its `index`."""
 
     job: Job
     warp: tuple[float, float, int]  # (temperature, top_p, top_k): the lane
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    index: int = 0
+    after: Callable[[Job], Any] | None = None
+    """Run in the worker thread when the job has finished (its result is posted as "scored"
+    before "done"): work on the target that must not race the decode loop (logprobs.py)."""
     queued_s: float = field(default_factory=time.perf_counter)
 
     def post(self, kind: str, value: Any) -> None:
-        """From the worker thread: an event for the handler ("tokens", "done", "error"). Once the
-        HTTP server has stopped, its event loop is closed and nobody is left to tell."""
+        """From the worker thread: an event for the handler ("tokens", "scored", "done",
+        "error"). Once the HTTP server has stopped, its event loop is closed and nobody is left
+        to tell."""
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, value))
         except RuntimeError:  # "Event loop is closed"
             pass
+
+    @property
+    def decodes(self) -> bool:
+        """False for pure scoring (max_tokens 0 with echo): no engine row, only `after`."""
+        return self.job.rule.max_new_tokens > 0
 
 
 class Scheduler:
@@ -76,13 +91,14 @@ class Scheduler:
         self.closing = False
 
     # ---- handlers' side -----------------------------------------------------------------------
-    def submit(self, ticket: Ticket) -> None:
+    def submit(self, *tickets: Ticket) -> None:
+        """Queue a request's choices together (all or none), so that they join one wave."""
         with self.wake:
             if self.closing:
                 raise Closing
-            if len(self.waiting) >= self.max_queue:
+            if len(self.waiting) + len(tickets) > self.max_queue:
                 raise QueueFull
-            self.waiting.append(ticket)
+            self.waiting.extend(tickets)
             self.metrics.queue_depth = len(self.waiting)
             self.wake.notify()
 
@@ -149,7 +165,10 @@ class Scheduler:
                 ticket.post("done", "cancelled")
                 continue
             free = room.get(ticket.warp, self.max_batch)
-            if free > 0:
+            if not ticket.decodes:  # scoring takes no row
+                taken.append(ticket)
+                self.waiting.remove(ticket)
+            elif free > 0:
                 room[ticket.warp] = free - 1
                 taken.append(ticket)
                 self.waiting.remove(ticket)
@@ -159,7 +178,12 @@ class Scheduler:
     def _admit(self, tickets: list[Ticket]) -> None:
         by_lane: dict[tuple[float, float, int], list[Ticket]] = {}
         for ticket in tickets:
-            by_lane.setdefault(ticket.warp, []).append(ticket)
+            if ticket.decodes:
+                by_lane.setdefault(ticket.warp, []).append(ticket)
+            else:
+                self.metrics.observe_wait(time.perf_counter() - ticket.queued_s)
+                ticket.job.finish = "length"
+                self._conclude(ticket)
         for warp, group in by_lane.items():
             engine = self.lanes.get(warp)
             if engine is None or not engine.live:  # a fresh engine per wave: state starts small
@@ -196,7 +220,18 @@ class Scheduler:
             if ticket is not None:
                 self.metrics.finished(job)
                 self.metrics.running -= 1
-                ticket.post("done", job.finish)
+                self._conclude(ticket)
+
+    def _conclude(self, ticket: Ticket) -> None:
+        """Run the ticket's `after` (unless its client left), then tell it that it is done."""
+        if ticket.after is not None and ticket.job.finish != "cancelled":
+            try:
+                ticket.post("scored", ticket.after(ticket.job))
+            except Exception as err:  # noqa: BLE001 - its request fails, not the lane beside it
+                log.exception("scoring failed: %s", err)
+                ticket.post("error", err)
+                return
+        ticket.post("done", ticket.job.finish)
 
     def _fail_lane(self, warp: tuple[float, float, int], err: Exception) -> None:
         """After an unexpected error a lane's state is unknown: fail its requests (the other

@@ -25,12 +25,15 @@ class Chat:
 
     def render(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         where: str = "the chat template",
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The template's text for `messages` (a list of {role, content}); a template that does
-        not compile or raises while rendering (raise_exception, an undefined name, ...) is one line."""
+        """The template's text for `messages` (a list of {role, content}, plus tool_calls or
+        tool_call_id where a conversation has them) and `tools` (JSON schemas, transformers'
+        `apply_chat_template(tools=...)`); a template that does not compile or raises while
+        rendering (raise_exception, an undefined name, ...) is one line."""
         if not self.has_template:
             raise HeadstartError(
                 "this target's tokenizer has no chat template",
@@ -38,7 +41,7 @@ class Chat:
             )
         try:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except (
             Exception
@@ -50,9 +53,15 @@ class Chat:
                 "takes no --system), or use `headstart generate --raw` for plain text",
             ) from None
 
-    def prompt_ids(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def prompt_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                   tools: list[dict[str, Any]] | None = None) -> list[int]:  # fmt: skip
         """Token ids of the rendered conversation (the template supplies any BOS itself)."""
-        text = self.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.encode_rendered(
+            self.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        )
+
+    def encode_rendered(self, text: str) -> list[int]:
+        """Token ids of a template's text (its special tokens are in it already)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def user_prompt_ids(self, prompt: str) -> list[int]:

@@ -13,7 +13,7 @@ from headstart.inference.decoder import SpeculativeDecoder  # noqa: E402
 from headstart.inference.engine import Job  # noqa: E402
 from headstart.inference.stops import StopRule  # noqa: E402
 from headstart.serve.metrics import Metrics  # noqa: E402
-from headstart.serve.scheduler import Scheduler, Ticket  # noqa: E402
+from headstart.serve.scheduler import QueueFull, Scheduler, Ticket  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,31 @@ def test_a_failing_step_fails_only_its_own_lane(target, monkeypatch):
 
     monkeypatch.setattr(broken, "step", fail)
     scheduler.run(lambda: True)
-    kinds = [kind for kind, _ in events(loop, sampled)]
+    kinds = [kind for _, kind, _ in events(loop, sampled)]
     assert kinds[-1] == "error" and "done" not in kinds
-    assert events(loop, greedy)[-1] == ("done", "length") and len(greedy.job.emitted) == 6
+    assert events(loop, greedy)[-1] == (0, "done", "length") and len(greedy.job.emitted) == 6
     assert metrics.running == 0
+    loop.close()
+
+
+def test_a_requests_choices_join_one_wave_and_scoring_takes_no_row(target):
+    """The choices of one request (batched prompts, n) are queued together and admitted in the
+    same wave; a pure scoring ticket (max_tokens 0) runs its `after` without taking a row."""
+    loop = asyncio.new_event_loop()
+    scheduler = Scheduler(lambda: SpeculativeDecoder(target, None), Metrics(), max_batch=4)
+    shared = asyncio.Queue()
+    choices = [Ticket(Job(key=i, prompt=[5, 6, 7 + i][: i + 1], rule=StopRule(6)), (0.0, 1.0, 0), loop, shared, index=i)
+               for i in range(3)]  # fmt: skip
+    scoring = Ticket(Job(key=9, prompt=[5, 6], rule=StopRule(0)), (0.0, 1.0, 0), loop, shared, index=3,
+                     after=lambda job: ("scored", list(job.prompt)))  # fmt: skip
+    scheduler.submit(*choices, scoring)
+    scheduler._admit(scheduler._admissible())
+    assert scheduler.lanes[(0.0, 1.0, 0)].live == 3 and not scheduler.waiting
+    loop.run_until_complete(asyncio.sleep(0))
+    assert [shared.get_nowait() for _ in range(2)] == [
+        (3, "scored", ("scored", [5, 6])),
+        (3, "done", "length"),
+    ]
+    with pytest.raises(QueueFull):  # all or none: a request larger than the room left is refused whole
+        Scheduler(lambda: None, Metrics(), max_queue=2).submit(*choices)
     loop.close()

@@ -1,0 +1,122 @@
+"""Log-probabilities of served tokens: what `logprobs` (completions: top-N; chat: `logprobs` +
+`top_logprobs`) and `echo` return.
+
+What they are: the log-softmax of the TARGET's raw logits at each position, before temperature,
+top-p, top-k or any other warping: vLLM's default (`--logprobs-mode raw_logprobs`), and what a
+loglikelihood evaluation (lm-evaluation-harness) needs: the model's own distribution, whatever
+the request samples with. Sampling parameters change which tokens are drawn, never the numbers
+reported for them.
+
+Where they come from: ONE forward of the target over the finished sequence (prompt + reply), run
+alone, after the reply is decoded, and not the logits the decode steps saw. Those depend on how
+the reply was decoded: a tree verify's logits and a plain step's differ in the last bits (other
+matmul shapes; the small-row kernel; the rows batched beside it), so logprobs read from them
+would differ with heads on and off, and with the load. A forward over the same tokens computed
+the same way gives the same bits whatever decoded them: greedy replies are the same tokens with
+heads or without, so their logprobs are identical to the last digit (tests/serve). The argmax of
+this forward is the decoded token except where two logits tie within float rounding.
+cost: one extra target forward over prompt + reply per request that asks (a prefill's worth,
+run in the decode loop's thread between steps); lm_head rows only for the positions reported, whose
+logits are held at once (positions x vocabulary floats: 0.4 GB for 2,048 positions of SmolLM2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+CHUNK = 256  # positions per log-softmax: bounds the float copies of (positions, vocab)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The log-probabilities of tokens[start:] of a sequence; position 0 has none (no context)."""
+
+    tokens: list[int]
+    logprobs: list[float | None]
+    top: list[list[tuple[int, float]]]  # per token: the N most likely (id, logprob); [] at position 0
+
+
+@torch.no_grad()
+def score(target: Any, ids: list[int], start: int, top: int) -> Scored:
+    """Log-probabilities of ids[start:] under the target, with the `top` most likely tokens at
+    each position."""
+    from headstart.target import forward
+
+    first = max(start, 1)
+    tokens = ids[start:]
+    logprobs: list[float | None] = [None] * (first - start)
+    tops: list[list[tuple[int, float]]] = [[] for _ in range(first - start)]
+    if first >= len(ids):
+        return Scored(tokens, logprobs, tops)
+    device = target.device
+    batch = torch.tensor([ids], device=device)  # (1, L)
+    # logits for positions first-1 .. L-1 (the last predicts past the end: unused)
+    logits = forward(target.model, batch, logits_to_keep=len(ids) - first + 1).logits[0, :-1]  # (P, V)
+    wanted = batch[0, first:]  # (P,)
+    for at in range(0, logits.shape[0], CHUNK):
+        rows = torch.log_softmax(logits[at : at + CHUNK].float(), dim=-1)  # (c, V)
+        chosen = rows.gather(1, wanted[at : at + CHUNK, None])[:, 0]
+        logprobs += chosen.tolist()  # host sync, once per chunk
+        if top:
+            values, order = rows.topk(min(top, rows.shape[-1]), dim=-1)
+            tops += [
+                list(zip(i, v, strict=True)) for i, v in zip(order.tolist(), values.tolist(), strict=True)
+            ]
+        else:
+            tops += [[] for _ in range(rows.shape[0])]
+    return Scored(tokens, logprobs, tops)
+
+
+class Pieces:
+    """Token ids to the text each stands for (memoised: top lists repeat tokens)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.known: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if token not in self.known:
+            self.known[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return self.known[token]
+
+
+def completion_logprobs(scored: Scored, pieces: Pieces) -> dict[str, Any]:
+    """The completions API's `logprobs`: per token its text, logprob, a dict of the top ones (the
+    chosen token always in it, as OpenAI documents) and its character offset in the choice's text."""
+    texts = [pieces(t) for t in scored.tokens]
+    offsets, at = [], 0
+    for text in texts:
+        offsets.append(at)
+        at += len(text)
+    tops: list[dict[str, float] | None] = []
+    for token, logprob, best in zip(scored.tokens, scored.logprobs, scored.top, strict=True):
+        if logprob is None:
+            tops.append(None)
+            continue
+        entry: dict[str, float] = {}
+        for i, value in [*best, (token, logprob)]:  # tokens of one text (bytes of a character): the best
+            entry.setdefault(pieces(i), value)
+        tops.append(entry)
+    return {
+        "tokens": texts,
+        "token_logprobs": list(scored.logprobs),
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(scored: Scored, pieces: Pieces) -> dict[str, Any]:
+    """The chat API's `logprobs`: per token its text, UTF-8 bytes, logprob and top alternatives."""
+
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = pieces(token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = [
+        {**entry(token, logprob), "top_logprobs": [entry(i, value) for i, value in best]}
+        for token, logprob, best in zip(scored.tokens, scored.logprobs, scored.top, strict=True)
+        if logprob is not None
+    ]
+    return {"content": content, "refusal": None}
