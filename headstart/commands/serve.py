@@ -37,8 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
                        help="CORS: web pages from these origins (e.g. http://localhost:3000, or *) may call "
                        "the API from a browser (default: none)")  # fmt: skip
-    group.add_argument("--max-tokens", type=int, default=None, help="the most tokens a request may ask for "
-                       "(default: the target's context)")  # fmt: skip
+    group.add_argument("--max-tokens", type=int, default=None, help="the most tokens a request may ask for, "
+                       ">= 1 (default: the target's context)")  # fmt: skip
+    group.add_argument("--max-body-mb", type=float, default=16.0, help="the largest request body in MiB: "
+                       "a larger one gets a 413 before it is read (default: 16)")  # fmt: skip
     group.add_argument("--default-max-tokens", type=int, default=512,
                        help="a chat request without max_tokens gets at most this many")  # fmt: skip
     group.add_argument("--grace", type=float, default=30.0, help="seconds running requests get on SIGTERM")
@@ -66,13 +68,18 @@ def check_arguments(args: argparse.Namespace) -> None:
     for flag, value, least in (("--port", args.port, 0), ("--max-batch", args.max_batch, 1),
                                ("--speculate-up-to", args.speculate_up_to or 0, 0), ("--prefix-cache", args.prefix_cache, 0),
                                ("--max-queue", args.max_queue, 1), ("--default-max-tokens", args.default_max_tokens, 1),
-                               ("--max-tokens", args.max_tokens or 1, 1)):  # fmt: skip
+                               ("--max-tokens", 1 if args.max_tokens is None else args.max_tokens, 1)):  # fmt: skip
         if value < least:
             raise HeadstartError(f"{flag} must be >= {least}, got {value}", f"fix {flag}")
     if args.port > 65535:
         raise HeadstartError(f"--port must be <= 65535, got {args.port}", "use e.g. --port 8000")
     if not args.grace >= 0:
         raise HeadstartError(f"--grace must be >= 0, got {args.grace}", "use e.g. --grace 30")
+    if not 0 < args.max_body_mb < float("inf"):
+        raise HeadstartError(
+            f"--max-body-mb must be > 0, got {args.max_body_mb}", "use e.g. --max-body-mb 16"
+        )
+    check_listen(args.host, args.port)
     for origin in args.allowed_origins:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise HeadstartError(f"--allowed-origins {origin!r} is not an origin",
@@ -86,6 +93,34 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise HeadstartError(
             f"headstart serve needs {' and '.join(missing)}", "pip install 'headstart[serve]'"
         )
+
+
+def check_listen(host: str, port: int) -> None:
+    """--host is an address of this machine and --port free there: one line now, not a traceback
+    from uvicorn after the target has loaded. The probe socket is closed at once (port 0: any)."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        raise HeadstartError(
+            f"--host {host!r} is not an address this machine can listen on ({getattr(err, 'strerror', None) or err})",
+            "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
+        ) from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn sets it too
+        try:
+            probe.bind(address)
+        except OSError as err:
+            taken = err.errno == errno.EADDRINUSE
+            raise HeadstartError(
+                f"cannot listen on {host}:{port} ({err.strerror})",
+                "choose another --port, or stop what listens there"
+                if taken
+                else "use 127.0.0.1, 0.0.0.0 or an address of this machine for --host",
+            ) from None
 
 
 def thread_server_class() -> type:
@@ -151,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     served = Served(target=target, scheduler=scheduler, metrics=metrics, model=args.served_model_name or args.target,
                     context=context, max_tokens=min(args.max_tokens or context, context),
                     default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode,
-                    allowed_origins=tuple(args.allowed_origins))  # fmt: skip
+                    allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20))  # fmt: skip
     app = build_app(served)
     # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
     # decode loop's, which answers what still runs at --grace with a 503 or an error event

@@ -24,6 +24,7 @@ from headstart.errors import printable
 from headstart.serve import protocol
 from headstart.serve.bodies import Refused
 from headstart.serve.chat import chat_prompt, utf8
+from headstart.serve.limits import BodyLimit
 from headstart.serve.replies import Asked, respond
 from headstart.serve.served import Served
 from headstart.serve.tokens import TOKENIZER_PATHS, add_tokenizer_routes, check_ids
@@ -92,6 +93,11 @@ def build_app(served: Served) -> FastAPI:
             return refuse(path, err)
         return await call_next(request)
 
+    def too_large(path: str) -> None:
+        served.metrics.request(path if path in POSTS else "unknown", 413)
+        log.warning("413 %s: the request body is larger than %d bytes", printable(path), served.max_body)
+
+    app.add_middleware(BodyLimit, limit=served.max_body, count=too_large)  # before any body is read
     if served.allowed_origins:  # added last: outermost, so preflights and refusals get CORS headers
         from starlette.middleware.cors import CORSMiddleware
 

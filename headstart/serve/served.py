@@ -21,3 +21,6 @@ class Served:
     api_key: str | None = None
     mode: str = "plain decoding"
     allowed_origins: tuple[str, ...] = ()  # CORS (--allowed-origins): pages that may call from a browser
+    max_body: int = (
+        16 * 2**20
+    )  # bytes a request body may hold (--max-body-mb): 413 past it, before it is read
