@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -60,7 +61,7 @@ PHASES = [
     ("headstart.train.objective", "Objective.target_logits_at", "labels"),
     ("headstart.heads.eagle", "Eagle3FcHead.logits", "loss"),
     ("headstart.train.losses", "ttt_loss_at", "loss"),
-    ("headstart.train.losses", "fused_ttt_loss", "loss"),
+    ("headstart.train.objective", "fused_ttt_loss", "loss"),
 ]
 SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__")
 
@@ -135,7 +136,9 @@ def counted_syncs() -> Iterator[list[int]]:
 
     def counting(f: Callable) -> Callable:
         def inner(*args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
+            # not torch.optim's reads of its step counters: they stay on the host on every device
+            if "torch/optim/" not in sys._getframe(1).f_code.co_filename:
+                count[0] += 1
             return f(*args, **kwargs)
 
         return inner
@@ -223,13 +226,15 @@ def batches(variant: Variant, count: int) -> tuple[list[dict[str, Any]], float]:
     p, cfg = variant.plan, variant.cfg
     lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
     sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, cfg.batch_size, cfg.data.group_by_length)
-    loader = iter(_loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True))
+    # train=True: the training loader's own collate (EAGLE-3's host-side plan); older commits lack it
+    train = {"train": True} if "train" in inspect.signature(_loader).parameters else {}
+    loader = iter(_loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True, **train))
     out, start = [], time.perf_counter()
     for _ in range(count):
         out.append(next(loader))
     took = (time.perf_counter() - start) / count
     device = variant.accelerator.device
-    moved = [{k: (v.to(device) if torch.is_tensor(v) else v) for k, v in b.items()} for b in out]
+    moved = [{k: (v.to(device) if hasattr(v, "to") else v) for k, v in b.items()} for b in out]
     return moved, took
 
 
@@ -342,10 +347,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    from headstart.train.config import TrainConfig  # noqa: F401  (fails early outside a checkout)
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
     from headstart.train.data import load_distilled_data
     from headstart.train.setup import plan
-    from headstart.config import load_config
 
     device = torch.device(args.device)
     base_cfg = load_config(TrainConfig, args.recipe, [*args.overrides, "trackers=[none]"])

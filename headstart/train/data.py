@@ -7,7 +7,7 @@ offline, cached features readable by `headstart.distill.load_features`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,8 +248,11 @@ class Conversations(torch.utils.data.Dataset):
         return item
 
 
-def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
-    """Right-pad to the longest item: causal attention never lets a real token see padding."""
+def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.Tensor], Any] | None = None
+            ) -> dict[str, Any]:  # fmt: skip
+    """Right-pad to the longest item: causal attention never lets a real token see padding.
+    `plan`: called on the padded loss mask, its result kept as batch["ttt"] (the EAGLE-3 step's
+    host-side indices, headstart.train.plan: computed here, on the host, they cost no device sync)."""
     width = max(len(it["input_ids"]) for it in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -266,6 +269,8 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
             for row, it in enumerate(items):
                 out[row, : len(it["features"][name])] = it["features"][name]
             batch["features"][name] = out  # (B, T, H)
+    if plan is not None:
+        batch["ttt"] = plan(mask)
     return batch
 
 

@@ -73,6 +73,7 @@ def trackers(cfg: TrainConfig) -> list[str]:
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import (
+        DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         GradientAccumulationPlugin,
         ProjectConfiguration,
@@ -101,6 +102,8 @@ def make_accelerator(cfg: TrainConfig) -> Any:
         ),
         # Medusa-2 warm-up leaves the LoRA weights without gradients.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.lora.enabled)],
+        # batches go to a GPU without a host sync (pinned by the loader: train/loop.py)
+        dataloader_config=DataLoaderConfiguration(non_blocking=True),
     )
     if launched > 1 and accelerator.num_processes != launched:
         raise HeadstartError(
