@@ -52,6 +52,10 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
             "remove head.draft_vocab_size, or use head.kind=eagle3",
         )
     dflash = spec.kind == "dflash"
+    eagle3 = spec.kind == "eagle3"
+    layers_of_own = spec.num_layers if spec.kind in ("medusa", "dflash") or eagle3 else 1
+    # a draft layer of another architecture than the target's (DFlash always: Qwen3)
+    other_layer = dflash or (eagle3 and spec.draft_layer == "qwen3")
     return HeadConfig(
         kind=spec.kind,
         hidden_size=target.hidden_size,
@@ -59,14 +63,15 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
         target=dict(target.fingerprint),
         target_config=target.model.config.to_dict(),
         num_heads=spec.num_heads if spec.kind == "medusa" else 1,
-        num_layers=spec.num_layers if spec.kind in ("medusa", "dflash") else 1,  # type: ignore[arg-type]
+        num_layers=layers_of_own,  # type: ignore[arg-type]
         block_size=spec.block_size if dflash else 0,
         mask_token_id=mask_token(spec, target) if dflash else -1,
         draft_config=derived_draft_config(
             target.model.config.to_dict(), target.hidden_size, vocab, spec.num_layers
         )
-        if dflash
+        if other_layer
         else {},  # type: ignore[arg-type]  # fmt: skip
+        fc_norm=eagle3 and spec.fc_norm,
         shared_lm_head=spec.shared_lm_head if spec.kind == "medusa" else True,
         feature_layers=layers,
         draft_vocab_size=(spec.draft_vocab_size or vocab) if spec.kind != "eagle" else vocab,

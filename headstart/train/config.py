@@ -31,6 +31,10 @@ class DataConfig:
     """first: the first N of `path` joined in order; each: the same share of every directory (the
     first N * len(dir) / total of each), so sizes keep the mix of sources and nest (a data-scaling
     curve)."""
+    shares: list[float] = field(default_factory=list)
+    """With max_records: the share of the N conversations each directory of `path` gives (one
+    number per directory, in order, summing to 1; its first conversations), instead of what
+    max_records_from says: a data mix (chat, math, data-free) at a fixed size. Empty: none."""
     group_by_length: int = 64
     """Batch conversations of similar length: each epoch's shuffled order is cut into groups of
     this many batches, sorted by length inside a group, and the batches shuffled again (padding to
@@ -71,6 +75,17 @@ class DataConfig:
         if self.max_records < 0:
             raise HeadstartError(
                 f"data.max_records must be >= 0, got {self.max_records}", "set data.max_records=0 (all)"
+            )
+        if self.shares and (
+            len(self.shares) != len(self.path)
+            or any(x < 0 for x in self.shares)
+            or abs(sum(self.shares) - 1) > 1e-6
+            or not self.max_records
+        ):
+            raise HeadstartError(
+                f"data.shares must give one share >= 0 per data.path directory ({len(self.path)}), summing "
+                f"to 1, with data.max_records set; got {self.shares}",
+                "e.g. data.path=[A,B] data.shares=[0.5,0.5] data.max_records=1000",
             )
         if self.max_records_from not in ("first", "each"):
             raise HeadstartError(

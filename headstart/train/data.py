@@ -92,6 +92,20 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
 def _record_counts(sizes: list[int], cfg: DataConfig) -> list[int]:
     """How many conversations data.max_records keeps of each directory (in order)."""
     want = min(cfg.max_records, sum(sizes))
+    if cfg.shares:  # the mix asked for: each directory its share of N (at most what it holds)
+        exact = [want * share for share in cfg.shares]
+        counts = [min(int(x), size) for x, size in zip(exact, sizes, strict=True)]
+        order = sorted(range(len(sizes)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+        for i in order[: want - sum(counts)]:
+            counts[i] += int(counts[i] < sizes[i])
+        short = [i for i, (c, x) in enumerate(zip(counts, exact, strict=True)) if c < int(x)]
+        if short:
+            raise HeadstartError(
+                f"data.shares asks {int(exact[short[0]])} conversations of {cfg.path[short[0]]}, which holds "
+                f"{sizes[short[0]]}",
+                "lower data.max_records or that directory's share",
+            )
+        return counts
     if cfg.max_records_from == "first":
         counts, left = [], want
         for size in sizes:

@@ -194,7 +194,7 @@ def fresh_head(p: Plan) -> Any:
 # Structural fields a checkpoint must share with the recipe's head to continue from it (a Medusa
 # draft vocabulary only picks rows at drafting time: the recipe may add or change it).
 SHAPE_FIELDS = ("kind", "hidden_size", "vocab_size", "num_heads", "num_layers", "shared_lm_head",
-                "feature_layers", "draft_vocab_size", "input_norms", "layout")  # fmt: skip
+                "feature_layers", "draft_vocab_size", "input_norms", "layout", "fc_norm", "draft_config")  # fmt: skip
 VOCAB_MAPS = ("d2t", "t2d")
 
 
