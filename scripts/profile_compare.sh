@@ -1,0 +1,33 @@
+#!/bin/bash
+# The training-step profile of an older commit against this checkout's, in one sitting: the
+# same scripts/profile_train.py (this checkout's) runs with PYTHONPATH at a git worktree of BASE
+# and at this checkout alternately (base, new, base, new: ROUNDS rounds), on the same batches,
+# and writes each run's JSON to OUT/{base,new}-ROUND.json; the ratio is of the best rounds.
+#   scripts/profile_compare.sh e341f7a                          # the code issue 49 began from
+#   scripts/profile_compare.sh e341f7a mixed_precision=bf16     # more profile_train.py arguments
+# Environment: ROUNDS (2), OUT (runs/profile-compare), PY (.venv/bin/python).
+set -euo pipefail
+BASE=${1:?usage: scripts/profile_compare.sh BASE_COMMIT [profile_train.py arguments]}
+shift
+HERE=$(pwd)
+OUT=${OUT:-runs/profile-compare}
+PY=${PY:-.venv/bin/python}
+WORK=$(mktemp -d)
+trap 'git -C "$HERE" worktree remove --force "$WORK/base" >/dev/null 2>&1 || true; rm -rf "$WORK"' EXIT
+git worktree add --detach "$WORK/base" "$BASE" >/dev/null 2>&1
+mkdir -p "$OUT"
+for round in $(seq "${ROUNDS:-2}"); do
+  for side in base new; do
+    tree=$HERE; [[ $side == base ]] && tree=$WORK/base
+    PYTHONPATH=$tree "$PY" scripts/profile_train.py "$@" --output "$OUT/$side-$round.json" > "$OUT/$side-$round.log" 2>&1 \
+      || { echo "$side failed:"; tail -5 "$OUT/$side-$round.log"; exit 1; }
+    grep -E "^== " "$OUT/$side-$round.log" | sed "s/^== [^ ]*/round $round, $side/"
+  done
+done
+"$PY" - "$OUT" "$BASE" <<'PY'
+import json, sys
+from pathlib import Path
+out, base = Path(sys.argv[1]), sys.argv[2]
+best = {side: max(json.loads(p.read_text())["tokens_per_s"] for p in out.glob(f"{side}-*.json")) for side in ("base", "new")}
+print(f"best train tok/s: base {base} {best['base']:.1f}, this checkout {best['new']:.1f}: {best['new'] / best['base']:.2f}x")
+PY
