@@ -201,6 +201,8 @@ class Variant:
         self.model, self.optimizer = self.accelerator.prepare(self.model, self.optimizer)
         self.model.train()
         self.rates: list[float] = []
+        self.data: list[dict[str, Any]] = []  # its batches (`batches`), and their collation time
+        self.collate_s = 0.0
 
     def step(self, batch: dict[str, Any], clock: Clock) -> None:
         """One optimizer step as headstart.train.loop runs it (grad_accum 1)."""
@@ -358,19 +360,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     specs = [v.partition(":") for v in args.variant] or [("base", ":", "")]
     variants = [Variant(label, shlex.split(words), list(args.overrides), args.recipe, shared.target,
                         shared.data, str(device)) for label, _, words in specs]  # fmt: skip
-    data, collate_s = batches(variants[0], args.batches)
+    # the same batches for every variant of one batch size (the same seed: the same order)
+    made: dict[int, tuple[list[dict[str, Any]], float]] = {}
+    for v in variants:
+        v.data, v.collate_s = made.setdefault(v.cfg.batch_size, batches(v, args.batches))
     idle = Clock(device)
     for v in variants:
         for i in range(args.warmup):
-            v.step(data[i % len(data)], idle)
+            v.step(v.data[i % len(v.data)], idle)
     for _ in range(args.rounds):
         for v in variants:
-            v.rates.append(throughput(v, data, args.steps, idle))
+            v.rates.append(throughput(v, v.data, args.steps, idle))
     size = args.peak_size or (8192 if device.type == "cuda" else 2048)
     peaks = {name: matmul_peak(device, getattr(torch, name), size) for name in ("float32", "bfloat16")}
     rows = []
     for v in variants:
-        prof = profile(v, data, args.profile_steps, collate_s)
+        prof = profile(v, v.data, args.profile_steps, v.collate_s)
         rate = max(v.rates)
         dtype = matmul_dtype(v.cfg)
         achieved = prof["flops_per_token"] * rate / 1e12
@@ -379,12 +384,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "overrides": " ".join(v.overrides),
             "tokens_per_s": round(rate, 1),
             "tokens_per_s_rounds": [round(r, 1) for r in v.rates],
+            "batch_size": v.cfg.batch_size,
             "matmul_dtype": dtype,
             "achieved_tflops": round(achieved, 4),
             "utilisation": round(achieved / peaks[dtype], 5),
             **prof,
         })  # fmt: skip
-    tokens = [tokens_of(b) for b in data]
+    data = variants[0].data
     result = {
         "tokens_per_s": rows[0]["tokens_per_s"],
         "device": device_name(device),
@@ -393,8 +399,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": "scripts/profile_train.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "torch": torch.__version__,
         "recipe": args.recipe,
-        "batch": {"rows": base_cfg.batch_size, "real_tokens": tokens, "padded_tokens":
-                  [int(b["input_ids"].numel()) for b in data]},  # fmt: skip
+        "batch": {
+            "rows": variants[0].cfg.batch_size,
+            "real_tokens": [tokens_of(b) for b in data],
+            "padded_tokens": [int(b["input_ids"].numel()) for b in data],
+        },  # fmt: skip
         "peak_tflops": {k: round(v, 3) for k, v in peaks.items()},
         "peak_matmul_size": size,
         "flops_counted_by": "torch.utils.flop_counter.FlopCounterMode over one step, forward and backward "
