@@ -5,7 +5,9 @@
 # and writes each run's JSON to OUT/{base,new}-ROUND.json; the ratio is of the best rounds.
 #   scripts/profile_compare.sh e341f7a                          # the code issue 49 began from
 #   scripts/profile_compare.sh e341f7a mixed_precision=bf16     # more profile_train.py arguments
-# Environment: ROUNDS (2), OUT (runs/profile-compare), PY (.venv/bin/python).
+#   NEW_ARGS="mixed_precision=bf16 compile=true" scripts/profile_compare.sh e341f7a   # the step as it
+#     can run now against the old default (overrides for this checkout's runs only)
+# Environment: ROUNDS (2), OUT (runs/profile-compare), PY (.venv/bin/python), NEW_ARGS.
 set -euo pipefail
 BASE=${1:?usage: scripts/profile_compare.sh BASE_COMMIT [profile_train.py arguments]}
 shift
@@ -19,7 +21,10 @@ mkdir -p "$OUT"
 for round in $(seq "${ROUNDS:-2}"); do
   for side in base new; do
     tree=$HERE; [[ $side == base ]] && tree=$WORK/base
-    PYTHONPATH=$tree "$PY" scripts/profile_train.py "$@" --output "$OUT/$side-$round.json" > "$OUT/$side-$round.log" 2>&1 \
+    extra=()
+    # shellcheck disable=SC2206  # the overrides are words on purpose
+    [[ $side == new ]] && extra=(${NEW_ARGS:-})
+    PYTHONPATH=$tree "$PY" scripts/profile_train.py "$@" "${extra[@]}" --output "$OUT/$side-$round.json" > "$OUT/$side-$round.log" 2>&1 \
       || { echo "$side failed:"; tail -5 "$OUT/$side-$round.log"; exit 1; }
     grep -E "^== " "$OUT/$side-$round.log" | sed "s/^== [^ ]*/round $round, $side/"
   done
