@@ -72,7 +72,7 @@ print(f"pace {rate:.0f} tok/s, {per_step:.0f} tokens a step, {left} s left: {ste
       f"{steps * per_step / tokens:.2f} epochs of {count} conversations", file=sys.stderr)
 PY
   steps=$(head -n 1 runs/epochs-steps.txt)
-  local every=$(( steps / 4 > 0 ? steps / 4 : 1 ))
+  local every=$(( (steps + 3) / 4 ))  # four evaluations, the last at the end
   echo "train: $steps steps, evaluations every $every, budget $left s"
   local code=0
   headstart train --recipe "$RECIPE" target="$target" output_dir="$RUN" max_steps="$steps" \
@@ -120,6 +120,16 @@ unpack() {
     cat "$files"/heads.tar.* | tar -C runs/gpu-epochs -xf -
   fi
   cp "$files"/profile*.json runs/gpu-epochs/ 2>/dev/null || true
+  chmod u+w runs/gpu-epochs/profile*.json 2>/dev/null || true
+  # the device's copy of the tree has no git history: the profiles name this checkout's commit
+  python3 - "$(git rev-parse --short HEAD)" runs/gpu-epochs/profile*.json <<'PY'
+import json, sys
+for path in sys.argv[2:]:
+    data = json.load(open(path))
+    if data.get("commit", "unknown").startswith("unknown"):
+        data["commit"] = sys.argv[1] + " (the checkout that made the call)"
+        open(path, "w").write(json.dumps(data, indent=2) + "\n")
+PY
   ls -la runs/gpu-epochs
 }
 
