@@ -29,10 +29,28 @@ for round in $(seq "${ROUNDS:-2}"); do
     grep -E "^== " "$OUT/$side-$round.log" | sed "s/^== [^ ]*/round $round, $side/"
   done
 done
-"$PY" - "$OUT" "$BASE" <<'PY'
+"$PY" - "$OUT" "$BASE" "${NEW_ARGS:-}" <<'PY'
 import json, sys
 from pathlib import Path
-out, base = Path(sys.argv[1]), sys.argv[2]
-best = {side: max(json.loads(p.read_text())["tokens_per_s"] for p in out.glob(f"{side}-*.json")) for side in ("base", "new")}
-print(f"best train tok/s: base {base} {best['base']:.1f}, this checkout {best['new']:.1f}: {best['new'] / best['base']:.2f}x")
+out, base, new_args = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+runs = {side: [json.loads(p.read_text()) for p in sorted(out.glob(f"{side}-*.json"))] for side in ("base", "new")}
+best = {side: max(found, key=lambda r: r["tokens_per_s"]) for side, found in runs.items()}
+ratio = best["new"]["tokens_per_s"] / best["base"]["tokens_per_s"]
+print(f"best train tok/s: base {base} {best['base']['tokens_per_s']:.1f}, this checkout "
+      f"{best['new']['tokens_per_s']:.1f}: {ratio:.2f}x")
+summary = {
+    "tokens_per_s": best["new"]["tokens_per_s"],
+    "base_tokens_per_s": best["base"]["tokens_per_s"],
+    "ratio": round(ratio, 3),
+    "base_commit": base,
+    "new_args": new_args,
+    "rounds": {side: [r["tokens_per_s"] for r in found] for side, found in runs.items()},
+    "device": best["new"]["device"],
+    "date": best["new"]["date"],
+    "commit": best["new"]["commit"],
+    "command": best["new"]["command"],
+    "base": best["base"],
+    "new": best["new"],
+}
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 PY
