@@ -31,7 +31,9 @@ class HeadSpec:
     """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
     num_layers: int | None = None
     """Medusa: residual blocks `x + SiLU(Linear(x))` per head (default 1). DFlash: draft decoder
-    layers (default DFLASH_LAYERS)."""
+    layers (default DFLASH_LAYERS). EAGLE-3 (reference layout): draft decoder layers (default 1;
+    the first reads the token and the feature, the others are plain decoder layers, as in
+    speculators); more than 1 stays in headstart's own format (export refuses it)."""
     block_size: int = 16
     """DFlash: tokens per block, the anchor included (block_size - 1 drafted per forward)."""
     mask_token_id: int | None = None
@@ -57,6 +59,14 @@ class HeadSpec:
     """EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
     llama.cpp load; `headstart export` writes it) or "fc" (headstart's first layout, not
     exportable). See headstart.heads.eagle."""
+    fc_norm: bool = False
+    """EAGLE-3 (reference layout): an RMS norm on each tapped target state before fc (EAGLE-3.1;
+    speculators' `fc_norm`, weights fc_norm.{i}.weight). SmolLM2's middle and deep states are
+    ~500x the shallow one's scale: unnormed, fc sees mostly them. Exported to speculators only."""
+    draft_layer: Literal["target", "qwen3"] = "target"
+    """EAGLE-3 (reference layout): the draft layer's architecture: the target's own decoder layer
+    class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
+    to speculators only (the EAGLE release's readers build Llama layers)."""
     input_norms: bool = True
     """EAGLE heads in the fc layout: RMS-normalise the token embedding and the feature separately before they are
     fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;
@@ -89,6 +99,21 @@ class HeadSpec:
             )
         if self.layout not in ("reference", "fc"):
             raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
+        if self.draft_layer not in ("target", "qwen3"):
+            raise HeadstartError(
+                f"unknown head.draft_layer '{self.draft_layer}'", "use head.draft_layer=target (or qwen3)"
+            )
+        eagle3_only = [
+            n for n, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target")) if on
+        ]
+        if self.kind == "eagle3" and self.num_layers > 1:
+            eagle3_only.append("num_layers")
+        if eagle3_only and (self.kind != "eagle3" or self.layout != "reference"):
+            raise HeadstartError(
+                f"head.{eagle3_only[0]} is an option of EAGLE-3 heads in the reference layout, not of this "
+                f"{self.kind} head ({self.layout} layout)",
+                f"drop head.{eagle3_only[0]}, or set head.kind=eagle3 head.layout=reference",
+            )
         if self.feature_layers is not None and self.kind == "dflash" and not self.feature_layers:
             raise HeadstartError(
                 "head.feature_layers must name at least one target layer for dflash",
@@ -131,6 +156,8 @@ class HeadConfig:
     input_norms: bool = False
     """EAGLE heads: norms on the embedding and the feature before fc (False: checkpoints made
     before they existed, which have none)."""
+    fc_norm: bool = False
+    """EAGLE-3 (reference layout): an RMS norm on each tapped state before fc (HeadSpec.fc_norm)."""
     layout: str = "fc"
     """EAGLE-3: "reference" or "fc" (HeadSpec.layout); "fc" for every checkpoint written before
     the field existed."""
@@ -142,8 +169,9 @@ class HeadConfig:
     mask_token_id: int = -1
     """DFlash: the token whose embedding fills the block's mask slots (-1 for other kinds)."""
     draft_config: dict[str, Any] = field(default_factory=dict)
-    """DFlash: the draft layers' transformers config (model_type qwen3; sizes from the target when
-    built, as given when imported)."""
+    """DFlash, and EAGLE-3 with a draft layer of another architecture (HeadSpec.draft_layer): the
+    draft layers' transformers config (model_type qwen3; sizes from the target when built, as
+    given when imported). Empty: EAGLE heads build their layer from target_config."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT

@@ -24,6 +24,22 @@ from headstart.heads.layer import DraftLayer
 from headstart.heads.vocab import DraftVocab
 
 
+def eagle3_fields(spec: Any, target: Any) -> dict[str, Any]:
+    """What both EAGLE-3 layouts take from a recipe: draft layers, EAGLE-3.1's fc norms, and a
+    draft layer of another architecture than the target's (head.draft_layer=qwen3)."""
+    from headstart.heads.dflash import derived_draft_config
+
+    other = spec.draft_layer == "qwen3"
+    config = target.model.config.to_dict()
+    return {
+        "num_layers": spec.num_layers,
+        "fc_norm": spec.fc_norm,
+        "draft_config": derived_draft_config(config, target.hidden_size, target.vocab_size, spec.num_layers)
+        if other
+        else {},
+    }
+
+
 class EagleHead(HeadCheckpoint, nn.Module):
     """EAGLE-1/2: g_t = layer(fc([norm(embed(x_{t+1})); norm(h_t)])); the target's lm_head maps g
     to tokens (no norms in checkpoints saved before `input_norms`)."""
@@ -114,7 +130,7 @@ class Eagle3FcHead(DraftVocab, EagleHead):
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
-        return {"layout": "fc", "input_norms": spec.input_norms}
+        return {"layout": "fc", "input_norms": spec.input_norms, **eagle3_fields(spec, target)}
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__(config)
@@ -131,7 +147,7 @@ class Eagle3FcHead(DraftVocab, EagleHead):
             weight = target_model.get_output_embeddings().weight
             self.lm_head.weight.copy_(weight[self.draft_ids().to(weight.device)])
             norm = getattr(target_model.get_decoder(), "norm", None)
-            if norm is not None and type(norm) is type(self.norm):
+            if norm is not None and same_function(norm, self.norm):
                 self.norm.load_state_dict(norm.state_dict())
 
     def fuse(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -140,7 +156,11 @@ class Eagle3FcHead(DraftVocab, EagleHead):
             raise HeadstartError(
                 f"eagle3 head needs target layers {missing}", f"capture layers {list(self.feature_layers)}"
             )
-        return self.fuser(torch.cat([layers[i] for i in self.feature_layers], dim=-1))  # (B, T, H)
+        taps = [layers[i] for i in self.feature_layers]
+        norms = getattr(self, "fc_norm", None)  # EAGLE-3.1 (reference layout, HeadSpec.fc_norm)
+        if norms is not None:
+            taps = [norm(x) for norm, x in zip(norms, taps, strict=True)]
+        return self.fuser(torch.cat(taps, dim=-1))  # (B, T, H)
 
     @property
     def fuser(self) -> nn.Module:
@@ -161,7 +181,8 @@ class Eagle3Head(Eagle3FcHead):
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
-        return {"layout": "reference", "input_norms": False}  # the reference layout has its norms built in
+        # the reference layout has its input norms built in
+        return {"layout": "reference", "input_norms": False, **eagle3_fields(spec, target)}
 
     def __init__(self, config: HeadConfig) -> None:
         nn.Module.__init__(self)
@@ -169,8 +190,14 @@ class Eagle3Head(Eagle3FcHead):
         hidden, draft = config.hidden_size, config.draft_vocab_size
         self.feature_layers = tuple(config.feature_layers)
         self.fc = nn.Linear(len(config.feature_layers) * hidden, hidden, bias=False)
-        self.midlayer = DraftLayer(config.target_config, eagle3_input=True)
+        # the draft layer's own architecture (HeadSpec.draft_layer) or the target's
+        layer_config = config.draft_config or config.target_config
+        self.midlayer = DraftLayer(layer_config, eagle3_input=True, layers=config.num_layers)
         self.norm = self.midlayer.new_norm()
+        # EAGLE-3.1: each tapped state normed before fc (HeadSpec.fc_norm)
+        self.fc_norm = (
+            nn.ModuleList(self.midlayer.new_norm() for _ in config.feature_layers) if config.fc_norm else None
+        )
         self.lm_head = nn.Linear(hidden, draft, bias=False)
         self.embed_tokens = nn.Embedding(config.vocab_size, hidden) if config.own_embeddings else None
         self.embed_norm = self.hidden_norm = None
@@ -203,3 +230,21 @@ class Eagle3Head(Eagle3FcHead):
             past_key_values=past_key_values,
             keys_only=keys_only,
         )
+
+
+def same_function(norm: nn.Module, other: nn.Module) -> bool:
+    """Whether `other` with `norm`'s weights computes what `norm` does (a Qwen3 draft layer's
+    norm for a Llama target does; Gemma's 1 + w norm does not), checked on a probe. Nothing of
+    `other` changes."""
+    if type(norm) is type(other):
+        return True
+    mine, theirs = other.state_dict(), norm.state_dict()
+    if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+        return False
+    import copy
+
+    probe = copy.deepcopy(other)
+    probe.load_state_dict(theirs)
+    weight = next(iter(theirs.values()))
+    x = torch.randn(2, weight.shape[-1], generator=torch.Generator().manual_seed(0)).to(weight)
+    return bool(torch.allclose(probe(x), norm(x), rtol=1e-4, atol=1e-5))

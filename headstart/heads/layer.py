@@ -17,9 +17,10 @@ from headstart.errors import HeadstartError
 from headstart.target.features import cache_keyword, decoder_layers, tree_attention_mask
 
 
-def one_layer_config(target_config: dict[str, Any]) -> Any:
-    """The target's transformers config reduced to one full-attention decoder layer, with sdpa
-    attention (sdpa passes our 4D float masks through unchanged)."""
+def one_layer_config(target_config: dict[str, Any], layers: int = 1) -> Any:
+    """The target's transformers config reduced to one full-attention decoder layer (`layers`
+    of them: a multi-layer EAGLE-3 head), with sdpa attention (sdpa passes our 4D float masks
+    through unchanged)."""
     from transformers import AutoConfig
 
     data = dict(target_config)
@@ -28,11 +29,11 @@ def one_layer_config(target_config: dict[str, Any]) -> Any:
         raise HeadstartError("head config has no target model_type", "re-create the head from its target")
     for key in ("architectures", "transformers_version", "_name_or_path", "auto_map"):
         data.pop(key, None)
-    data["num_hidden_layers"] = 1
+    data["num_hidden_layers"] = layers
     # The draft layer attends over its own short context with FULL attention, whatever the
     # target's layers do (sliding, mixed): its context is the draft's, and the 4D masks it gets
     # already say what each node sees. transformers' caches and attention read `layer_types`.
-    data["layer_types"] = ["full_attention"]
+    data["layer_types"] = ["full_attention"] * layers
     config = AutoConfig.for_model(model_type, **data)
     config._attn_implementation = "sdpa" if _supports_sdpa(config) else "eager"
     return config
@@ -91,7 +92,8 @@ EAGLE3_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 class DraftLayer(nn.Module):
-    """The head's single decoder layer plus its rotary embedding, callable with a KV cache.
+    """The head's decoder layer (`layers` of them: the first, then plain ones over its output)
+    plus its rotary embedding, callable with a KV cache.
 
     With `eagle3_input` the layer is EAGLE-3's reference first layer (the EAGLE release, vLLM,
     SGLang, speculators): q/k/v read 2H = cat(input_layernorm(embed), hidden_norm(g)) and the
@@ -99,12 +101,16 @@ class DraftLayer(nn.Module):
     2H-input ones and adding `hidden_norm`, so its state dict is the reference's `layers.0.*`.
     """
 
-    def __init__(self, target_config: dict[str, Any], eagle3_input: bool = False) -> None:
+    def __init__(self, target_config: dict[str, Any], eagle3_input: bool = False, layers: int = 1) -> None:
         super().__init__()
-        self.config = one_layer_config(target_config)
+        self.config = one_layer_config(target_config, layers)
         layer_cls, rotary_cls, self.norm_cls = layer_classes(self.config)
         self.layer = layer_cls(self.config, layer_idx=0)
-        _init_custom_parameters(self.layer, self.config)
+        # the layers after the first (a multi-layer EAGLE-3 head): plain decoder layers of the
+        # same class over the first one's output, each with its own cache entries (layer_idx)
+        self.more = nn.ModuleList(layer_cls(self.config, layer_idx=i) for i in range(1, layers))
+        for module in (self.layer, *self.more):
+            _init_custom_parameters(module, self.config)
         self.rotary_emb = rotary_cls(config=self.config)
         # per-kind rotary settings (Gemma 3: local/global): the draft layer is a full-attention one
         takes_kind = "layer_type" in inspect.signature(self.rotary_emb.forward).parameters
@@ -174,15 +180,16 @@ class DraftLayer(nn.Module):
             use_cache=past_key_values is not None,
             position_embeddings=cos_sin,
         )
+        first_keys_only = keys_only and not self.more  # later layers need the first one's output
         if self.eagle3_input:
             if embeds is None:
                 raise HeadstartError("the EAGLE-3 layer needs the token embeddings", "pass embeds=")
-            return self._eagle3_forward(hidden, embeds, call, keys_only)
-        if keys_only and all(hasattr(self.layer, n) for n in EAGLE3_PARTS):
-            self.layer.self_attn(hidden_states=self.layer.input_layernorm(hidden), **call)
-            return None
-        out = self.layer(hidden, **call)
-        return None if keys_only else out[0] if isinstance(out, tuple) else out
+            out = self._eagle3_forward(hidden, embeds, call, first_keys_only)
+        else:
+            out = _run_layer(self.layer, hidden, call, first_keys_only)
+        for i, layer in enumerate(self.more):
+            out = _run_layer(layer, out, call, keys_only and i == len(self.more) - 1)
+        return out
 
     def _eagle3_forward(
         self, hidden: torch.Tensor, embeds: torch.Tensor, call: dict[str, Any], keys_only: bool
@@ -196,3 +203,15 @@ class DraftLayer(nn.Module):
         h = hidden + (attn[0] if isinstance(attn, tuple) else attn)
         mlp = layer.mlp(layer.post_attention_layernorm(h))
         return h + (mlp[0] if isinstance(mlp, tuple) else mlp)  # MoE blocks may add router scores
+
+
+def _run_layer(
+    layer: nn.Module, hidden: torch.Tensor, call: dict[str, Any], keys_only: bool
+) -> torch.Tensor | None:
+    """One decoder layer over hidden (B, T, H); `keys_only`: only its attention's keys and values
+    are cached (a Llama-style pre-norm layer skips its MLP; another runs whole), None returned."""
+    if keys_only and all(hasattr(layer, n) for n in EAGLE3_PARTS):
+        layer.self_attn(hidden_states=layer.input_layernorm(hidden), **call)
+        return None
+    out = layer(hidden, **call)
+    return None if keys_only else out[0] if isinstance(out, tuple) else out

@@ -31,6 +31,10 @@ class DataConfig:
     """first: the first N of `path` joined in order; each: the same share of every directory (the
     first N * len(dir) / total of each), so sizes keep the mix of sources and nest (a data-scaling
     curve)."""
+    shares: list[float] = field(default_factory=list)
+    """With max_records: the share of the N conversations each directory of `path` gives (one
+    number per directory, in order, summing to 1; its first conversations), instead of what
+    max_records_from says: a data mix (chat, math, data-free) at a fixed size. Empty: none."""
     group_by_length: int = 64
     """Batch conversations of similar length: each epoch's shuffled order is cut into groups of
     this many batches, sorted by length inside a group, and the batches shuffled again (padding to
@@ -71,6 +75,17 @@ class DataConfig:
         if self.max_records < 0:
             raise HeadstartError(
                 f"data.max_records must be >= 0, got {self.max_records}", "set data.max_records=0 (all)"
+            )
+        if self.shares and (
+            len(self.shares) != len(self.path)
+            or any(x < 0 for x in self.shares)
+            or abs(sum(self.shares) - 1) > 1e-6
+            or not self.max_records
+        ):
+            raise HeadstartError(
+                f"data.shares must give one share >= 0 per data.path directory ({len(self.path)}), summing "
+                f"to 1, with data.max_records set; got {self.shares}",
+                "e.g. data.path=[A,B] data.shares=[0.5,0.5] data.max_records=1000",
             )
         if self.max_records_from not in ("first", "each"):
             raise HeadstartError(
@@ -125,6 +140,13 @@ class LossConfig:
     """EAGLE-3: training-time-test unroll length (the head runs on its own outputs)."""
     ttt_decay: float = 0.8
     """EAGLE-3: step j weighs decay**j."""
+    kl_weight: float = 1.0
+    """EAGLE-3: weight of the soft cross-entropy against the target's draft-vocabulary
+    distribution (forward KL up to a constant), the EAGLE-3 release's loss."""
+    tv_weight: float = 0.0
+    """EAGLE-3: weight of the total-variation distance 0.5 * sum |p - q| between the target's and
+    the draft's draft-vocabulary distributions. 1 - TV is the chance a sampled draft token is
+    accepted, so this loss aims at acceptance directly; kl_weight=0 tv_weight=1 trains on it alone."""
     eval_steps: int = 5
     """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses eval_ttt_steps)."""
     eval_ttt_steps: int = 0
@@ -142,11 +164,18 @@ class LossConfig:
     trains here; hard = the data's token (z-lab's and SpecForge's recipe)."""
 
     def __post_init__(self) -> None:
-        for name in ("medusa_decay", "eagle_feature_weight", "eagle_ce_weight", "eagle_noise", "ttt_decay"):
+        for name in ("medusa_decay", "eagle_feature_weight", "eagle_ce_weight", "eagle_noise", "ttt_decay",
+                     "kl_weight", "tv_weight"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise HeadstartError(
-                    f"loss.{name} must be >= 0, got {getattr(self, name)}", f"set loss.{name}=0.8"
+                    f"loss.{name} must be >= 0, got {getattr(self, name)}",
+                    f"set loss.{name}={getattr(LossConfig, name)}",
                 )
+        if self.kl_weight + self.tv_weight <= 0:
+            raise HeadstartError(
+                "loss.kl_weight and loss.tv_weight are both 0: the EAGLE-3 loss would be 0",
+                "set loss.kl_weight=1 (and loss.tv_weight=0, the default)",
+            )
         if self.dflash_anchors < 1 or self.dflash_decay < 0:
             raise HeadstartError(
                 f"loss.dflash_anchors must be >= 1 and loss.dflash_decay >= 0, got {self.dflash_anchors}, "
@@ -226,7 +255,14 @@ class TrainConfig:
     tracker_project: str = "headstart"
     """The trackers' project name (wandb project, tensorboard run directory under logs/)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    """accelerate mixed precision."""
+    """accelerate mixed precision: bf16 autocasts the matmuls (target and head) to bfloat16, the
+    head's master weights stay float32. On a CPU with AMX (lscpu: amx_bf16) it trains ~1.6x faster
+    than fp32 (docs/scaling/smollm2-eagle3-train-profile.md); on AVX2 alone it does not pay."""
+    compile: bool = False
+    """Compile the frozen target's feature forward and the EAGLE-3 unroll (forward and backward)
+    with torch.compile, dynamic shapes (headstart.train.compiled): faster steps after a first
+    one that compiles for minutes on a small CPU. EAGLE-3 online training only (other heads and
+    offline features run eagerly)."""
     cpu: bool = False
     """Force CPU even when a GPU is present."""
     time_budget_s: float = 0.0

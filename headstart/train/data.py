@@ -7,7 +7,7 @@ offline, cached features readable by `headstart.distill.load_features`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,20 @@ def load_distilled_data(cfg: DataConfig) -> TrainData:
 def _record_counts(sizes: list[int], cfg: DataConfig) -> list[int]:
     """How many conversations data.max_records keeps of each directory (in order)."""
     want = min(cfg.max_records, sum(sizes))
+    if cfg.shares:  # the mix asked for: each directory its share of N (at most what it holds)
+        exact = [want * share for share in cfg.shares]
+        counts = [min(int(x), size) for x, size in zip(exact, sizes, strict=True)]
+        order = sorted(range(len(sizes)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+        for i in order[: want - sum(counts)]:
+            counts[i] += int(counts[i] < sizes[i])
+        short = [i for i, (c, x) in enumerate(zip(counts, exact, strict=True)) if c < int(x)]
+        if short:
+            raise HeadstartError(
+                f"data.shares asks {int(exact[short[0]])} conversations of {cfg.path[short[0]]}, which holds "
+                f"{sizes[short[0]]}",
+                "lower data.max_records or that directory's share",
+            )
+        return counts
     if cfg.max_records_from == "first":
         counts, left = [], want
         for size in sizes:
@@ -251,8 +265,11 @@ class Conversations(torch.utils.data.Dataset):
         return item
 
 
-def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
-    """Right-pad to the longest item: causal attention never lets a real token see padding."""
+def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.Tensor], Any] | None = None
+            ) -> dict[str, Any]:  # fmt: skip
+    """Right-pad to the longest item: causal attention never lets a real token see padding.
+    `plan`: called on the padded loss mask, its result kept as batch["ttt"] (the EAGLE-3 step's
+    host-side indices, headstart.train.plan: computed here, on the host, they cost no device sync)."""
     width = max(len(it["input_ids"]) for it in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
@@ -269,6 +286,8 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
             for row, it in enumerate(items):
                 out[row, : len(it["features"][name])] = it["features"][name]
             batch["features"][name] = out  # (B, T, H)
+    if plan is not None:
+        batch["ttt"] = plan(mask)
     return batch
 
 

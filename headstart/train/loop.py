@@ -7,6 +7,7 @@ import math
 import os
 import resource
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
 from headstart.train.heap import trim_heap
 from headstart.train.objective import Objective
+from headstart.train.plan import ttt_plan
 from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
 
 
@@ -39,9 +41,18 @@ def check_finite(loss: float, step: int, ckpt_root: Any) -> None:
     )
 
 
-def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool) -> Any:
+def _loader(
+    p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool, train: bool = False
+) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
     dataset = Conversations(p.data, indices, p.cfg.data.max_length)
+    # EAGLE-3's training step reads its indices from a plan made here, on the host (train/plan.py)
+    # (widths in buckets of 16 when compiled: no width of 1, which dynamic shapes specialise on)
+    planner = (
+        partial(ttt_plan, steps=p.cfg.loss.ttt_steps, bucket=16 if p.cfg.compile else 1)
+        if train and p.cfg.head.kind == "eagle3"
+        else None
+    )
     # An own generator: otherwise every new iterator draws its base seed from the global RNG, and a
     # resumed run (which starts a fresh iterator mid-epoch) would shift the noise of EAGLE-1.
     return torch.utils.data.DataLoader(
@@ -49,7 +60,10 @@ def _loader(p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last
         batch_size=batch_size,
         sampler=sampler,
         drop_last=drop_last,
-        collate_fn=lambda items: collate(items, pad),
+        collate_fn=lambda items: collate(items, pad, planner),
+        # pinned host batches copy to a GPU without blocking (accelerate's non_blocking, setup.py):
+        # the host collates the next batch while the device runs the step
+        pin_memory=torch.device(p.target.device).type == "cuda",
         generator=torch.Generator().manual_seed(p.cfg.seed),
     )
 
@@ -162,6 +176,37 @@ class Budget:
         return time.perf_counter() + need > self.deadline
 
 
+class Pace:
+    """Train steps' wall time and real tokens since the last log (evaluations and checkpoints
+    left out), for the log's step-time table: `step_s` and `tokens_per_s` in each train entry.
+    cost: the token count is summed on the device and read at the log's own sync."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.restart()
+
+    def restart(self) -> None:
+        self.since, self.steps = time.perf_counter(), 0
+        self.tokens = torch.zeros((), dtype=torch.long, device=self.device)
+
+    def add(self, lengths: torch.Tensor, stepped: bool) -> None:
+        """A micro-batch's real tokens; `stepped`: it ended an optimizer step."""
+        self.tokens += lengths.sum()
+        self.steps += int(stepped)
+
+    def read(self, accelerator: Any) -> dict[str, float]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the window's kernels are part of its time
+        seconds = time.perf_counter() - self.since
+        tokens = float(accelerator.reduce(self.tokens.clone(), "sum").item())  # every process's
+        out = {
+            "step_s": round(seconds / max(self.steps, 1), 4),
+            "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+        }
+        self.restart()
+        return out
+
+
 def _train(
     cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None,
     budget: Budget, stop: StopRequest,
@@ -186,7 +231,7 @@ def _train(
     # with N times the batch would (tests/train/test_train_distributed.py).
     global_batch = cfg.batch_size * accelerator.num_processes
     sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, global_batch, cfg.data.group_by_length)
-    train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True)
+    train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True, train=True)
     eval_loader = _loader(p, p.eval_idx, None, cfg.batch_size, drop_last=False) if p.eval_idx else None
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     if eval_loader is not None:
@@ -230,6 +275,7 @@ def _train(
     budget.ready()
     window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
     parts_window: list[torch.Tensor] = []
+    pace = Pace(accelerator.device)  # the log's step-time table: wall time and tokens per window
     model.train()
     stop.armed = True  # from here a signal stops the run after its current step
     try:
@@ -251,6 +297,7 @@ def _train(
                 window.append(result["loss"].detach())
                 parts_window.append(result["parts"].detach())
                 tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
+                pace.add(batch["lengths"], accelerator.sync_gradients)
                 if not accelerator.sync_gradients:
                     continue
                 scheduler.step()
@@ -271,6 +318,7 @@ def _train(
                         metrics.part_names(cfg),
                         scheduler.get_last_lr()[0],
                     )
+                    logged.update(pace.read(accelerator))
                     history.append(logged)
                     bar.set_postfix(loss=f"{logged['loss']:.4f}")
                     check_finite(logged["loss"], step, ckpt_root)
@@ -281,6 +329,7 @@ def _train(
                     history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
                     model.train()
                     budget.timed("eval", since)
+                    pace.restart()
                 due = eval_loader is not None and (
                     (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps
                 )
@@ -301,6 +350,7 @@ def _train(
                     }
                     saved_at = checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
                     budget.timed("save", since)
+                    pace.restart()
                 if out_of_time:
                     bar.close()
                     return stopped_summary(accelerator, cfg, step, history, tokens, state, budget, saved_at)

@@ -12,8 +12,11 @@ from torch import nn
 
 from headstart.target.features import Features, capture
 from headstart.train import block, losses
+from headstart.train.compiled import compiled, compiled_features
 from headstart.train.config import TrainConfig
+from headstart.train.fused import fused_ttt_loss
 from headstart.train.losses import ahead
+from headstart.train.plan import TTTPlan, ttt_plan
 
 
 def ttt_mask(steps_before: int, length: int, batch: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
@@ -54,35 +57,25 @@ def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> 
     return outs
 
 
-def scored_order(loss_mask: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Each row's positions (B, T) ordered by what reads the unroll there: first those some step
-    j >= 1 scores (x_{t+2+j} a reply token), then those only step 0 scores (x_{t+2}), then the
-    rest (prompt, padding), each group in position order. Also the counts (B,) of the first group
-    and of the first two. Prompts are most of a chat batch, and nothing reads the head's output
-    there: only their keys and values (every later query's context)."""
-    later = torch.zeros(loss_mask.shape, dtype=torch.bool, device=loss_mask.device)
-    for j in range(1, steps):
-        later |= ahead(loss_mask, 2 + j).bool()
-    first = later | ahead(loss_mask, 2).bool()
-    rank = (~first).to(torch.int8) + (~later).to(torch.int8)  # 0 later, 1 step 0 only, 2 neither
-    return torch.argsort(rank, dim=1, stable=True), [later.sum(1), first.sum(1)]
-
-
 def unroll_scored(
-    head: Any, h0: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, steps: int
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """`unroll` for training, run only where a loss reads it (`scored_order`).
+    head: Any, h0: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, steps: int,
+    plan: TTTPlan | None = None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:  # fmt: skip
+    """`unroll` for training, run only where a loss reads it (`TTTPlan.order`).
 
     Returns per step j: g_j (B, S_j, H), its positions (B, S_j) and which of them are real (B, S_j)
     rather than filler. Step 0 runs whole at the positions some step scores; everywhere else it
     only caches keys and values. Steps 1.. run at the positions a later step scores. A query at t
     sees the step-0 keys at positions <= t and its own draft ancestors, as in `unroll`, so g_j at a
     real position equals unroll's (tests/train/test_train_unroll.py).
-    cost: the draft layer's MLP and attention output run on the reply positions only (about half
-    the tokens of a chat batch); step j's mask is S x (T + jS), not T x (j+1)T. One host sync."""
+    `plan`: the batch's host-side plan (headstart.train.plan, made by the collate); without one
+    it is made here. cost: the draft layer's MLP and attention output run on the reply positions
+    only (about half the tokens of a chat batch); step j's mask is S x (T + jS), not T x (j+1)T.
+    No host sync with a plan (one without)."""
     batch = h0.shape[0]
-    order, counts = scored_order(loss_mask, steps)
-    later, first = (max(int(w), 1) for w in torch.stack(counts).amax(1).tolist())
+    if plan is None:
+        plan = ttt_plan(loss_mask, steps).to(h0.device)  # cost: one host sync (the mask's copy)
+    order, first, later = plan.order, plan.first, plan.later
     cache = head.new_cache()
     rest = order[:, first:]  # step 0 keys and values only
     if rest.shape[1]:
@@ -101,7 +94,13 @@ def unroll_scored(
         width = at.shape[1]
         eye = torch.eye(width, dtype=torch.bool, device=h0.device).expand(batch, width, width)
         causal = keys[:, None, :] <= at[:, :, None]  # (B, S, T): the true prefix each query sees
-        hidden = h0.gather(1, at[..., None].expand(-1, -1, h0.shape[-1])) if j == 0 else outs[-1][:, :width]
+        # steps >= 1 read the previous step's first S_1 outputs, copied (index_select): a view would
+        # be contiguous only when S_1 = S_0, a shape relation a compiled step would guard on
+        hidden = (
+            h0.gather(1, at[..., None].expand(-1, -1, h0.shape[-1]))
+            if j == 0
+            else outs[-1].index_select(1, torch.arange(width, device=h0.device))
+        )
         outs.append(
             head(
                 hidden,
@@ -112,7 +111,7 @@ def unroll_scored(
             )
         )
     valid = [torch.arange(a.shape[1], device=h0.device)[None] < c[:, None] for a, c in
-             zip(positions, [counts[1]] + [counts[0]] * (steps - 1), strict=True)]  # fmt: skip
+             zip(positions, [plan.first_counts] + [plan.later_counts] * (steps - 1), strict=True)]  # fmt: skip
     return outs, positions, valid
 
 
@@ -135,11 +134,13 @@ class Objective(nn.Module):
     """head (+ LoRA target) -> losses. forward returns {"loss", "parts"} or, with evaluate, "hits"."""
 
     def __init__(
-        self, head: nn.Module, target_model: Any, cfg: TrainConfig, trainable_target: bool = False
-    ) -> None:
+        self, head: nn.Module, target_model: Any, cfg: TrainConfig, trainable_target: bool = False,
+        compile_backend: str = "inductor",
+    ) -> None:  # fmt: skip
         super().__init__()
         self.head = head
         self.cfg = cfg
+        self.compile_backend = compile_backend  # with cfg.compile (tests pass aot_eager: no codegen)
         if trainable_target:
             self.target = target_model  # Medusa-2: the peft-wrapped target, its LoRA weights train
         else:
@@ -155,6 +156,8 @@ class Objective(nn.Module):
         is NOT run at every position (logits are None): the losses project only the positions
         they score (`target_logits_at`); prompt tokens are most of a batch and score nothing."""
         layers = self.head.feature_layers
+        if "features" not in batch and self.cfg.compile and not (grad or full_logits):
+            return compiled_features(self.target_model, batch["input_ids"], layers, self.compile_backend)
         if "features" not in batch:
             return capture(self.target_model, batch["input_ids"], layers=layers, grad=grad,
                            logits_to_keep=0 if full_logits else 1)  # fmt: skip
@@ -193,7 +196,7 @@ class Objective(nn.Module):
             return self._medusa(feats, ids, mask, evaluate, joint)
         if kind == "dflash":
             return self._dflash(feats, batch, evaluate)
-        return self._eagle(feats, ids, mask, evaluate)
+        return self._eagle(feats, ids, mask, evaluate, batch.get("ttt"))
 
     def _medusa(
         self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool, joint: bool
@@ -227,7 +230,7 @@ class Objective(nn.Module):
         return out
 
     def _eagle(
-        self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool
+        self, feats: Features, ids: torch.Tensor, mask: torch.Tensor, evaluate: bool, batch_plan: Any = None
     ) -> dict[str, torch.Tensor]:
         head, cfg = self.head, self.cfg.loss
         h0 = head.fuse(feats.last_hidden, feats.layers)
@@ -256,7 +259,7 @@ class Objective(nn.Module):
                 step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
                 loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
             else:
-                loss, per_step = self._ttt_train_loss(h0, feats, ids, mask, counts)
+                loss, per_step = self._ttt_train_loss(h0, feats, ids, mask, counts, batch_plan)
             out = {"loss": loss, "parts": per_step}
         if evaluate:
             if head.kind == "eagle":
@@ -268,21 +271,31 @@ class Objective(nn.Module):
         return out
 
     def _ttt_train_loss(
-        self, h0: torch.Tensor, feats: Features, ids: torch.Tensor, mask: torch.Tensor, counts: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The EAGLE-3 training loss. cost: the draft lm_head runs only where a step is scored, and
-        the target's draft-vocabulary labels are projected once, at the positions they are needed."""
+        self, h0: torch.Tensor, feats: Features, ids: torch.Tensor, mask: torch.Tensor, counts: Any,
+        plan: TTTPlan | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """The EAGLE-3 training loss: sum_j decay**j * mean over step j's scored positions of
+        loss.kl_weight * soft CE + loss.tv_weight * TV against the target's draft-vocabulary
+        distribution. cost: the draft lm_head runs only where a step is scored, every step's rows
+        in one fused chunked pass (headstart.train.fused), and the target's labels are projected
+        once, at the positions they are needed; no host sync with the batch's plan."""
         head, cfg = self.head, self.cfg.loss
-        outs, positions, valid = unroll_scored(head, h0, ids, mask, cfg.ttt_steps)
-        needed = ahead(mask, 1).bool()
-        index = losses.soft_label_index(needed)
-        probs = self.target_logits_at(feats.last_hidden[needed], head.draft_ids()).float().softmax(-1)
-        logits, rows = [], []
-        for j, (g, at, real) in enumerate(zip(outs, positions, valid, strict=True)):
-            where = ahead(mask, 2 + j).bool().gather(1, at) & real
-            logits.append(head.logits(g[where]))
-            rows.append(ahead(index, 1 + j).gather(1, at)[where])
-        return losses.ttt_loss_at(logits, probs, rows, cfg.ttt_decay, counts)
+        if plan is None:
+            plan = ttt_plan(mask, cfg.ttt_steps).to(h0.device)  # cost: one host sync
+        run = compiled(unroll_scored, self.compile_backend) if self.cfg.compile else unroll_scored
+        outs, _, _ = run(head, h0, ids, mask, cfg.ttt_steps, plan)
+        chosen = torch.cat([g.flatten(0, 1) for g in outs]).index_select(0, plan.select)  # (M, H)
+        labels = feats.last_hidden.flatten(0, 1).index_select(0, plan.needed)  # (N, H)
+        probs = self.target_logits_at(labels, head.draft_ids()).float().softmax(-1)  # (N, Vd)
+        if counts is None:  # the local counts, known on the host
+            counts = torch.tensor(plan.per_step, dtype=torch.float32, device=h0.device)
+        counts = counts.clamp(min=1.0)
+        decay = cfg.ttt_decay ** torch.arange(cfg.ttt_steps, device=h0.device, dtype=torch.float32)
+        weights = (decay / counts).index_select(0, plan.step_of)  # (M,)
+        loss, per_row = fused_ttt_loss(head.norm(chosen), head.lm_head.weight, probs, plan.rows, weights,
+                                       cfg.kl_weight, cfg.tv_weight)  # fmt: skip
+        per_step = torch.zeros(cfg.ttt_steps, device=h0.device).index_add_(0, plan.step_of, per_row) / counts
+        return loss, per_step
 
     def _dflash(self, feats: Features, batch: dict[str, Any], evaluate: bool) -> dict[str, torch.Tensor]:
         """DFlash: blocks at sampled anchors (every candidate when evaluating, in chunks), each

@@ -73,6 +73,7 @@ def trackers(cfg: TrainConfig) -> list[str]:
 def make_accelerator(cfg: TrainConfig) -> Any:
     from accelerate import Accelerator
     from accelerate.utils import (
+        DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         GradientAccumulationPlugin,
         ProjectConfiguration,
@@ -101,6 +102,8 @@ def make_accelerator(cfg: TrainConfig) -> Any:
         ),
         # Medusa-2 warm-up leaves the LoRA weights without gradients.
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=cfg.lora.enabled)],
+        # batches go to a GPU without a host sync (pinned by the loader: train/loop.py)
+        dataloader_config=DataLoaderConfiguration(non_blocking=True),
     )
     if launched > 1 and accelerator.num_processes != launched:
         raise HeadstartError(
@@ -191,7 +194,7 @@ def fresh_head(p: Plan) -> Any:
 # Structural fields a checkpoint must share with the recipe's head to continue from it (a Medusa
 # draft vocabulary only picks rows at drafting time: the recipe may add or change it).
 SHAPE_FIELDS = ("kind", "hidden_size", "vocab_size", "num_heads", "num_layers", "shared_lm_head",
-                "feature_layers", "draft_vocab_size", "input_norms", "layout")  # fmt: skip
+                "feature_layers", "draft_vocab_size", "input_norms", "layout", "fc_norm", "draft_config")  # fmt: skip
 VOCAB_MAPS = ("d2t", "t2d")
 
 

@@ -10,6 +10,7 @@ import torch
 from tiny import make_target_dir
 
 from headstart.cli import main
+from headstart.errors import HeadstartError
 from headstart.heads import load_heads
 
 
@@ -204,6 +205,24 @@ def test_max_records_from_each_keeps_the_mix_of_sources_and_nests():
     assert all(a <= b for a, b in zip(small, large, strict=True))  # a smaller size nests in a larger one
     assert _record_counts(sizes, DataConfig(path=["x"], max_records=3000)) == [2400, 600, 0, 0]
     assert _record_counts(sizes, DataConfig(path=["x"], max_records=10**6, max_records_from="each")) == sizes
+
+
+def test_shares_take_the_mix_asked_for_and_refuse_what_a_directory_lacks():
+    from headstart.train.config import DataConfig
+    from headstart.train.data import _record_counts
+
+    sizes, paths = [2400, 647, 7473, 20000], ["a", "b", "c", "d"]
+    mix = DataConfig(path=paths, max_records=1200, shares=[0.5, 0.0, 0.25, 0.25])
+    assert _record_counts(sizes, mix) == [600, 0, 300, 300]
+    odd = DataConfig(path=paths, max_records=1001, shares=[0.5, 0.0, 0.25, 0.25])
+    assert sum(_record_counts(sizes, odd)) == 1001  # the remainder to the largest fractions
+    with pytest.raises(HeadstartError, match="holds 647"):
+        _record_counts(sizes, DataConfig(path=paths, max_records=2000, shares=[0.0, 0.5, 0.0, 0.5]))
+    for bad in ([0.5, 0.5], [0.5, 0.5, 0.5, -0.5], [0.3, 0.3, 0.3, 0.3]):
+        with pytest.raises(HeadstartError, match="data.shares"):
+            DataConfig(path=paths, max_records=100, shares=bad)
+    with pytest.raises(HeadstartError, match="data.shares"):
+        DataConfig(path=paths, shares=[0.25] * 4)  # a share of no size
 
 
 def test_max_records_from_each_on_joined_directories(distilled, twin, tiny_llama):

@@ -8,6 +8,7 @@ import torch
 from tiny_data import self_distilled
 
 from headstart.config import load_config
+from headstart.errors import HeadstartError
 from headstart.target.features import Features
 from headstart.train.config import TrainConfig
 from headstart.train.data import collate
@@ -107,3 +108,22 @@ def test_eagle3_eval_depth_is_set_apart_from_the_training_depth(target):
         shallow = objective(batch, evaluate=True)
     assert train["parts"].shape == (1,) and deep["hits"].shape[1] == 4 and shallow["hits"].shape[1] == 1
     torch.testing.assert_close(deep["hits"][:, :1], shallow["hits"])
+
+
+def test_the_eagle3_loss_is_the_weighted_sum_of_its_kl_and_tv_terms(target):
+    """loss.kl_weight and loss.tv_weight reach the loss: the mix is the sum of its parts (the
+    maths of each term: tests/train/test_train_fused.py)."""
+    objective, batch = _objective(target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=3")
+    objective.eval()
+    losses = {}
+    for kl, tv in ((1.0, 0.0), (0.0, 1.0), (1.0, 2.0)):
+        objective.cfg.loss.kl_weight, objective.cfg.loss.tv_weight = kl, tv
+        with torch.no_grad():
+            losses[kl, tv] = objective(batch)
+    torch.testing.assert_close(
+        losses[1.0, 2.0]["loss"], losses[1.0, 0.0]["loss"] + 2 * losses[0.0, 1.0]["loss"]
+    )
+    tv = losses[0.0, 1.0]["parts"]
+    assert ((tv > 0) & (tv <= 1)).all()  # a total-variation distance per step
+    with pytest.raises(HeadstartError, match="both 0"):
+        load_config(TrainConfig, None, ["loss.kl_weight=0"])

@@ -18,10 +18,10 @@ def target(tiny_llama):
     return load_target(str(tiny_llama))
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
-def test_unroll_step_j_equals_cached_chain_drafting(target, kind):
+@pytest.mark.parametrize("kind,layers", [("eagle", 1), ("eagle3", 1), ("eagle3", 2)])
+def test_unroll_step_j_equals_cached_chain_drafting(target, kind, layers):
     torch.manual_seed(0)
-    head = build_head(HeadSpec(kind=kind), target)
+    head = build_head(HeadSpec(kind=kind, num_layers=layers), target)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -48,9 +48,9 @@ def test_unroll_step_j_equals_cached_chain_drafting(target, kind):
                 torch.testing.assert_close(outs[j][:, t], g[:, 0], atol=1e-5, rtol=1e-5)
 
 
-def sparse_and_full(target, layout):
+def sparse_and_full(target, layout, **options):
     torch.manual_seed(1)
-    head = build_head(HeadSpec(kind="eagle3", layout=layout), target)
+    head = build_head(HeadSpec(kind="eagle3", layout=layout, **options), target)
     with torch.no_grad():
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -64,9 +64,20 @@ def sparse_and_full(target, layout):
         return unroll(head, h0, ids, steps), *unroll_scored(head, h0, ids, mask, steps)
 
 
-@pytest.mark.parametrize("layout", ["reference", "fc"])
-def test_sparse_unroll_equals_the_full_unroll_where_steps_score(target, layout):
-    full, sparse, positions, valid = sparse_and_full(target, layout)
+@pytest.mark.parametrize(
+    "layout,options",
+    [
+        ("reference", {}),
+        ("fc", {}),
+        ("reference", {"num_layers": 2}),
+        ("reference", {"draft_layer": "qwen3"}),
+    ],
+    ids=["reference", "fc", "layers2", "qwen3"],
+)
+def test_sparse_unroll_equals_the_full_unroll_where_steps_score(target, layout, options):
+    """Two draft layers too: the first runs whole at prompt positions (the second's keys read
+    its output), the last caches keys and values only."""
+    full, sparse, positions, valid = sparse_and_full(target, layout, **options)
     steps = len(full)
     # step 0 at t scores x_{t+2}, step j >= 1 x_{t+2+j}: later steps run at t = 1..8 in row 0 and
     # t = 0..4 in row 1, step 0 there and where it alone scores (t = 9; t = 2..5)

@@ -38,7 +38,7 @@ def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
             "eagle_aux_hidden_state_layer_ids": eagle3.aux_ids(config),
             "use_aux_hidden_state": True,
         },
-        **eagle3.EAGLE3_FLAGS,
+        **eagle3.flags(config),
     }
     return writer(eagle, eagle3.renamed_state(head, PREFIX), dtype)
 

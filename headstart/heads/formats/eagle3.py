@@ -13,19 +13,26 @@ from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
 
 LAYER = "midlayer.layer."  # headstart's prefix of the reference layer's weights
-# Flags every EAGLE-3 reader could default differently; headstart's reference layout is all False.
-EAGLE3_FLAGS = {
-    "norm_before_residual": False,
-    "norm_before_fc": False,
-    "fc_norm": False,
-    "norm_output": False,
-}
+# Flags every EAGLE-3 reader could default differently; headstart's reference layout is all False
+# but fc_norm (EAGLE-3.1's norm on each tapped state, HeadSpec.fc_norm), which a head may set.
+EAGLE3_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+SETTABLE = ("fc_norm",)
+
+
+def flags(config: HeadConfig) -> dict[str, bool]:
+    """Every flag of EAGLE3_FLAGS, written explicitly (readers disagree on defaults)."""
+    return {name: bool(getattr(config, name, False)) if name in SETTABLE else False for name in EAGLE3_FLAGS}
+
+
 CONFIG_JUNK = ("architectures", "transformers_version", "_name_or_path", "auto_map", "_commit_hash", "dtype")
 
 
-def check_exportable(head: Any, fmt: str, layer_types: tuple[str, ...]) -> dict[str, Any]:
+def check_exportable(
+    head: Any, fmt: str, layer_types: tuple[str, ...], fc_norm: bool = False
+) -> dict[str, Any]:
     """The draft layer's config when `head` is an EAGLE-3 head in the reference layout whose
-    layer the format's readers build; one line otherwise."""
+    layer the format's readers build (and, unless `fc_norm`, without per-tap norms); one line
+    otherwise."""
     config: HeadConfig = head.config
     if config.kind != "eagle3" or config.layout != "reference":
         what = (
@@ -36,6 +43,16 @@ def check_exportable(head: Any, fmt: str, layer_types: tuple[str, ...]) -> dict[
         raise HeadstartError(
             f"the {fmt} format holds EAGLE-3 heads in the reference layout, not {what}",
             "retrain with head.kind=eagle3 (head.layout=reference is the default), or use --format medusa for Medusa",
+        )
+    if config.num_layers > 1:
+        raise HeadstartError(
+            f"the {fmt} format holds 1-layer EAGLE-3 heads; this head has {config.num_layers} draft layers",
+            "keep the head in headstart's format (headstart runs it), or train with head.num_layers=1",
+        )
+    if config.fc_norm and not fc_norm:
+        raise HeadstartError(
+            f"the {fmt} format has no norms on the tapped states before fc (this head's head.fc_norm)",
+            "export with --format speculators (its fc_norm flag), or train with head.fc_norm=false",
         )
     layer = layer_config(config)
     if layer["model_type"] not in layer_types:
@@ -61,7 +78,7 @@ def layer_config(config: HeadConfig) -> dict[str, Any]:
     """The draft layer's transformers config as the engines read it: one layer, the target's vocabulary."""
     from headstart.heads.layer import one_layer_config
 
-    data = one_layer_config(config.target_config).to_dict()
+    data = one_layer_config(config.draft_config or config.target_config).to_dict()
     for key in CONFIG_JUNK:
         data.pop(key, None)
     data.update(num_hidden_layers=1, vocab_size=config.vocab_size)
@@ -77,8 +94,8 @@ def load_eagle3(directory: Path, fmt: str, config: dict[str, Any], layer: dict[s
     from headstart.heads.files import load_checked, read_weights
     from headstart.heads.formats import mismatch
 
-    flags = {k: bool(config.get(k, False)) for k in EAGLE3_FLAGS}
-    unsupported = [k for k, v in flags.items() if v]
+    found = {k: bool(config.get(k, False)) for k in EAGLE3_FLAGS}
+    unsupported = [k for k, v in found.items() if v and k not in SETTABLE]
     if unsupported:
         raise HeadstartError(
             f"{directory} sets {', '.join(unsupported)}: headstart runs the reference EAGLE-3 order only",
@@ -118,6 +135,7 @@ def load_eagle3(directory: Path, fmt: str, config: dict[str, Any], layer: dict[s
         feature_layers=[int(i) - 1 for i in aux],
         draft_vocab_size=draft,
         own_embeddings="embed_tokens.weight" in state,
+        fc_norm=found["fc_norm"],
         training={"imported_from": f"{directory} ({fmt})"},
     )
     head = Eagle3Head(head_config)

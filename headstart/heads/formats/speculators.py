@@ -31,7 +31,7 @@ def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
 
     if head.config.kind == "dflash":
         return writer(*dflash_export(head, verifier), dtype)
-    layer = eagle3.check_exportable(head, "speculators", LAYER_TYPES)
+    layer = eagle3.check_exportable(head, "speculators", LAYER_TYPES, fc_norm=True)
     config: HeadConfig = head.config
     state = eagle3.renamed_state(head, PREFIX)
     if (
@@ -46,7 +46,7 @@ def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
         "target_hidden_size": config.hidden_size,
         "eagle_aux_hidden_state_layer_ids": eagle3.aux_ids(config),
         "embed_requires_grad": False,
-        **eagle3.EAGLE3_FLAGS,
+        **eagle3.flags(config),
         "speculators_config": speculators_config(config, "eagle3", 3, verifier),
     }
     return writer(speculators, state, dtype)
