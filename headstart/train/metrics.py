@@ -28,16 +28,10 @@ def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def part_names(cfg: Any) -> list[str]:
-    """Names of the loss parts an Objective returns, in order."""
-    if cfg.head.kind == "medusa":
-        return [f"ce/head{k + 1}" for k in range(cfg.head.num_heads)] + (
-            ["lm_loss"] if cfg.lora.enabled else []
-        )
-    if cfg.head.kind == "dflash":
-        return [f"ce/slot{k}" for k in range(1, cfg.head.block_size)]
-    if cfg.head.kind == "eagle":
-        return ["feature_loss", "ce"]
-    return [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]
+    """Names of the loss parts an Objective returns, in order (the kind's objective names them)."""
+    from headstart.heads import kinds
+
+    return kinds.load(kinds.get(cfg.head.kind).objective).parts(cfg)
 
 
 def log_train(
@@ -79,7 +73,9 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
         return {"kind": "eval", "step": step}
     hits = hits.cpu()  # cost: device->host copy
     loss = accelerator.reduce(loss_sum / batches, "mean").item()
-    label = "head" if cfg.head.kind == "medusa" else "step"
+    from headstart.heads import kinds
+
+    label = kinds.get(cfg.head.kind).metric_step
     offset = 1 if label == "head" else 0
     result: dict[str, Any] = {
         "kind": "eval",

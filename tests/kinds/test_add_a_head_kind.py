@@ -47,6 +47,31 @@ def test_a_registered_kind_builds_saves_loads_and_decodes_exactly(toy_registered
     assert out.stats.target_forwards < len(prompts) * 12  # some drafts were accepted
 
 
+def test_a_registered_kind_trains_through_the_one_loop(toy_registered, tiny_llama, tmp_path):
+    """The trainer finds the kind's objective in the registry: a short run lowers its loss and
+    leaves a head that loads as the toy kind, with held-out figures in its card."""
+    from toy_kind import ToyHead
+
+    from headstart.config import load_config
+    from headstart.heads import load_heads
+    from headstart.target import load_target
+    from headstart.train.config import TrainConfig
+    from headstart.train.data import TrainData
+    from headstart.train.loop import train
+
+    target = load_target(str(tiny_llama))
+    rows = [[1, 5, 6, 7, 8, 9, 10, 11, 12], [1, 20, 21, 22, 23, 24, 25, 26, 27]] * 8
+    data = TrainData(rows, [[0, 0, 1, 1, 1, 1, 1, 1, 1]] * 16, target.fingerprint, "toy data")
+    cfg = load_config(TrainConfig, None, [f"target={tiny_llama}", f"output_dir={tmp_path / 'run'}", "head.kind=toy",
+                                          "batch_size=4", "max_steps=30", "optim.lr=0.01", "eval_every=1000",
+                                          "save_every=0", "data.holdout=4", "trackers=[]"])  # fmt: skip
+    summary = train(cfg, data=data, target=target)
+    losses = [h["loss"] for h in summary["history"] if h["kind"] == "train"]
+    assert losses[-1] < losses[0], losses
+    assert isinstance(load_heads(tmp_path / "run" / "final", target), ToyHead)
+    assert "eval/top1/step0" in summary["final_eval"]
+
+
 def test_an_unregistered_kind_is_one_line(tiny_llama):
     from headstart.errors import HeadstartError
     from headstart.heads import HeadSpec

@@ -72,10 +72,22 @@ class ToyDrafter:
         self.logits = torch.cat([self.logits, other.logits])
 
 
-def toy_loss(objective: Any, batch: dict[str, torch.Tensor], features: Any) -> tuple[torch.Tensor, dict]:
-    """CE of the token two ahead, from the last hidden state (the objective's per-kind loss)."""
-    logits = objective.head(features.last_hidden[:, :-2])  # predicts x_{t+2}
-    labels = batch["input_ids"][:, 2:]
-    mask = batch["loss_mask"][:, 2:].bool()
-    loss = torch.nn.functional.cross_entropy(logits[mask], labels[mask])
-    return loss, {"loss": loss.detach()}
+def toy_loss(
+    objective: Any, feats: Any, batch: dict[str, torch.Tensor], evaluate: bool, joint: bool = False
+) -> dict:
+    """The kind's training objective: CE of the token two ahead (x_{t+2}) from the target's last
+    hidden state at t, with held-out hit counts when evaluating."""
+    from headstart.train import losses
+
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    logits = objective.head(feats.last_hidden)  # (B, T, V)
+    scored = losses.ahead(mask, 2).bool()
+    loss = torch.nn.functional.cross_entropy(logits[scored], losses.ahead(ids, 2)[scored])
+    out = {"loss": loss, "parts": loss.detach()[None]}
+    if evaluate:
+        top = logits.topk(objective.cfg.topk, dim=-1).indices  # (B, T, k)
+        out["hits"] = losses.draft_hits([top], feats.logits.argmax(-1), mask)
+    return out
+
+
+toy_loss.parts = lambda cfg: ["ce"]

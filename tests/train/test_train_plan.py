@@ -9,6 +9,7 @@ import torch
 from test_train_objective import _objective
 
 from headstart.train.data import collate
+from headstart.train.objectives.eagle import ttt_train_loss
 from headstart.train.plan import round_up, ttt_plan
 
 
@@ -78,7 +79,7 @@ def test_with_a_plan_the_training_loss_is_one_graph(target):
     h0 = objective.head.fuse(feats.last_hidden, feats.layers)
 
     def step(h0, ids, mask):
-        return objective._ttt_train_loss(h0, feats, ids, mask, None, planned["ttt"])
+        return ttt_train_loss(objective, h0, feats, ids, mask, None, planned["ttt"])
 
     traced = torch.compile(step, fullgraph=True, backend="eager")
     got = traced(h0, planned["input_ids"], planned["loss_mask"])

@@ -1,0 +1,102 @@
+"""EAGLE's training objectives: EAGLE-1 (SmoothL1 on the next feature + CE through the target's
+lm_head) and EAGLE-3 (training-time test: the head unrolled on its own outputs, soft CE and TV
+against the target's draft-vocabulary distribution at every step)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headstart.target.features import Features
+from headstart.train import losses
+from headstart.train.compiled import compiled
+from headstart.train.fused import fused_ttt_loss
+from headstart.train.objective import shared_counts, unroll, unroll_scored
+from headstart.train.plan import TTTPlan, ttt_plan
+
+
+def eagle1_loss(
+    objective: Any, feats: Features, batch: dict[str, Any], evaluate: bool, joint: bool = False
+) -> dict[str, torch.Tensor]:
+    """EAGLE-1: the head's guess of the next feature (SmoothL1) and its token (CE through the
+    target's lm_head); noise on the input feature while training."""
+    head, cfg = objective.head, objective.cfg.loss
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    h0 = head.fuse(feats.last_hidden, feats.layers)
+    if not evaluate and cfg.eagle_noise > 0:
+        h0 = h0 + (torch.rand_like(h0) - 0.5) * cfg.eagle_noise  # consumes the global RNG
+    steps = unroll(head, h0, ids, cfg.eval_steps if evaluate else 1)
+    counts = shared_counts(mask, [2])
+    loss, feature, ce = losses.eagle1_loss(
+        steps[0], head.logits(steps[0]), feats.last_hidden, feats.logits, mask, cfg.eagle_feature_weight,
+        cfg.eagle_ce_weight, None if counts is None else counts[0],
+    )  # fmt: skip
+    out = {"loss": loss, "parts": torch.stack([feature, ce])}
+    if evaluate:
+        out["hits"] = _hits(objective, [head.logits(g) for g in steps], feats, mask)
+    return out
+
+
+eagle1_loss.full_logits = True  # type: ignore[attr-defined]  # its CE reads the target's logits everywhere
+eagle1_loss.parts = lambda cfg: ["feature_loss", "ce"]  # type: ignore[attr-defined]
+
+
+def eagle3_loss(
+    objective: Any, feats: Features, batch: dict[str, Any], evaluate: bool, joint: bool = False
+) -> dict[str, torch.Tensor]:
+    """EAGLE-3's training-time test over `loss.ttt_steps` unrolled steps (evaluation: every position,
+    `loss.eval_ttt_steps` deep, with the hit counts)."""
+    head, cfg = objective.head, objective.cfg.loss
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    h0 = head.fuse(feats.last_hidden, feats.layers)
+    depth = (cfg.eval_ttt_steps or cfg.ttt_steps) if evaluate else cfg.ttt_steps
+    counts = shared_counts(mask, [2 + j for j in range(depth)])
+    if not evaluate:
+        loss, per_step = ttt_train_loss(objective, h0, feats, ids, mask, counts, batch.get("ttt"))
+        return {"loss": loss, "parts": per_step}
+    steps = unroll(head, h0, ids, depth)  # every position: the hit counts need each step's top-k
+    target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
+    step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
+    loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
+    return {"loss": loss, "parts": per_step, "hits": _hits(objective, step_logits, feats, mask)}
+
+
+eagle3_loss.parts = lambda cfg: [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]  # type: ignore[attr-defined]
+
+
+def _hits(
+    objective: Any, step_logits: list[torch.Tensor], feats: Features, mask: torch.Tensor
+) -> torch.Tensor:
+    """Held-out counts of each step's top-1 and top-k drafts matching the target's greedy token."""
+    head = objective.head
+    tops = [head.draft_to_target(logits.topk(objective.cfg.topk, dim=-1).indices) for logits in step_logits]
+    return losses.draft_hits(tops, feats.logits.argmax(-1), mask)
+
+
+def ttt_train_loss(
+    objective: Any, h0: torch.Tensor, feats: Features, ids: torch.Tensor, mask: torch.Tensor, counts: Any,
+    plan: TTTPlan | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The EAGLE-3 training loss: sum_j decay**j * mean over step j's scored positions of
+    loss.kl_weight * soft CE + loss.tv_weight * TV against the target's draft-vocabulary
+    distribution. cost: the draft lm_head runs only where a step is scored, every step's rows
+    in one fused chunked pass (headstart.train.fused), and the target's labels are projected
+    once, at the positions they are needed; no host sync with the batch's plan."""
+    head, cfg = objective.head, objective.cfg.loss
+    if plan is None:
+        plan = ttt_plan(mask, cfg.ttt_steps).to(h0.device)  # cost: one host sync
+    run = compiled(unroll_scored, objective.compile_backend) if objective.cfg.compile else unroll_scored
+    outs, _, _ = run(head, h0, ids, mask, cfg.ttt_steps, plan)
+    chosen = torch.cat([g.flatten(0, 1) for g in outs]).index_select(0, plan.select)  # (M, H)
+    labels = feats.last_hidden.flatten(0, 1).index_select(0, plan.needed)  # (N, H)
+    probs = objective.target_logits_at(labels, head.draft_ids()).float().softmax(-1)  # (N, Vd)
+    if counts is None:  # the local counts, known on the host
+        counts = torch.tensor(plan.per_step, dtype=torch.float32, device=h0.device)
+    counts = counts.clamp(min=1.0)
+    decay = cfg.ttt_decay ** torch.arange(cfg.ttt_steps, device=h0.device, dtype=torch.float32)
+    weights = (decay / counts).index_select(0, plan.step_of)  # (M,)
+    loss, per_row = fused_ttt_loss(head.norm(chosen), head.lm_head.weight, probs, plan.rows, weights,
+                                   cfg.kl_weight, cfg.tv_weight)  # fmt: skip
+    per_step = torch.zeros(cfg.ttt_steps, device=h0.device).index_add_(0, plan.step_of, per_row) / counts
+    return loss, per_step

@@ -1,0 +1,55 @@
+"""Medusa's training objective (head.kind=medusa, and Medusa-2 with lora.enabled)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from headstart.target.features import Features
+from headstart.train import losses
+from headstart.train.losses import ahead
+from headstart.train.objective import shared_counts
+
+
+def medusa_loss(
+    objective: Any, feats: Features, batch: dict[str, Any], evaluate: bool, joint: bool
+) -> dict[str, torch.Tensor]:
+    """Medusa-1: each head's CE at the token it drafts, decayed by depth; Medusa-2 (a LoRA target)
+    adds the target's own loss once joint training starts."""
+    ids, mask = batch["input_ids"], batch["loss_mask"]
+    heads = objective.head.num_heads
+    counts = shared_counts(mask, [2 + i for i in range(heads)] + [1])  # heads, then LM
+    head_counts, lm_count = (None, None) if counts is None else (counts[:-1], counts[-1])
+    decay = objective.cfg.loss.medusa_decay
+    if evaluate:  # every position: the hit counts need each head's top-k everywhere
+        logits = objective.head(feats.last_hidden)  # (K, B, T, V)
+        loss, per_head = losses.medusa_loss(logits, ids, mask, decay, head_counts)
+    else:  # cost: each head's V x H projection runs on the positions it is scored at only
+        where = losses.scored(mask, [2 + i for i in range(heads)])
+        loss, per_head = losses.medusa_loss_at(
+            [objective.head.head_logits(i, feats.last_hidden[w]) for i, w in enumerate(where)],
+            [ahead(ids, 2 + i)[w] for i, w in enumerate(where)],
+            decay,
+            head_counts,
+        )
+    out = {"loss": loss, "parts": per_head}
+    if objective.trains_target:  # Medusa-2: also log the target's own loss during warm-up
+        lm = losses.lm_loss(feats.logits, ids, mask, lm_count)
+        out["parts"] = torch.cat([per_head, lm.detach()[None]])
+        if joint:  # after warm-up the target trains through its LoRA adapters
+            out["loss"] = objective.cfg.lora.lm_weight * lm + objective.cfg.lora.heads_weight * loss
+    if evaluate:
+        if getattr(objective.head, "has_draft_vocab", False):  # score what drafting can propose
+            logits = logits.masked_fill(~objective.head.t2d, float("-inf"))
+        top = logits.topk(objective.cfg.topk, dim=-1).indices  # (K, B, T, k), already target ids
+        out["hits"] = losses.draft_hits(list(top), feats.logits.argmax(-1), mask)
+    return out
+
+
+medusa_loss.parts = lambda cfg: (
+    [f"ce/head{k + 1}" for k in range(cfg.head.num_heads)]
+    + (  # type: ignore[attr-defined]
+        ["lm_loss"] if cfg.lora.enabled else []
+    )
+)
