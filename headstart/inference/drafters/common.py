@@ -43,3 +43,21 @@ def module_device(module: Any) -> torch.device:
         return next(module.parameters()).device
     except (AttributeError, StopIteration):
         return torch.device("cpu")
+
+
+class PerDepthLogits:
+    """For drafters whose draft at a depth does not depend on the parent's token (Medusa's heads,
+    DFlash's block): `observe` fills `_logits` (B, depth, V); the root's children are depth 0, and
+    `expand` broadcasts a depth's logits to every frontier node."""
+
+    _logits: torch.Tensor | None = None
+
+    def root_logits(self) -> torch.Tensor:
+        assert self._logits is not None, "observe() first"
+        return self._logits[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth` (they sit at depth + 1)."""
+        assert self._logits is not None
+        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)

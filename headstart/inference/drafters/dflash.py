@@ -21,11 +21,17 @@ from headstart.inference.captured import (
     static_mask,
     step_begins,
 )
-from headstart.inference.drafters.common import in_target_vocab, module_device, packers, stack_visible
+from headstart.inference.drafters.common import (
+    PerDepthLogits,
+    in_target_vocab,
+    module_device,
+    packers,
+    stack_visible,
+)
 from headstart.target.packing import packed
 
 
-class DFlashDrafter:
+class DFlashDrafter(PerDepthLogits):
     """DFlash: one block forward per step drafts every depth at once. Committed positions enter
     the head's cache as context keys and values (from the TARGET's features); the block [root,
     mask, ...] runs over them and its own keys are dropped at once. Like Medusa's, a node's
@@ -84,16 +90,6 @@ class DFlashDrafter:
         if self._to_target is not None:
             logits = in_target_vocab(logits, self._to_target, self.vocab_size)
         self._logits = logits
-
-    def root_logits(self) -> torch.Tensor:
-        assert self._logits is not None, "observe() first"
-        return self._logits[:, 0]
-
-    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
-               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth`: the block's slot depth + 1."""
-        assert self._logits is not None
-        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
 
     def end_step(self) -> None:
         """The block's keys were dropped in `observe`: only committed positions are cached."""

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from headstart.inference.captured import allow_graphs, graph_mode, own, step_begins
-from headstart.inference.drafters.common import in_target_vocab, module_device, packers
+from headstart.inference.drafters.common import PerDepthLogits, in_target_vocab, module_device, packers
 from headstart.target.packing import packed
 
 
-class MedusaDrafter:
+class MedusaDrafter(PerDepthLogits):
     """Medusa: head k at the last committed position's feature predicts the token at depth k;
     the draft does not depend on the parent's token, so `expand` only broadcasts."""
 
@@ -58,16 +58,6 @@ class MedusaDrafter:
         if self._to_target is not None:
             logits = in_target_vocab(logits, self._to_target, self.vocab_size)
         self._logits = logits  # (B, K, V)
-
-    def root_logits(self) -> torch.Tensor:
-        assert self._logits is not None, "observe() first"
-        return self._logits[:, 0]
-
-    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
-               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """Logits (B, k, V) of the children of `nodes` (B, k) at `depth` (their children sit at depth + 1)."""
-        assert self._logits is not None
-        return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
 
     def end_step(self) -> None:
         """Nothing drafted is cached by Medusa heads."""
