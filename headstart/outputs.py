@@ -112,6 +112,7 @@ def check_output(
     command: str,
     overwrite: bool = False,
     inputs: Iterable[str | Path] = (),
+    can_overwrite: bool = True,
 ) -> Path:
     """The rule for a command that writes a set of files into a directory (`export`, `pack`):
     `path` may be new, empty, or an earlier output of this command (`owned(path)`); another
@@ -143,8 +144,12 @@ def check_output(
         listing = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         raise HeadstartError(
             f"{flag} {path} is not empty ({listing}) and is not an earlier output of {command}",
-            f"choose a new or empty {flag}, or pass --overwrite to write {command}'s files there "
-            "(other files are left as they are)",
+            f"choose a new or empty {flag}"
+            + (
+                f", or pass --overwrite to write {command}'s files there (other files are left as they are)"
+                if can_overwrite
+                else ""
+            ),
         )
     return resolved
 
@@ -159,7 +164,7 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
 
     Every file and directory published gets the permissions a plain open()/mkdir() gives.
 
-    - `dest` new (or an empty directory): the temporary directory is renamed to `dest` (atomic);
+    - `dest` new: the temporary directory is renamed to `dest` (atomic);
     - otherwise each file written replaces its namesake in `dest` (one rename per file), and the
       names in `stale` (files an earlier run of the same command wrote, known from its mark) that
       this run did not write are removed. Nothing else in `dest` is touched.
@@ -180,7 +185,7 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
         write(tmp)
         for path in [tmp, *tmp.rglob("*")]:  # some writers (safetensors) make 0600 files
             normal_permissions(path)
-        if not dest.exists() or (dest.is_dir() and not any(dest.iterdir())):
+        if not dest.exists():  # an existing folder, even empty, keeps its own mode and owner
             os.replace(tmp, dest)
         else:
             _merge(tmp, dest, files_under(tmp), stale)
@@ -194,16 +199,24 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
     return dest
 
 
-def _inside(name: str) -> bool:
-    """A plain relative path that stays inside its directory (a mark is a file anyone can edit)."""
+def _inside(dest: Path, name: str) -> bool:
+    """`dest / name` stays inside `dest`: a plain relative path, no `..`, and no folder on the way
+    that is a symlink (a mark is a file anyone can edit; a linked folder would lead outside)."""
     path = Path(name)
-    return bool(name) and not path.is_absolute() and ".." not in path.parts
+    if not name or path.is_absolute() or ".." in path.parts:
+        return False
+    return not any((dest / parent).is_symlink() for parent in path.parents[:-1])
 
 
 def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> None:
     """Move `names` from `tmp` into `dest` and remove `stale` names no longer written, with the
     replaced files kept aside until the end (and put back on a failure)."""
     for name in names:
+        if not _inside(dest, name):
+            raise HeadstartError(
+                f"{dest} holds a symlinked folder on the way to {name}: writing through it would land outside {dest}",
+                "replace the link with a folder, or choose another output directory",
+            )
         for part in [*reversed(Path(name).parents[:-1]), Path(name)]:
             there = dest / part
             if (there.is_dir() and part == Path(name)) or (there.is_file() and part != Path(name)):
@@ -212,11 +225,13 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
                     "replacing it would delete what headstart did not write",
                     f"move {there} away, or choose another output directory",
                 )
-    aside = dest / f".headstart-old-{os.getpid()}"
+    aside = Path(
+        tempfile.mkdtemp(prefix=".headstart-old-", dir=dest)
+    )  # new and empty: only what is moved here
     moved: list[str] = []
     placed: list[str] = []
     made: list[Path] = []
-    gone = [name for name in stale if _inside(name) and name not in names and (dest / name).is_file()]
+    gone = [name for name in stale if _inside(dest, name) and name not in names and (dest / name).is_file()]
     try:
         for name in [*gone, *names]:
             if (dest / name).is_file() or (dest / name).is_symlink():
@@ -235,8 +250,14 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
     except BaseException:
         for name in placed:
             (dest / name).unlink(missing_ok=True)
-        for name in moved:
-            os.replace(aside / name, dest / name)
+        try:
+            for name in moved:
+                os.replace(aside / name, dest / name)
+        except OSError as err:  # the replaced files are still whole, aside: say where
+            raise HeadstartError(
+                f"cannot write {dest}, and putting its earlier files back failed ({err.strerror or err})",
+                f"they are in {aside}: move them back by hand",
+            ) from None
         for folder in [*reversed(made), *sorted(aside.rglob("*"), reverse=True), aside]:
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()

@@ -18,6 +18,7 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.inference.decoder import SpeculativeDecoder
+from headstart.inference.drafting import DynamicTree
 from headstart.inference.tree_spec import TreeChoice, choose_tree
 
 
@@ -35,10 +36,13 @@ class Speculator:
     typical: bool = False
     compile: bool = False
 
-    def new_decoder(self, tree: str | TreeChoice | None = None) -> SpeculativeDecoder:
+    def new_decoder(self, greedy: bool = True, tree: str | TreeChoice | None = None) -> SpeculativeDecoder:
         """A fresh decoder of these heads (a server's lane, a tuning candidate): `tree` overrides
-        the speculator's for this one."""
+        the speculator's for this one. `greedy=False` (a sampling lane) drops a static tree's lookup
+        branch: exact acceptance cannot mix a static tree's drawn drafts with looked-up tokens."""
         choice = self.tree if tree is None else choose_tree(tree)
+        if not greedy and choice is not None and not isinstance(choice.tree, DynamicTree):
+            choice = choice.without_lookup()
         return SpeculativeDecoder(self.target, self.heads, tree=choice, typical=self.typical,
                                   compile=self.compile)  # fmt: skip
 
@@ -85,7 +89,7 @@ def load_speculator(
 
     choice = choose_tree(tree) if tree is not None else None
     loaded, path = (None, None) if plain else _heads(target, heads)
-    if loaded is None and choice is not None and (choice.tree is not None or choice.lookup is None):
+    if loaded is None and choice is not None:  # a lookup-only tree too: generate's plain path has none
         raise HeadstartError(
             f"--tree {choice.text} needs heads: {getattr(target, 'spec', 'the target')} has no shipped heads"
             if not plain
@@ -109,5 +113,4 @@ def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | Non
     if isinstance(heads, str | Path):
         path = resolve_heads(heads)
         return load_heads_for_inference(path, target), path
-    heads.bind(target.model)  # heads passed as an object: the caller loaded them
-    return heads, None
+    return heads, None  # an object: loaded heads or a Drafter (the decoder binds what it is given)

@@ -86,7 +86,7 @@ def tune(
     speculator = load_speculator(target, heads_path, "static")  # loaded once; every candidate's tree below
     probe = speculator.decoder
     candidates = candidates or candidate_trees(speculator.heads.kind, probe.max_depth)
-    decoders = {spec: speculator.new_decoder(spec) for spec in candidates}
+    decoders = {spec: speculator.new_decoder(tree=spec) for spec in candidates}
     # keep every candidate's packs while tuning: a re-pack inside a timed run would charge ~0.4 s
     # (SmolLM2) to it. Cost: one copy of the weights per distinct bucket, freed afterwards.
     buckets = {packed_rows(d.verify_nodes) for d in decoders.values() if d.verify_nodes >= MIN_ROWS}

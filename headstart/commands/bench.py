@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,7 +246,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.questions:
         raise HeadstartError("--questions is required", "pass a JSONL file or a name: mt_bench, humaneval")
     check_bench_output(args)  # before the target loads
-    fresh = not Path(args.output).exists() or not any(Path(args.output).iterdir())
+    created = not Path(args.output).exists()  # this run makes the folder: it may remove it again
+    fresh = created or not any(Path(args.output).iterdir())  # nothing of an earlier run to keep
     if (Path(args.output) / "report.json").is_file():  # --resume of a finished run
         return nothing_to_resume(args)
     import torch
@@ -307,11 +309,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
     except HeadstartError:  # e.g. a later turn past the context: --resume could not fix it
-        if fresh:  # this run's files only: leave nothing half-written (Ctrl-C keeps them to resume)
+        if fresh:  # this run's files only: nothing half-written (Ctrl-C keeps them to resume)
             for name in (partial_path(out / "outputs.jsonl"), out / "outputs.jsonl", out / RUN_CONFIG):
                 name.unlink(missing_ok=True)
-            if out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
+            if created and out.is_dir() and not any(out.iterdir()):
+                with contextlib.suppress(OSError):
+                    out.rmdir()
         raise
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)

@@ -9,6 +9,7 @@ stays. `--dry-run DIR` writes the staged files into DIR instead of uploading the
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         staged = stage(folder, files, Path(tmp))
         try:
             api.create_repo(args.repo_id, private=args.private or None, exist_ok=True, repo_type="model")
-            stale = [name for name in earlier_push(api, args.repo_id) if name not in staged and name != CARD]
+            stale = [glob.escape(name) for name in earlier_push(api, args.repo_id)
+                     if name not in staged and name in head_files()]  # fmt: skip
             info = api.upload_folder(
                 repo_id=args.repo_id,
                 folder_path=tmp,
@@ -85,7 +87,7 @@ def dry_run(args: argparse.Namespace, folder: Path, files: list[str], label: str
         raise HeadstartError("--dry-run uploads nothing: the repo id and --private would be ignored",
                              "drop them, or drop --dry-run")  # fmt: skip
     out = check_output(args.dry_run, "--dry-run", owned=lambda p: (p / PUSH_MARK).is_file(),
-                       command="`headstart push --dry-run`", inputs=[folder])  # fmt: skip
+                       command="`headstart push --dry-run`", inputs=[folder], can_overwrite=False)  # fmt: skip
     earlier = read_mark(out / PUSH_MARK) if (out / PUSH_MARK).is_file() else []
     staged: list[str] = []
     publish_dir(out, lambda tmp: staged.extend(stage(folder, files, tmp)), stale=earlier)
@@ -115,6 +117,14 @@ def stage(folder: Path, files: list[str], out: Path) -> list[str]:
     staged = sorted(p.name for p in out.iterdir())
     (out / PUSH_MARK).write_text(json.dumps({"files": [*staged, PUSH_MARK]}, indent=1) + "\n")
     return [*staged, PUSH_MARK]
+
+
+def head_files() -> set[str]:
+    """Every name a push of any format uploads, its mark included, the card left out: what a
+    later push may remove from the repo (a mark is a file anyone can edit)."""
+    from headstart.heads.formats import FORMATS, adapter
+
+    return (set(UPLOADED) | {PUSH_MARK}).union(*(adapter(fmt).FILES for fmt in FORMATS)) - {CARD}
 
 
 def read_mark(path: Path) -> list[str]:

@@ -48,7 +48,8 @@ def pack(
     )
     vocab = int(meta.get("fingerprint", {}).get("vocab_size") or 0)
     table = _narrow(table, vocab)
-    check_output(dst, "DST", owned=lambda p: (p / MANIFEST).is_file(), command="pack", inputs=[src])
+    check_output(dst, "DST", owned=lambda p: (p / MANIFEST).is_file(), command="pack", inputs=[src],
+                 can_overwrite=False)  # fmt: skip
     manifest: dict[str, Any] = {}
 
     def write(tmp: Path) -> None:

@@ -30,6 +30,17 @@ def check_fits(config: HeadConfig, target: Any) -> None:
         )
 
 
+def _hub_repo(name: str | None) -> bool:
+    """A Hub repo id ("org/name"), not a local path: what a card's base_model may hold."""
+    import re
+
+    return (
+        bool(name)
+        and re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
+        and not Path(name).expanduser().exists()
+    )
+
+
 def _hub_dataset(source: str) -> bool:
     """A Hub dataset id ("org/name"), not a local path or a description."""
     return source.count("/") == 1 and " " not in source and not Path(source).expanduser().exists()
@@ -79,7 +90,7 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
         library_name="headstart" if fmt == "headstart" else None,
         license="apache-2.0",
         pipeline_tag="text-generation",
-        base_model=base_model if base_model and "/" in base_model else hub_id(config.target),
+        base_model=base_model if _hub_repo(base_model) else hub_id(config.target),
         datasets=[d for d in sources if _hub_dataset(d)] or None,
         tags=["speculative-decoding", config.kind, "headstart", *([fmt] if fmt != "headstart" else [])],
         metrics=sorted({m["type"] for m in shown}) or None,

@@ -27,7 +27,9 @@ class HeadKind:
     drafter: str
     """"module:Class" of its drafter (the decoder's view of it: headstart.inference.drafters.Drafter)."""
     objective: str
-    """"module:function" of its training loss: (objective, batch, evaluate) -> (loss, metrics)."""
+    """"module:function" of its training loss, `(objective, feats, batch, evaluate, joint) ->
+    {"loss", "parts"[, "hits"]}`, with `.parts(cfg)` naming the parts and an optional
+    `.full_logits` (headstart/train/objectives/__init__.py)."""
     loss: str
     """The loss in words for `train --dry-run`, formatted with the recipe as `cfg`."""
     formats: tuple[str, ...] = ("headstart",)

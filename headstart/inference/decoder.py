@@ -74,7 +74,7 @@ class SpeculativeDecoder:
         self.packed = PackedLinears.for_model(target.model)
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
-        self.captured_head: Any = None  # the drafter's steps, compiled too (captured.for_drafter)
+        self.captured_head: Any = None  # the drafter's steps, compiled too (drafters.compiled_steps)
         if compile:
             from headstart.inference.captured import CapturedVerify
             from headstart.inference.drafters import compiled_steps

@@ -29,8 +29,11 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self.refuse(scope, send)  # before the body is read
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.limit:
+                await self.refuse(scope, send)  # before the body is read
+            else:  # the server reads no more than declared: it streams through as it is
+                await self.app(scope, receive, send)
             return
         # no length given (chunked): read it here, up to the limit, then hand it on whole. An error
         # raised inside the app's own read would come back as FastAPI's 400, not a 413

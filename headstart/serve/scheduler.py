@@ -75,7 +75,9 @@ class Ticket:
 class Scheduler:
     def __init__(self, make_decoder: Any, metrics: Any, max_batch: int = 8, max_queue: int = 64,
                  speculate_up_to: int | None = None, prefix_cache: int = 8) -> None:  # fmt: skip
-        self.make_decoder = make_decoder  # () -> SpeculativeDecoder (one per lane: its own generators)
+        self.make_decoder = (
+            make_decoder  # (greedy: bool) -> SpeculativeDecoder (one per lane: its own generators)
+        )
         self.speculate_up_to = speculate_up_to  # Engine's: past it, steps are plain
         # Prompts opening with the same >= this many tokens (the chat template's system turn) reuse
         # one prefill of them, kept across lanes and waves (inference/prefix.py)
@@ -194,7 +196,7 @@ class Scheduler:
                 # must give the same text whatever else runs beside it. cost: sampled rows
                 # speculate at every batch size (on a CPU, slower than plain steps past one row).
                 limit = self.speculate_up_to if temperature == 0 else None
-                decoder = self.make_decoder()
+                decoder = self.make_decoder(temperature == 0)
                 if self.prefix is None and self.prefix_cache:  # every lane's decoder has the same heads
                     self.prefix = SharedPrefix(
                         decoder.target, self.prefix_cache, layers=decoder.feature_layers

@@ -14,6 +14,8 @@ STRING, ARRAY = 8, 9
 
 def _read(handle: BinaryIO, fmt: str) -> tuple:
     size = struct.calcsize("<" + fmt)
+    if size > 1 << 20:
+        raise ValueError("an implausibly large header field")
     data = handle.read(size)
     if len(data) != size:
         raise EOFError("the header ends early")
@@ -53,12 +55,16 @@ def data_bytes_needed(path: Path) -> int:
             key = _string(handle)
             value = _value(handle, _read(handle, "I")[0])
             if key == "general.alignment" and isinstance(value, int):
+                if value <= 0:
+                    raise ValueError(f"general.alignment is {value}")
                 alignment = value
         end = 0
         for _ in range(tensors):
             _string(handle)
             (dims,) = _read(handle, "I")
-            shape = _read(handle, "Q" * dims)
+            if dims > 8:  # GGML tensors have at most 4 dimensions; an untrusted count is not a format string
+                raise ValueError(f"a tensor of {dims} dimensions")
+            shape = _read(handle, f"{dims}Q")
             kind, offset = _read(handle, "IQ")
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
             elements = 1

@@ -19,7 +19,11 @@ def hub_host() -> tuple[str, int]:
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     """A TCP connection to the Hub opens within `timeout` seconds (DNS failure: at once). Cost: one
-    connection, made only before a Hub load."""
+    connection, made only before a Hub load. Behind a proxy (HTTPS_PROXY, ALL_PROXY...) a direct
+    connection says nothing: huggingface_hub goes through the proxy, so no probe is made."""
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                                             "HTTP_PROXY", "http_proxy")):  # fmt: skip
+        return True
     try:
         with socket.create_connection(hub_host(), timeout=timeout):
             return True

@@ -237,12 +237,12 @@ def load_target(
         with offline_unless_reachable() as online:
             try:
                 return _load(spec, dtype, device, revision, template, chat_template, weights)
-            except HeadstartError:
+            except HeadstartError as err:
                 if online:
                     raise
                 raise HeadstartError(
-                    f"cannot load target '{spec}': {hub_host()[0]} cannot be reached (no network?) and "
-                    "the model is not in the local Hub cache",
+                    f"cannot load target '{spec}': {hub_host()[0]} cannot be reached (no network?), and from "
+                    f"the local Hub cache: {err.what.removeprefix(f'cannot load target {spec!r}: ')}",
                     "connect to the network, or copy the model into a folder and pass its path as --target",
                 ) from None
 

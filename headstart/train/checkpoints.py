@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ def save_checkpoint(
         if (final / STATE).is_file():  # a complete checkpoint of this run at the same step
             shutil.rmtree(final)
         elif final.exists():  # not one headstart completed: never deleted, moved aside
-            aside = final.with_name(f"{final.name}.kept-{os.getpid()}")
+            aside = Path(tempfile.mkdtemp(prefix=f"{final.name}.kept-", dir=root))
+            aside.rmdir()  # a fresh unique name: the folder itself takes it
             os.replace(final, aside)
             log.warning(
                 f"warning: {final} held no {STATE} (not a checkpoint headstart finished); moved to {aside}"

@@ -7,7 +7,6 @@ import math
 import os
 import resource
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from headstart.train.config import TrainConfig
 from headstart.train.data import Conversations, EpochSampler, TrainData, collate
 from headstart.train.heap import trim_heap
 from headstart.train.objective import Objective
-from headstart.train.plan import ttt_plan
 from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
 
 
@@ -46,13 +44,12 @@ def _loader(
 ) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
     dataset = Conversations(p.data, indices, p.cfg.data.max_length)
-    # EAGLE-3's training step reads its indices from a plan made here, on the host (train/plan.py)
-    # (widths in buckets of 16 when compiled: no width of 1, which dynamic shapes specialise on)
-    planner = (
-        partial(ttt_plan, steps=p.cfg.loss.ttt_steps, bucket=16 if p.cfg.compile else 1)
-        if train and p.cfg.head.kind == "eagle3"
-        else None
-    )
+    from headstart.heads import kinds
+
+    # a kind's training step may read its indices from a plan made here, on the host, by the
+    # collate (EAGLE-3: train/plan.py): its objective's `planner`
+    plan_for = getattr(kinds.load(kinds.get(p.cfg.head.kind).objective), "planner", None)
+    planner = plan_for(p.cfg) if train and plan_for is not None else None
     # An own generator: otherwise every new iterator draws its base seed from the global RNG, and a
     # resumed run (which starts a fresh iterator mid-epoch) would shift the noise of EAGLE-1.
     return torch.utils.data.DataLoader(

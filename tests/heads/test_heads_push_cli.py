@@ -88,7 +88,7 @@ def test_push_reports_hub_errors(monkeypatch, capsys):
 def test_a_push_removes_only_what_an_earlier_push_listed_and_never_a_card(monkeypatch, tmp_path):
     """Heads without a tuned tree, pushed where an earlier push left one: its tuned_tree.json goes
     (a tuned tree of other heads would be read with these); the card is replaced, never deleted;
-    files no headstart push wrote are never named."""
+    names a push never writes are never sent for deletion, whatever an (edited) mark lists."""
     import json
     import shutil
 
@@ -96,7 +96,7 @@ def test_a_push_removes_only_what_an_earlier_push_listed_and_never_a_card(monkey
     FakeApi.calls = []
     mark = tmp_path / "mark.json"
     mark.write_text(json.dumps({"files": ["README.md", "config.json", "model.safetensors", "tuned_tree.json",
-                                          "medusa_lm_head.pt", ".headstart-push.json"]}))  # fmt: skip
+                                          "medusa_lm_head.pt", "*", "notes.md", ".headstart-push.json"]}))  # fmt: skip
     FakeApi.marks = {"me/heads": mark}
     heads = shipped_heads("smollm2")["smollm2-eagle3"]
     bare = tmp_path / "bare"
@@ -111,7 +111,8 @@ def test_a_push_removes_only_what_an_earlier_push_listed_and_never_a_card(monkey
         "model.safetensors",
         ".headstart-push.json",
     ]
-    assert sorted(upload["delete_patterns"]) == ["medusa_lm_head.pt", "tuned_tree.json"]
+    # only head files a push writes, as literal names: never a glob ("*" would match the whole repo)
+    assert upload["delete_patterns"] == ["tuned_tree.json"]
     assert b"base_model: HuggingFaceTB/SmolLM2-135M-Instruct" in upload["sent"]["README.md"]  # a card made
 
 

@@ -39,7 +39,7 @@ def events(loop, ticket):
 def test_running_counts_admitted_rows_and_idle_lanes_go(target):
     loop = asyncio.new_event_loop()
     metrics = Metrics()
-    scheduler = Scheduler(lambda: SpeculativeDecoder(target, None), metrics, max_batch=1)
+    scheduler = Scheduler(lambda greedy: SpeculativeDecoder(target, None), metrics, max_batch=1)
     for ticket in tickets(loop, [0.0, 0.0, 0.5, 0.7]):
         scheduler.submit(ticket)
     scheduler._admit(scheduler._admissible())  # one row a lane: the second greedy request waits
@@ -53,7 +53,7 @@ def test_running_counts_admitted_rows_and_idle_lanes_go(target):
 def test_a_failing_step_fails_only_its_own_lane(target, monkeypatch):
     loop = asyncio.new_event_loop()
     metrics = Metrics()
-    scheduler = Scheduler(lambda: SpeculativeDecoder(target, None), metrics, max_batch=4)
+    scheduler = Scheduler(lambda greedy: SpeculativeDecoder(target, None), metrics, max_batch=4)
     greedy, sampled = tickets(loop, [0.0, 0.9])
     for ticket in (greedy, sampled):
         scheduler.submit(ticket)
@@ -76,7 +76,7 @@ def test_a_requests_choices_join_one_wave_and_scoring_takes_no_row(target):
     """The choices of one request (batched prompts, n) are queued together and admitted in the
     same wave; a pure scoring ticket (max_tokens 0) runs its `after` without taking a row."""
     loop = asyncio.new_event_loop()
-    scheduler = Scheduler(lambda: SpeculativeDecoder(target, None), Metrics(), max_batch=4)
+    scheduler = Scheduler(lambda greedy: SpeculativeDecoder(target, None), Metrics(), max_batch=4)
     shared = asyncio.Queue()
     choices = [Ticket(Job(key=i, prompt=[5, 6, 7 + i][: i + 1], rule=StopRule(6)), (0.0, 1.0, 0), loop, shared, index=i)
                for i in range(3)]  # fmt: skip
@@ -91,5 +91,5 @@ def test_a_requests_choices_join_one_wave_and_scoring_takes_no_row(target):
         (3, "done", "length"),
     ]
     with pytest.raises(QueueFull):  # all or none: a request larger than the room left is refused whole
-        Scheduler(lambda: None, Metrics(), max_queue=2).submit(*choices)
+        Scheduler(lambda greedy: None, Metrics(), max_queue=2).submit(*choices)
     loop.close()

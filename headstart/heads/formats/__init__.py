@@ -70,8 +70,9 @@ def export_heads(
     import copy
 
     from headstart.heads.checkpoint import model_card
-    from headstart.outputs import files_under, publish_dir
+    from headstart.outputs import files_under, publish_dir, refuse_protected
 
+    refuse_protected(output, "the export's output")
     torch_dtype(dtype)
     verifier = verifier or default_verifier(head.config)
     head = copy.copy(head)  # the same parameters under a config without this machine's paths

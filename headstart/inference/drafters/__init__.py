@@ -49,6 +49,18 @@ class Drafter(Protocol):
         """Append `other`'s rows (requests joining the running batch)."""
 
 
+@runtime_checkable
+class CompiledDrafter(Drafter, Protocol):
+    """A drafter whose steps can also run as compiled graphs (`--compile`): `compiled_steps` builds
+    them once per decoder (None: eager), `capture` hands them to each generation's drafter."""
+
+    @staticmethod
+    def compiled_steps(heads: Any, backend: str) -> Any: ...
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """Run the steps through `captured`, the drafter's cache in a kept buffer of `reserve` entries."""
+
+
 def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Drafter:
     """The drafter for `heads`: its kind's (headstart.heads.kinds), plain decoding for None; an
     object that already is a Drafter (a scripted test drafter) is used as is. `depth`: how deep the
@@ -66,8 +78,7 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Draft
 def compiled_steps(drafter: Any, heads: Any, backend: str) -> Any:
     """The drafter's steps as compiled graphs (`--compile`), or None where they stay eager (plain
     decoding, scripted drafters, heads not built by headstart)."""
-    make = getattr(type(drafter), "compiled_steps", None)
-    return make(heads, backend) if make is not None else None
+    return drafter.compiled_steps(heads, backend) if isinstance(drafter, CompiledDrafter) else None
 
 
-__all__ = ["Drafter", "PlainDrafter", "compiled_steps", "in_target_vocab", "make_drafter"]
+__all__ = ["CompiledDrafter", "Drafter", "PlainDrafter", "compiled_steps", "in_target_vocab", "make_drafter"]

@@ -140,7 +140,7 @@ class CapturedDFlash:
     def add_context(self, cache: Any, g: torch.Tensor, positions: torch.Tensor) -> bool:
         """Append g (B, T, H) at `positions` to the context; False: do it eagerly."""
         batch, count = positions.shape
-        length = cache_length(cache)
+        length = _context_length(cache)
         claimed = self.buffers.claim(cache, length, count)
         if claimed is None:
             self.fallbacks += 1
@@ -179,7 +179,9 @@ class CapturedDFlash:
         return states
 
 
-def cache_length(cache: Any) -> int:
+def _context_length(cache: Any) -> int:
+    """Entries in the context cache (0 while its layers hold nothing yet: inference.cache's
+    `cache_length` reads keys a fresh growing cache does not have)."""
     layer = cache.layers[0]
     keys = getattr(layer, "keys", None)
     return int(keys.shape[-2]) if keys is not None and keys.dim() == 4 else 0

@@ -4,6 +4,7 @@ against the target's draft-vocabulary distribution at every step)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -63,6 +64,9 @@ def eagle3_loss(
 
 
 eagle3_loss.parts = lambda cfg: [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]  # type: ignore[attr-defined]
+# the step's indices planned on the host by the collate (widths in buckets of 16 when compiled: no
+# width of 1, which dynamic shapes specialise on)
+eagle3_loss.planner = lambda cfg: partial(ttt_plan, steps=cfg.loss.ttt_steps, bucket=16 if cfg.compile else 1)  # type: ignore[attr-defined]
 
 
 def _hits(
