@@ -107,3 +107,39 @@ def test_protected_directories(tmp_path, monkeypatch):
     assert protected(tmp_path / "repo" / "runs") is None  # a folder inside a checkout is fine
     os.symlink(tmp_path, tmp_path / "link")
     assert protected(tmp_path / "link") == "is the home directory"  # through a symlink too
+
+
+def test_a_symlinked_folder_never_leads_a_write_or_a_deletion_outside(tmp_path):
+    """A mark is a file anyone can edit, and an output may hold a link: `link/x` where `link`
+    points elsewhere is neither written through nor removed."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep")
+    out = tmp_path / "out"
+    publish_dir(out, _write({"a.txt": "1"}))
+    os.symlink(victim, out / "link")
+    publish_dir(out, _write({"a.txt": "2"}), stale=["link/precious.txt"])
+    assert (victim / "precious.txt").read_text() == "keep"
+    with pytest.raises(HeadstartError, match="symlinked folder on the way to link/precious.txt"):
+        publish_dir(out, _write({"link/precious.txt": "overwritten"}))
+    assert (victim / "precious.txt").read_text() == "keep"
+
+
+def test_a_killed_runs_aside_folder_is_never_deleted(tmp_path):
+    """A run killed mid-merge leaves its aside folder (the user's replaced files) behind: a later
+    run, even with the same pid, puts its own aside elsewhere."""
+    out = tmp_path / "out"
+    publish_dir(out, _write({"a.txt": "1"}))
+    left = out / f".headstart-old-{os.getpid()}"
+    left.mkdir()
+    (left / "model.safetensors").write_text("the user's earlier weights")
+    publish_dir(out, _write({"a.txt": "2"}))
+    assert (left / "model.safetensors").read_text() == "the user's earlier weights"
+
+
+def test_an_existing_empty_folder_keeps_its_mode(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    os.chmod(out, 0o700)
+    publish_dir(out, _write({"a.txt": "1"}))
+    assert (out.stat().st_mode & 0o777) == 0o700 and (out / "a.txt").read_text() == "1"
