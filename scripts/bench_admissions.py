@@ -100,10 +100,10 @@ def main() -> int:
     import torch
 
     from headstart.bench.questions import load_questions
-    from headstart.tuned import tree_for_run
     from headstart.heads import load_heads
     from headstart.heads.defaults import default_heads
     from headstart.target import load_target
+    from headstart.tuned import tree_for_run
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target)

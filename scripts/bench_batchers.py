@@ -8,7 +8,7 @@ equal the first's (greedy), or the script fails.
     python scripts/bench_batchers.py --questions ../shared/data/eval/mt_bench/question.jsonl \
         --num 48 --batch-size 16 --max-new-tokens 64 --threads 2 --rounds 2
 On a GPU (what must be measured before the continuous batcher is retired; the staged GGUF and
-the first 40 MT-bench questions of scripts/gpu_stage.sh, prompts repeated to fill the batch):
+the first 40 MT-bench questions of scripts/gpu/stage.sh, prompts repeated to fill the batch):
     python3 scripts/bench_batchers.py --target /root/stage/smollm2.gguf --device cuda \
         --questions .gpu/questions.jsonl --num 40 --repeat 16 --batch-size 256 --max-new-tokens 128
 """
@@ -47,8 +47,8 @@ def main() -> int:
     from reference.continuous_batcher import ContinuousBatcher
 
     from headstart.inference.batcher import EngineBatcher
-    from headstart.inference.requests import Request
     from headstart.inference.plain import SamplingConfig
+    from headstart.inference.requests import Request
     from headstart.target import load_target
 
     torch.set_num_threads(args.threads)

@@ -1,11 +1,11 @@
 """Where an EAGLE-3 training step's time goes, its train tokens/s, the FLOPs it counts per token,
 and the utilisation against a matmul peak measured in the same run (issue 49).
 
-    .venv/bin/python scripts/profile_train.py --output docs/scaling/profile-train-cpu.json
+    .venv/bin/python scripts/profile_train.py --output docs/results/scaling/profile-train-cpu.json
     .venv/bin/python scripts/profile_train.py --variant fp32: --variant bf16:mixed_precision=bf16
     python3 scripts/profile_train.py --device cuda --records 4096 batch_size=64 mixed_precision=bf16
 
-A run builds the trainer's own pieces from the recipe (default: recipes/train_smollm2_eagle3_profile.yaml,
+A run builds the trainer's own pieces from the recipe (default: experiments/smollm2-training-speed/train_smollm2_eagle3_profile.yaml,
 plus `key=value` overrides, as `headstart train` takes them): target, data, head, Objective,
 AdamW, accelerate's autocast, then times the steps `headstart train` runs (forward, backward,
 clip, optimizer step) on the same fixed batches for every variant:
@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_RECIPE = "recipes/train_smollm2_eagle3_profile.yaml"
+DEFAULT_RECIPE = "experiments/smollm2-training-speed/train_smollm2_eagle3_profile.yaml"
 # (module, attribute, phase): what the profile wraps; an attribute this checkout lacks is skipped,
 # so the script also profiles older commits (PYTHONPATH=<a worktree of them>)
 PHASES = [
@@ -62,6 +62,9 @@ PHASES = [
     ("headstart.heads.eagle", "Eagle3FcHead.logits", "loss"),
     ("headstart.train.losses", "ttt_loss_at", "loss"),
     ("headstart.train.objective", "fused_ttt_loss", "loss"),
+    # since the per-kind objectives (train/objectives/): EAGLE-3's step binds these by name
+    ("headstart.train.objectives.eagle", "unroll_scored", "unroll"),
+    ("headstart.train.objectives.eagle", "fused_ttt_loss", "loss"),
 ]
 SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__")
 

@@ -89,6 +89,12 @@ def make_accelerator(cfg: TrainConfig) -> Any:
         logging.getLogger("headstart.train").info(
             "%d processes launched on a machine without CUDA: training on the CPU (gloo)", launched
         )
+    from accelerate.state import AcceleratorState
+
+    # accelerate keeps one process-wide state and refuses a second Accelerator with another
+    # mixed precision: a second train() in one process (a notebook, the profile script, a test
+    # after a bf16 run) would fail. Drop that state, never the process group (PartialState).
+    AcceleratorState._reset_state(reset_partial_state=False)
     accelerator = Accelerator(
         cpu=cpu,
         mixed_precision=cfg.mixed_precision,

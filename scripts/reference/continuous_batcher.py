@@ -39,9 +39,8 @@ from typing import Any
 import torch
 
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
-from headstart.inference.requests import EngineStats, Reply, Request
-from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
+from headstart.inference.requests import EngineStats, Reply, Request
 from headstart.inference.sampling import probabilities
 from headstart.target import Target, forward, new_cache, tree_attention_mask
 

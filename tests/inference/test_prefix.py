@@ -18,7 +18,7 @@ from tests.tiny import FAMILIES, make_target_dir
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CASES = [(family, "cpu") for family in sorted(FAMILIES)] + [
     pytest.param(family, "cuda", marks=CUDA) for family in ("llama", "mistral", "gemma3_text")
-]  # on CUDA in float32: distillation's settings (scripts/gpu_distill.sh), logic not bf16 noise
+]  # on CUDA in float32: distillation's settings (scripts/gpu/distill.sh), logic not bf16 noise
 
 
 @pytest.mark.parametrize(("family", "device"), CASES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 from test_train_distilled import distilled  # noqa: F401  (the fixture)
@@ -16,6 +17,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_train.py"
 def _script():
     spec = importlib.util.spec_from_file_location("profile_train", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dynamo resolves a traced function's globals by module name
     spec.loader.exec_module(module)
     return module
 

@@ -85,3 +85,14 @@ def test_token_counts_count_reply_tokens_of_the_chosen_conversations():
     counts = token_counts(data, [0, 1], vocab=8)
     assert counts.dtype == torch.float64 and counts.tolist() == [0, 0, 1, 2, 1, 0, 0, 0]
     assert token_counts(data, [], vocab=8).tolist() == [0.0] * 8
+
+
+def test_a_second_run_in_one_process_takes_its_own_mixed_precision(tmp_path):
+    """accelerate keeps one process-wide state: a bf16 run followed by an fp32 one (a notebook,
+    the profile script, the next test) must not be refused as 'already initialized'."""
+    from headstart.train.setup import make_accelerator
+
+    for precision in ("bf16", "no", "bf16"):
+        cfg = load_config(TrainConfig, None, [f"mixed_precision={precision}", "cpu=true", "trackers=[none]",
+                                              f"output_dir={tmp_path / precision}"])  # fmt: skip
+        assert make_accelerator(cfg).mixed_precision == precision

@@ -5,25 +5,25 @@
 # 256-token prompts, 128-token replies: the mix of the scaling runs), brought back as at most
 # 5 files of 15 MB (xz-compressed shards), then packed here for `headstart train`.
 #
-#   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
-#   scripts/gpu_distill.sh stage             # here: .gpu/data (the prompt files, gzipped: 2.2 MB)
-#   device calls 1-3 of gpu_stage.sh (they stage GGUF parts 1-3), then the fourth:
+#   scripts/gpu/stage.sh                     # here: .gpu/ (wheels, GGUF parts); then also
+#   scripts/gpu/distill.sh stage             # here: .gpu/data (the prompt files, gzipped: 2.2 MB)
+#   device calls 1-3 of gpu/stage.sh (they stage GGUF parts 1-3), then the fourth:
 #     carry [".gpu/wheels", ".gpu/data", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"] (~59 MiB in all)
-#     scripts/gpu_distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
-#   scripts/gpu_distill.sh unpack FILES_DIR  # here: data/smollm2-kept/<source>, packed
+#     scripts/gpu/distill.sh device          # (timeout_s 600; DEADLINE=480 s of distilling)
+#   scripts/gpu/distill.sh unpack FILES_DIR  # here: data/smollm2-kept/<source>, packed
 #
 # The distill is cut cleanly at DEADLINE (SIGTERM keeps every finished record); a later call on
 # the same warm machine resumes it (runs/ stays there), a call on a fresh one starts over. On the
 # H200 (2026-11-26) sg took 46 s, GSM8K 108 s and data-free ~18 s per 1,000: the whole set needs
 # about 9.5 minutes, so set DEADLINE to what the call has and resume the rest in a second call.
 # Dry run on a CPU: DEVICE=cpu BATCH=8 SGEVAL_NUM=2 SG_NUM=2 SGV3_NUM=2 GSM8K=2 DATAFREE=2 \
-#   OUT=/tmp/gd STAGE=/tmp/stage scripts/gpu_distill.sh device
+#   OUT=/tmp/gd STAGE=/tmp/stage scripts/gpu/distill.sh device
 set -euo pipefail
 SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-runs/kept-out}
 DEADLINE=${DEADLINE:-480}
 SOURCES=(sgeval sg sgv3 gsm8k datafree)
-source "$(dirname "$0")/gpu_common.sh"
+source "$(dirname "$0")/common.sh"
 
 stage() {  # gzipped: the call that carries them also carries the repository and GGUF part 4
   rm -rf .gpu/data && mkdir -p .gpu/data/train

@@ -8,13 +8,13 @@
 # logs.tar.gz (the run's log, results.json with its held-out evaluations, steps.md: the
 # step-time table of its train log entries), heads.tar.N (the head in bf16, parts of 15 MB).
 #
-#   scripts/gpu_stage.sh                        # here, once: .gpu/ (wheels, the GGUF in 4 parts)
-#   device calls 1-3, back to back (gpu_stage.sh's header: each stages one GGUF part, seconds each)
+#   scripts/gpu/stage.sh                        # here, once: .gpu/ (wheels, the GGUF in 4 parts)
+#   device calls 1-3, back to back (gpu/stage.sh's header: each stages one GGUF part, seconds each)
 #   device call 4, the one prepared call (run tool):
-#     command: scripts/gpu_epochs.sh device
+#     command: scripts/gpu/epochs.sh device
 #     carry:   [".gpu/wheels", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
 #     timeout_s: 480                             (CALL_S below: its plan ends by then)
-#   scripts/gpu_epochs.sh unpack FILES_AT       # here: runs/gpu-epochs (head, logs, profiles)
+#   scripts/gpu/epochs.sh unpack FILES_AT       # here: runs/gpu-epochs (head, logs, profiles)
 #
 # The plan of the call (CALL_S=470 s of it): preparation (~20 s: the GGUF, the wheels, an import
 # check), the sizing profile (PROFILE_S, ~60 s: eager steps at the recipe's batch), training for
@@ -25,16 +25,16 @@
 # overrides for the profile and the run), DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~6 minutes on the 2-core host):
 #   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/ge CALL_S=420 PROFILE_S=150 COMPARE_S=0 \
-#     TRAIN_ARGS="batch_size=4 data.max_records=400 eval_batches=2" scripts/gpu_epochs.sh device
+#     TRAIN_ARGS="batch_size=4 data.max_records=400 eval_batches=2" scripts/gpu/epochs.sh device
 set -euo pipefail
 OUT=${OUT:-runs/epochs-out}
 DEVICE=${DEVICE:-cuda}
 CALL_S=${CALL_S:-470}
 PROFILE_S=${PROFILE_S:-90}
 COMPARE_S=${COMPARE_S:-120}
-RECIPE=recipes/train_smollm2_eagle3_epochs_gpu.yaml
+RECIPE=recipes/smollm2-eagle3-kept-gpu.yaml
 RUN=runs/epochs-eagle3
-source "$(dirname "$0")/gpu_common.sh"
+source "$(dirname "$0")/common.sh"
 
 device() {
   mkdir -p "$OUT" runs
@@ -101,7 +101,7 @@ PY
 collect() {  # the log, results and step-time table in one file; the head as bf16 in 15 MB parts
   grep -E "eval step|start-up took|time budget|error|Error" runs/epochs.log | tail -n 20 || true
   if [[ -f $RUN/results.json ]]; then
-    python scripts/step_table.py "$RUN/results.json" > runs/steps.md
+    python scripts/gpu/step_table.py "$RUN/results.json" > runs/steps.md
     cat runs/steps.md
   fi
   tar -czf "$OUT/logs.tar.gz" runs/epochs.log runs/profile.log $(ls runs/steps.md "$RUN/results.json" 2>/dev/null)

@@ -5,20 +5,20 @@
 # the 96 held-out ShareGPT first turns every quarter; the logs, results and finished heads (bf16)
 # come back as at most 7 files of 15 MB.
 #
-#   scripts/gpu_stage.sh                     # here: .gpu/ (wheels, GGUF parts)
-#   device calls 1-3 of gpu_stage.sh (they stage GGUF parts 1-3), then the fourth:
+#   scripts/gpu/stage.sh                     # here: .gpu/ (wheels, GGUF parts)
+#   device calls 1-3 of gpu/stage.sh (they stage GGUF parts 1-3), then the fourth:
 #     carry [".gpu/wheels", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
-#     scripts/gpu_train.sh device            # (timeout_s 600; BUDGET=400 s of training)
+#     scripts/gpu/train.sh device            # (timeout_s 600; BUDGET=400 s of training)
 #   a fourth on the same warm machine (runs/ and the staged GGUF are still there), if device time
-#   is left: RESUME=1 BUDGET=<seconds> scripts/gpu_train.sh device
-#   scripts/gpu_train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
+#   is left: RESUME=1 BUDGET=<seconds> scripts/gpu/train.sh device
+#   scripts/gpu/train.sh unpack FILES_DIR    # here: runs/gpu-scaling (logs, results, heads)
 #   .venv/bin/python scripts/plot_scaling.py --output docs/results/scaling/smollm2-eagle3-kept-gpu \
 #     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
 # Issue 35's GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
 # side by side on every kept conversation), as the fourth call (timeout_s 600: its smoke ~40 s,
 # the budget, the finishing and the collection ~100 s):
-#   SIZES=0 DFLASH_LAYERS="1 2" STEPS=900 BUDGET=400 scripts/gpu_train.sh device
+#   SIZES=0 DFLASH_LAYERS="1 2" STEPS=900 BUDGET=400 scripts/gpu/train.sh device
 # and here, after the unpack (a run finished from its checkpoint reports 0 train tok/s in its
 # results: its training figures are the log's "stopped" summary):
 #   .venv/bin/python scripts/plot_scaling.py --x epochs --title "DFlash against EAGLE-3 on SmolLM2-135M" \
@@ -27,7 +27,7 @@
 # these 900-step heads beat the shipped ones, 2,500 steps on chat and math.)
 # A longer EAGLE-3 on the kept chat and math only (10,520 conversations; dry-run on the CPU: the
 # later data.path wins), alone, in two calls on one warm machine (~3.5 steps a second alone on an H100):
-#   SIZES=0 STEPS=1800 BUDGET=400 TRAIN_ARGS="data.path=[data/smollm2-kept/sg,data/smollm2-kept/sgv3,data/smollm2-kept/gsm8k]" scripts/gpu_train.sh device
+#   SIZES=0 STEPS=1800 BUDGET=400 TRAIN_ARGS="data.path=[data/smollm2-kept/sg,data/smollm2-kept/sgv3,data/smollm2-kept/gsm8k]" scripts/gpu/train.sh device
 #   then the same with RESUME=1 BUDGET=150 CALL_S=320 SMOKE=0 (timeout_s 255; its run is still named
 #   eagle3-30520: the count is of every source). 364 + 150 s of training fit one lease: ~1,800 steps
 # SIZES (default "5000 15000 0": 0 = every kept conversation), DFLASH_LAYERS (DFlash runs of that
@@ -40,14 +40,14 @@
 # A run stopped by the budget keeps a checkpoint in runs/scaling/eagle3-N/checkpoints (on the
 # machine, while it stays warm) and its held-out evaluations so far in its log.
 # Dry run on a CPU (tiny sizes, two budgeted pieces):
-#   DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=60 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
-#   RESUME=1 DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=600 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu_train.sh device
+#   DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=60 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu/train.sh device
+#   RESUME=1 DEVICE=cpu SIZES="40 80" STEPS=6 BUDGET=600 OUT=/tmp/gt STAGE=/tmp/stage scripts/gpu/train.sh device
 set -euo pipefail
 OUT=${OUT:-runs/train-out}
 BUDGET=${BUDGET:-400}
 SIZES=${SIZES-5000 15000 0}
 DFLASH_LAYERS=${DFLASH_LAYERS:-}
-source "$(dirname "$0")/gpu_common.sh"
+source "$(dirname "$0")/common.sh"
 
 CALL_S=${CALL_S:-590}  # the device call's limit (timeout_s 600), less a margin: $OUT must be written by then
 

@@ -1,12 +1,12 @@
 #!/bin/bash
 # Issue 49's EAGLE-3 ablations on the embedded SmolLM2 at equal steps, on the committed kept data
-# (recipes/train_smollm2_eagle3_ablate_kept.yaml: 300 steps of batch 8 on 600 ShareGPT
+# (experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml: 300 steps of batch 8 on 600 ShareGPT
 # conversations, online, bf16 autocast), each variant one setting away from it, all scored on
 # the same 96 held-out turns at 6 draft steps. Run from the repository root, one variant per
 # call (each ~10-15 minutes on the 2-core CPU; under the shared lock, so others interleave):
 #   for v in base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall; do
-#     flock /tmp/headstart-heavy.lock scripts/ablate_eagle3_kept.sh $v; done
-#   python3 scripts/ablation_table.py runs/ablate-kept --output docs/scaling/smollm2-eagle3-ablations-2026-11-27.json
+#     flock /tmp/headstart-heavy.lock experiments/smollm2-ablations/ablate_smollm2_kept.sh $v; done
+#   python3 experiments/smollm2-ablations/ablation_table.py runs/ablate-kept --output docs/results/scaling/smollm2-eagle3-ablations-2026-11-27.json
 # Environment: STEPS (the recipe's 300), TRAIN_ARGS (more overrides for every run), OUT (default
 # runs/ablate-kept). A finished variant (OUT/NAME/results.json) is skipped.
 set -euo pipefail
@@ -30,10 +30,12 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  rm -rf "${OUT:?}/$name"  # a cut run starts over: its steps would not match the others'
+  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
+    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
+  fi
   echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
   # shellcheck disable=SC2086  # the overrides are words on purpose
-  headstart train --recipe recipes/train_smollm2_eagle3_ablate_kept.yaml output_dir="$OUT/$name" \
+  headstart train --recipe experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml output_dir="$OUT/$name" \
     ${STEPS:+max_steps=$STEPS eval_every=$STEPS save_every=$STEPS} ${VARIANTS[$name]} ${TRAIN_ARGS:-} \
     > "$OUT/$name.log" 2>&1 || { echo "$name failed: see $OUT/$name.log" >&2; exit 1; }
   tr "\r" "\n" < "$OUT/$name.log" | grep -o "eval step.*" | tail -1

@@ -1,7 +1,7 @@
 """The step-time table of a training run: one row per train log entry of its results.json
 (steps, loss, seconds a step, train tokens/s, learning rate) and its held-out evaluations.
 
-    python3 scripts/step_table.py runs/epochs-eagle3/results.json > steps.md
+    python3 scripts/gpu/step_table.py runs/epochs-eagle3/results.json > steps.md
 """
 
 from __future__ import annotations

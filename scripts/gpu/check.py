@@ -19,13 +19,13 @@ Sections (--sections, in this order; each skips itself when the time budget runs
            heads and with --no-heads, each driven by scripts/bench_serve.py (the `openai` client,
            --serve-requests streamed greedy requests at concurrency 1, 4 and 8, --max-new-tokens
            each): aggregate tok/s, TTFT and latency p50/p99, failed responses; serve.json and the
-           servers' logs. Needs fastapi, uvicorn and openai, which the image lacks: gpu_stage.sh
+           servers' logs. Needs fastapi, uvicorn and openai, which the image lacks: gpu/stage.sh
            puts their wheels in .gpu/serve-wheels (carry it; the call installs them first).
 
-The machine is bare and reaches nothing: `scripts/gpu_stage.sh` (run here first) fills the
+The machine is bare and reaches nothing: `scripts/gpu/stage.sh` (run here first) fills the
 ignored folder .gpu/ with what it lacks (wheels for gguf and datasets, 40 MT-bench questions, the
 GGUF in four parts of 25 MB, since a call carries at most 64 MiB with the repository)
-and prints the device commands. Dry run on a CPU: `python scripts/gpu_check.py --dry-run
+and prints the device commands. Dry run on a CPU: `python scripts/gpu/check.py --dry-run
 --out /tmp/gc` (tiny shapes, 2 questions, 16 tokens, the CPU).
 
 Outputs in --out: gpu_check.json (every figure, rewritten after each), gpu_check.log, pytest.txt,
@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12}

@@ -1,4 +1,4 @@
-# Sourced by scripts/gpu_distill.sh and scripts/gpu_train.sh on a bare GPU machine: assemble the
+# Sourced by scripts/gpu/distill.sh and scripts/gpu/train.sh on a bare GPU machine: assemble the
 # staged SmolLM2 GGUF (parts 1-3 staged in $STAGE by earlier calls, the last carried in .gpu/),
 # install the carried wheels, put this checkout's `headstart` on PATH and check, in seconds, that
 # everything the run imports is there (a missing package found 5 minutes in costs the device call).
@@ -20,7 +20,7 @@ gpu_prepare() {
   if ! (cd "$STAGE" && sha256sum -c "$OLDPWD/.gpu/smollm2.sha256"); then
     rm -f "$STAGE/smollm2.gguf"
     echo "error: the staged GGUF parts ($(cd "$STAGE" && ls smollm2.part? | tr '\n' ' ')) do not make the GGUF --" \
-      "fix: stage every part (scripts/gpu_stage.sh's calls) on this machine, back to back" >&2
+      "fix: stage every part (scripts/gpu/stage.sh's calls) on this machine, back to back" >&2
     return 1
   fi
   # python -m pip: a bare `pip` there served another interpreter (2026-11-26, H200). The image's
@@ -28,7 +28,7 @@ gpu_prepare() {
   if [[ -d .gpu/wheels ]] && ! python -c "import gguf, datasets" 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --root-user-action=ignore .gpu/wheels/*.whl
   fi
-  # `headstart serve` and its load benchmark (gpu_check.py --sections serve): fastapi, uvicorn and
+  # `headstart serve` and its load benchmark (gpu/check.py --sections serve): fastapi, uvicorn and
   # openai with what they need beyond the image, resolved from the carried folder only
   if [[ -d .gpu/serve-wheels ]] && ! python -c "import fastapi, uvicorn, openai" 2>/dev/null; then
     python -m pip install -q --no-index --find-links .gpu/serve-wheels --root-user-action=ignore fastapi uvicorn openai
@@ -51,6 +51,6 @@ for name in ("torch", "transformers", "accelerate", "datasets", "gguf", "pyarrow
 import torch
 print("cuda:", torch.cuda.is_available() and torch.cuda.get_device_name())
 if missing:
-    sys.exit("preflight failed -- " + "; ".join(missing) + " (carry the wheels: scripts/gpu_stage.sh)")
+    sys.exit("preflight failed -- " + "; ".join(missing) + " (carry the wheels: scripts/gpu/stage.sh)")
 PY
 }
