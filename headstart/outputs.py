@@ -169,7 +169,7 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
       names in `stale` (files an earlier run of the same command wrote, known from its mark) that
       this run did not write are removed. Nothing else in `dest` is touched.
 
-    Replaced files are moved aside into `dest/.headstart-old-<pid>` until every new file is in
+    Replaced files are moved aside into a fresh `dest/.headstart-old-*` folder until every new file is in
     place, and put back if a rename fails; a file that would have to replace a directory is
     refused before anything moves. A failure leaves `dest` as it was and no temporary behind; an
     OS error is one line naming `dest`. Cost: one rename per file."""

@@ -2,7 +2,7 @@
 """Distillation's batchers side by side on the same prompts, interleaved run by run (this host is
 noisy): the continuous batcher with prefill groups cut by the token budget alone (before
 2026-11-26), the same with padding-aware groups (inference/grouping.py: what `distill` runs),
-and the speculative engine's batcher (issue 38's one engine; no heads). Every run's replies must
+and the speculative engine's batcher (the one engine; no heads). Every run's replies must
 equal the first's (greedy), or the script fails.
 
     python scripts/bench_batchers.py --questions ../shared/data/eval/mt_bench/question.jsonl \

@@ -2,7 +2,7 @@
 # Training throughput of EAGLE-3 against an older commit, measured in one run: the same recipe
 # (offline features, batch 8, max length 384, no held-out eval) runs alternately from a git
 # worktree of BASE and from this checkout, ROUNDS times each, and train tokens/s are printed.
-#   scripts/bench_train.sh 0e23d4e                 # the code of the day issue 23 began
+#   scripts/bench_train.sh 0e23d4e                 # the code before the training-speed work of 2026-11-24
 #   THREADS=2 ROUNDS=3 scripts/bench_train.sh HEAD~1
 # Environment: DATA (a distill directory with cached features, default runs/distill-smollm2-sg600;
 # see experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml for the command that makes it), STEPS (16),

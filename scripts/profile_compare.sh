@@ -3,7 +3,7 @@
 # same scripts/profile_train.py (this checkout's) runs with PYTHONPATH at a git worktree of BASE
 # and at this checkout alternately (base, new, base, new: ROUNDS rounds), on the same batches,
 # and writes each run's JSON to OUT/{base,new}-ROUND.json; the ratio is of the best rounds.
-#   scripts/profile_compare.sh e341f7a                          # the code issue 49 began from
+#   scripts/profile_compare.sh e341f7a                          # the code before the fused loss and planned step
 #   scripts/profile_compare.sh e341f7a mixed_precision=bf16     # more profile_train.py arguments
 #   NEW_ARGS="mixed_precision=bf16 compile=true" scripts/profile_compare.sh e341f7a   # the step as it
 #     can run now against the old default (overrides for this checkout's runs only)

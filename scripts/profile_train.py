@@ -1,5 +1,5 @@
 """Where an EAGLE-3 training step's time goes, its train tokens/s, the FLOPs it counts per token,
-and the utilisation against a matmul peak measured in the same run (issue 49).
+and the utilisation against a matmul peak measured in the same run.
 
     .venv/bin/python scripts/profile_train.py --output docs/results/scaling/profile-train-cpu.json
     .venv/bin/python scripts/profile_train.py --variant fp32: --variant bf16:mixed_precision=bf16

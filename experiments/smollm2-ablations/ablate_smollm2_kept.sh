@@ -1,12 +1,12 @@
 #!/bin/bash
-# Issue 49's EAGLE-3 ablations on the embedded SmolLM2 at equal steps, on the committed kept data
+# EAGLE-3 option ablations on the embedded SmolLM2 at equal steps, on the committed kept data
 # (experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml: 300 steps of batch 8 on 600 ShareGPT
 # conversations, online, bf16 autocast), each variant one setting away from it, all scored on
 # the same 96 held-out turns at 6 draft steps. Run from the repository root, one variant per
 # call (each ~10-15 minutes on the 2-core CPU; under the shared lock, so others interleave):
 #   for v in base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall; do
 #     flock /tmp/headstart-heavy.lock experiments/smollm2-ablations/ablate_smollm2_kept.sh $v; done
-#   python3 experiments/smollm2-ablations/ablation_table.py runs/ablate-kept --output docs/results/scaling/smollm2-eagle3-ablations-2026-11-27.json
+#   python3 experiments/smollm2-ablations/ablation_table.py runs/ablate-kept --output docs/results/scaling/smollm2-eagle3-ablations-kept-cpu.json
 # Environment: STEPS (the recipe's 300), TRAIN_ARGS (more overrides for every run), OUT (default
 # runs/ablate-kept). A finished variant (OUT/NAME/results.json) is skipped.
 set -euo pipefail

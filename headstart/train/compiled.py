@@ -6,8 +6,9 @@ tests/train/test_train_compiled.py).
 
 Why: eager, both are chains of small kernels (norms, rotary, SiLU, residual adds, masks) around
 matmuls of hidden size 576, launch-bound on a GPU and memory-bound on a CPU; compiled, inductor
-fuses them. Measured on the 2-core Xeon (bf16 autocast, batch 8 x ~200 tokens): the target's
-forward 1.7-2.3x faster, the unroll with its backward 1.25x (docs/results/scaling/smollm2-eagle3-train-profile.md).
+fuses them. Exploratory runs on the 2-core Xeon (bf16 autocast, batch 8 x ~200 tokens) gave the
+target's forward 1.7-2.3x and the unroll with its backward 1.25x; no compiled profile is committed
+yet (docs/results/scaling/smollm2-eagle3-train-profile-cpu.md says what is).
 cost: the first batch compiles (~2.5 minutes each graph on that CPU; less on a GPU host's cores).
 The step must be free of host syncs and data-dependent shapes for this: the batch's indices
 come from its host-side plan (headstart.train.plan).

@@ -256,8 +256,8 @@ class TrainConfig:
     """The trackers' project name (wandb project, tensorboard run directory under logs/)."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     """accelerate mixed precision: bf16 autocasts the matmuls (target and head) to bfloat16, the
-    head's master weights stay float32. On a CPU with AMX (lscpu: amx_bf16) it trains ~1.6x faster
-    than fp32 (docs/results/scaling/smollm2-eagle3-train-profile.md); on AVX2 alone it does not pay."""
+    head's master weights stay float32. On a CPU with AMX (lscpu: amx_bf16) it trains ~1.9x faster
+    than fp32 (docs/results/scaling/smollm2-eagle3-train-profile-cpu.md); on AVX2 alone it does not pay."""
     compile: bool = False
     """Compile the frozen target's feature forward and the EAGLE-3 unroll (forward and backward)
     with torch.compile, dynamic shapes (headstart.train.compiled): faster steps after a first

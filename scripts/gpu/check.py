@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 37's GPU check, prepared to run on a bare machine (PyTorch + CUDA + transformers) in
+"""The GPU check, prepared to run on a bare machine (PyTorch + CUDA + transformers) in
 one to three calls of under 10 minutes each, every figure written to --out as it is measured.
 
 Sections (--sections, in this order; each skips itself when the time budget runs out):
@@ -15,7 +15,7 @@ Sections (--sections, in this order; each skips itself when the time budget runs
            EAGLE-3 (the shipped heads), each eager and captured; tok/s, ms per target forward,
            tau, and each method's tokens against `generate`'s. Methods are interleaved per
            question; one warm-up question (not timed) compiles the graphs first.
-  serve    issue 38's load on the device: `headstart serve` on the same GGUF with the shipped
+  serve    the serving load on the device: `headstart serve` on the same GGUF with the shipped
            heads and with --no-heads, each driven by scripts/bench_serve.py (the `openai` client,
            --serve-requests streamed greedy requests at concurrency 1, 4 and 8, --max-new-tokens
            each): aggregate tok/s, TTFT and latency p50/p99, failed responses; serve.json and the

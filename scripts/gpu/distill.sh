@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 36's kept dataset (data/smollm2-kept, see its README): the embedded SmolLM2's own replies
+# The kept dataset (data/smollm2-kept, see its README): the embedded SmolLM2's own replies
 # to ~30,600 conversations (96 held-out + 2,400 sg_90k + 647 ShareGPT_V3 first turns, 7,473 GSM8K,
 # 20,000 data-free), distilled on one GPU (experiments/smollm2-scaling/scaling_smollm2.sh distill, batch 1024, greedy,
 # 256-token prompts, 128-token replies: the mix of the scaling runs), brought back as at most

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 49's one GPU call: EAGLE-3 for the embedded SmolLM2 trained on the whole kept dataset
+# The one GPU training call: EAGLE-3 for the embedded SmolLM2 trained on the whole kept dataset
 # (data/smollm2-kept, 30,520 conversations, 5.74M tokens) for as many epochs as fit the call, the
 # run sized to the card by a profile of the step taken first (scripts/profile_train.py: train
 # tokens/s, where the step's time goes, FLOPs per token, utilisation against the card's measured

@@ -20,7 +20,7 @@
 #         ".gpu/smollm2.sha256"] (add ".gpu/serve-wheels", ~63 MB in all, for the serve section):
 #         source scripts/gpu/common.sh && gpu_prepare && python3 scripts/gpu/check.py --out $OUT --sections smollm2 --target /root/stage/smollm2.gguf --budget 520
 #         (its warm-ups alone took 190 s on an H200: with less than ~330 s left, add
-#         --methods generate,plain_eager,eagle3_eager; issue 38's load: --sections serve, or
+#         --methods generate,plain_eager,eagle3_eager; the serving load: --sections serve, or
 #         smollm2,serve, which stops timing questions with 150 s left for serve)
 #      d. pytest -m gpu and the 8B-shape verify costs (no GGUF needed: calls 1-3 can be skipped),
 #         carry [".gpu/wheels"]: source scripts/gpu/common.sh && python3 -m pip install -q --no-index --no-deps .gpu/wheels/*.whl && python3 scripts/gpu/check.py --out $OUT --sections pytest,shape8b --budget 520

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 36's data-scaling curve on one GPU, from the committed kept dataset (data/smollm2-kept:
+# The data-scaling curve on one GPU, from the committed kept dataset (data/smollm2-kept:
 # nothing to distill first): EAGLE-3 heads for SmolLM2 at three data sizes at equal steps, trained
 # in parallel (one small head leaves most of a GPU idle) under a time budget, each evaluated on
 # the 96 held-out ShareGPT first turns every quarter; the logs, results and finished heads (bf16)
@@ -15,7 +15,7 @@
 #   .venv/bin/python scripts/plot_scaling.py --output docs/results/scaling/smollm2-eagle3-kept-gpu \
 #     runs/gpu-scaling/results-*.json       # the table, numbers and PNG (checked on the dry run)
 #
-# Issue 35's GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
+# The GPU comparison, DFlash against EAGLE-3 at equal data, steps and wall time (three runs
 # side by side on every kept conversation), as the fourth call (timeout_s 600: its smoke ~40 s,
 # the budget, the finishing and the collection ~100 s):
 #   SIZES=0 DFLASH_LAYERS="1 2" STEPS=900 BUDGET=400 scripts/gpu/train.sh device
