@@ -26,7 +26,9 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  rm -rf "${OUT:?}/$name"  # a cut run starts over: its steps would not match the others'
+  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
+    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
+  fi
   recipe=experiments/dflash-vs-eagle3/train_smollm2_dflash_cpu.yaml
   overrides=${VARIANTS[$name]}
   if [[ $overrides == eagle3 ]]; then recipe=experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml; overrides=""; fi

@@ -39,7 +39,9 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  rm -rf "${OUT:?}/$name"  # a cut run starts over: its steps would not match the others'
+  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
+    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
+  fi
   echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
   # shellcheck disable=SC2086  # the overrides are words on purpose
   headstart train --recipe experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml output_dir="$OUT/$name" \
