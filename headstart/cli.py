@@ -168,7 +168,14 @@ def _main(argv: list[str] | None) -> int:
     from headstart.logs import configure, verbosity
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # argparse stops filling a positional list at the first flag: `train --recipe R a=1 --resume
+    # b=2` would refuse b=2. Dotted overrides after a flag join the command's own list.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not (isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-")
+                                                                          for e in extra)):  # fmt: skip
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = [*args.overrides, *extra]
     configure(verbosity(args.quiet, args.verbose))
     if not getattr(args, "command", None):
         parser.print_help()

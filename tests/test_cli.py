@@ -191,3 +191,30 @@ def test_sigusr1_prints_every_stack_and_goes_on():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "still here", proc.stderr
     assert "most recent call first" in proc.stderr and "waiting_for_godot" in proc.stderr, proc.stderr
+
+
+def test_overrides_after_a_flag_join_the_recipe_overrides(tiny_llama, tmp_path, capsys):
+    """`train --recipe R a=1 --dry-run b=2`: argparse alone refuses b=2 (a positional list stops at
+    the first flag); both apply, and a stray flag or a word without `=` is still refused."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(json.dumps({"target": str(tiny_llama), "head": {"kind": "medusa"},
+                                  "data": {"path": [str(tmp_path / "data")]}}))  # fmt: skip
+    assert main(["train", "--recipe", str(recipe), "max_steps=3", "--dry-run", "batch_size=2"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["max_steps"] == 3 and plan["global_batch"] == 2
+    capsys.readouterr()
+    for stray, said in ((["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+                        (["max_steps=3", "--dry-run", "batch_size"], "unrecognized arguments: batch_size"),
+                        (["--dry-run", "batch_size"], "cannot parse override 'batch_size'")):  # fmt: skip
+        assert _status(["train", "--recipe", str(recipe), *stray]) == 2
+        assert said in capsys.readouterr().err
+    assert _status(["info", "--target", str(tiny_llama), "a=1"]) == 2  # no overrides there: refused as before
+    assert "unrecognized arguments: a=1" in capsys.readouterr().err
+
+
+def _status(argv: list[str]) -> int:
+    """main's status; argparse's own errors leave as SystemExit(2), as on the command line."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code)
