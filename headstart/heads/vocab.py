@@ -51,5 +51,14 @@ class DraftVocab:
             return torch.arange(self.draft_vocab_size)
         return torch.arange(self.draft_vocab_size, device=self.d2t.device) + self.d2t
 
+    def draft_ids_key(self) -> tuple:
+        """Changes whenever `draft_ids()` may: the maps' storage, device and in-place version
+        (set_draft_vocab, load_state_dict). Read on the host: caches keyed on it cost no device sync,
+        where comparing the ids themselves would."""
+        if not self._maps():
+            return (self.draft_vocab_size,)
+        d2t = self.d2t
+        return (self.draft_vocab_size, d2t.device, d2t.data_ptr(), d2t._version)
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids] if self._maps() else draft_ids

@@ -42,6 +42,13 @@ class _FusedDraftLoss(torch.autograd.Function):
             grad_hidden = torch.empty(hidden.shape, dtype=acc, device=hidden.device)
             grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
             per_row = torch.empty(hidden.shape[0], dtype=acc, device=hidden.device)
+            # the row weights (decay^j / rows, ~1e-4) scaled to a largest of 1 for the matmuls and
+            # applied back in fp32 after: in fp16, w_r (q - p) would underflow before the loss scale
+            # of the backward could save it (bf16 has the range; the same maths either way)
+            weights = row_weights.to(acc)
+            scale = weights.abs().amax() if weights.numel() else weights.new_ones(())
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # no host sync
+            unit = weights / scale
             for start in range(0, hidden.shape[0], chunk):
                 end = start + chunk
                 h = hidden[start:end].to(dtype)  # (C, H)
@@ -61,11 +68,13 @@ class _FusedDraftLoss(torch.autograd.Function):
                 if tv:
                     grad += tv_grad
                 per_row[start:end] = loss
-                grad = grad.mul_(row_weights[start:end, None].to(acc)).to(dtype)
+                grad = grad.mul_(unit[start:end, None]).to(dtype)
                 grad_hidden[start:end] = grad @ w  # (C, H)
                 if want_weight:
                     grad_weight += (grad.t() @ h).to(acc)  # (Vd, H)
-            total = (per_row * row_weights.to(acc)).sum()
+            grad_hidden.mul_(scale)
+            grad_weight.mul_(scale)
+            total = (per_row * weights).sum()
         ctx.save_for_backward(grad_hidden.to(hidden.dtype), grad_weight.to(weight.dtype))
         ctx.mark_non_differentiable(per_row)
         return total, per_row

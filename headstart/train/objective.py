@@ -172,13 +172,15 @@ class Objective(nn.Module):
         )
 
     @torch.no_grad()
-    def target_logits_at(self, hidden: torch.Tensor, vocab_ids: torch.Tensor) -> torch.Tensor:
-        """The frozen target's logits for hidden states (..., H) over `vocab_ids` (Vd,) only."""
+    def target_logits_at(self, hidden: torch.Tensor, head: Any) -> torch.Tensor:
+        """The frozen target's logits for hidden states (..., H) over the head's draft vocabulary
+        (`head.draft_ids()`, (Vd,)) only."""
         lm_head = self.target_model.get_output_embeddings()
-        known = self._rows.get("ids")
-        if known is None or known.shape != vocab_ids.shape or not torch.equal(known, vocab_ids):
+        key = (head.draft_ids_key(), lm_head.weight.device)  # host-side: no sync per step
+        if self._rows.get("key") != key:
+            vocab_ids = head.draft_ids().to(lm_head.weight.device)
             self._rows = {  # cost: one (Vd x H) gather, then reused every batch
-                "ids": vocab_ids,
+                "key": key,
                 "weight": lm_head.weight[vocab_ids],
                 "bias": None if getattr(lm_head, "bias", None) is None else lm_head.bias[vocab_ids],
             }

@@ -77,3 +77,21 @@ def test_under_autocast_the_matmuls_run_in_bf16_and_the_gradients_keep_their_dty
     torch.testing.assert_close(total, want, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(hh.grad, ref_h.grad, rtol=5e-2, atol=5e-2)
     assert not torch.equal(hh.grad, ref_h.grad)
+
+
+def test_under_fp16_autocast_tiny_row_weights_keep_their_gradients():
+    """Row weights are decay^j / rows (~1e-5 on a real batch): weighted before an fp16 cast, the
+    per-logit gradients underflowed and most lm_head gradient entries were exactly 0."""
+    h, w, probs, index, _ = (
+        x.float() if x.is_floating_point() else x for x in _inputs(seed=3, rows=64, vocab=512)
+    )
+    weights = torch.full((64,), 0.26 / 16000)
+    hh, ww = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.float16):
+        total, _ = fused_ttt_loss(hh, ww, probs, index, weights)
+    (65536 * total).backward()  # fp16 training's loss scale
+    ref_h, ref_w = h.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    (65536 * _reference(ref_h, ref_w, probs, index, weights, 1.0, 0.0)[0]).backward()
+    assert (ww.grad == 0).sum() <= (ref_w.grad == 0).sum()
+    torch.testing.assert_close(hh.grad, ref_h.grad, rtol=2e-2, atol=1e-3 * ref_h.grad.abs().max().item())
+    torch.testing.assert_close(ww.grad, ref_w.grad, rtol=2e-2, atol=1e-3 * ref_w.grad.abs().max().item())

@@ -94,6 +94,23 @@ def test_a_wrong_target_row_changes_the_loss(target):
     assert abs(before.item() - after.item()) > 1e-3
 
 
+def test_the_target_rows_follow_a_changed_draft_vocabulary(target):
+    """The rows are cached on a host-side key (no device sync per step): a new draft vocabulary
+    (set_draft_vocab, a loaded checkpoint) re-gathers them."""
+    objective, batch = _objective(target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=2")
+    objective.eval()
+    lm_head = target.model.get_output_embeddings().weight
+    with torch.no_grad():
+        objective(batch)
+        first = objective._rows["weight"]
+        objective(batch)
+        assert objective._rows["weight"] is first  # reused while the vocabulary stays
+        ids = torch.arange(64) + 7
+        objective.head.set_draft_vocab(ids)
+        objective(batch)
+    torch.testing.assert_close(objective._rows["weight"], lm_head[ids])
+
+
 def test_eagle3_eval_depth_is_set_apart_from_the_training_depth(target):
     """A head trained with one TTT step is still scored at 4 held-out steps (ablations compare
     depths on the same steps); the first steps' hits do not depend on how deep evaluation goes."""

@@ -31,7 +31,7 @@ def dflash_loss(
     needed = ahead(mask, 1).bool()  # positions whose next token is a reply token: the labels
     index = losses.soft_label_index(needed)
     soft = cfg.dflash_labels == "soft" or evaluate
-    probs = (objective.target_logits_at(feats.last_hidden[needed], head.draft_ids()).float().softmax(-1)
+    probs = (objective.target_logits_at(feats.last_hidden[needed], head).float().softmax(-1)
              if soft else None)  # fmt: skip
     depth = (cfg.eval_ttt_steps or size - 1) if evaluate else size - 1
     chunk = anchors.shape[1] if not evaluate else max(1, 4096 // size)  # bounded eval memory

@@ -94,7 +94,7 @@ def ttt_train_loss(
     outs, _, _ = run(head, h0, ids, mask, cfg.ttt_steps, plan)
     chosen = torch.cat([g.flatten(0, 1) for g in outs]).index_select(0, plan.select)  # (M, H)
     labels = feats.last_hidden.flatten(0, 1).index_select(0, plan.needed)  # (N, H)
-    probs = objective.target_logits_at(labels, head.draft_ids()).float().softmax(-1)  # (N, Vd)
+    probs = torch.softmax(objective.target_logits_at(labels, head), -1, dtype=torch.float32)  # (N, Vd)
     if counts is None:  # the local counts, known on the host
         counts = torch.tensor(plan.per_step, dtype=torch.float32, device=h0.device)
     counts = counts.clamp(min=1.0)
