@@ -33,6 +33,15 @@ log = logging.getLogger("headstart.serve")
 POSTS = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
 UNION_TAGS = {"str", "int", "float", "bool"}  # pydantic's names for a union's members in an error's loc
 ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /tokenizer_info, /health, /metrics"
+KNOWN = frozenset(ROUTES.split(", "))
+
+
+def metric_label(path: str) -> str:
+    """A request's path as a /metrics label: one of the server's routes, or a bounded stand-in (a
+    client's path as a label would let any caller add series without end)."""
+    if path in KNOWN:
+        return path
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else "unknown"
 
 
 def build_app(served: Served) -> FastAPI:
@@ -40,7 +49,7 @@ def build_app(served: Served) -> FastAPI:
     started = int(time.time())
 
     def refuse(endpoint: str, err: Refused, headers: dict[str, str] | None = None) -> JSONResponse:
-        served.metrics.request(endpoint, err.status)
+        served.metrics.request(metric_label(endpoint), err.status)
         log.warning("%d %s: %s", err.status, endpoint, printable(err.message))
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
 

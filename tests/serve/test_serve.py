@@ -306,3 +306,13 @@ def test_a_plain_server_prefills_a_shared_opening_once_and_replies_as_generate(t
         assert cached and int(cached[0].split()[1]) >= 2 * 8, cached  # the 2nd and 3rd took the opening
     finally:
         assert srv.stop() == 0, srv.output()
+
+
+def test_a_client_s_paths_never_become_metric_labels(server):
+    """A 404, 405 or 401 is counted under the route or a bounded stand-in: paths a client makes
+    up would otherwise add a /metrics series each, without end."""
+    for i in range(3):
+        assert http("POST", f"{server.url}/v1/models/made-up-{i}", b"{}")[0] == 405
+        assert http("GET", f"{server.url}/v1/made-up-{i}")[0] == 404
+    text = http("GET", f"{server.url}/metrics")[1]
+    assert "made-up" not in text and "/v1/models/{id}" in text
