@@ -16,9 +16,19 @@ MAX_STOPS = 64  # OpenAI allows 4; vLLM and llama-server any number (each costs 
 
 
 class Lenient(BaseModel):
-    """Unknown fields are kept aside (`model_extra`), not refused."""
+    """Unknown fields are kept aside (`model_extra`), not refused; `null` for a field that has a
+    default means that default (OpenAI's spec marks `stream`, `temperature`, `n`, ... nullable,
+    vLLM accepts it, and client wrappers send explicit nulls)."""
 
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        return {key: value for key, value in data.items()
+                if value is not None or key not in cls.model_fields or cls.model_fields[key].is_required()}  # fmt: skip
 
 
 def ignored_fields(value: Any, where: str = "") -> list[str]:

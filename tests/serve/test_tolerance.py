@@ -106,6 +106,22 @@ def test_neutral_values_of_those_fields_are_accepted(server):
     assert neutral.choices[0].message.content == plain
 
 
+def test_null_means_the_default(server):
+    """OpenAI's spec marks these nullable and vLLM takes null as the default; wrappers send it."""
+    nulls = {"stream": None, "n": None, "top_p": None, "stop": None, "seed": None, "logprobs": None,
+             "presence_penalty": None, "stream_options": None}  # fmt: skip
+    for path, body in (("chat/completions", {"messages": HI}), ("completions", {"prompt": "hi"})):
+        base = {"model": server.model, "max_tokens": 6, "temperature": 0, **body}
+        status, text = http("POST", f"{server.url}/v1/{path}", json.dumps({**base, **nulls}).encode())
+        assert status == 200, text
+        plain = json.loads(http("POST", f"{server.url}/v1/{path}", json.dumps(base).encode())[1])
+        assert len(json.loads(text)["choices"]) == 1 and json.loads(text)["choices"] == plain["choices"]
+    status, text = http(
+        "POST", f"{server.url}/v1/completions", json.dumps({"model": server.model, "prompt": None}).encode()
+    )
+    assert status == 400 and "prompt" in text  # a required field stays required
+
+
 def test_models_retrieve_and_errors_in_openai_shape(server):
     client = server.client()
     assert client.models.retrieve(server.model).id == server.model
