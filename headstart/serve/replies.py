@@ -60,9 +60,10 @@ class Asked:
 
 
 def token_limit(served: Served, prompt: int, asked: int | None, where: str) -> int:
-    """max_tokens for a prompt of `prompt` tokens, or the 400/413 that says why not."""
+    """max_tokens for a prompt of `prompt` tokens, or the 400 that says why not (OpenAI's and
+    vLLM's status for `context_length_exceeded`, which clients key their handling on)."""
     if prompt > served.context or (prompt == served.context and asked != 0):
-        raise Refused(413, f"prompt of {prompt} tokens leaves no room in the context of {served.context}",
+        raise Refused(400, f"prompt of {prompt} tokens leaves no room in the context of {served.context}",
                       where, "context_length_exceeded")  # fmt: skip
     # a request that names no max_tokens gets the default, within this server's own limit
     limit = (
@@ -73,7 +74,7 @@ def token_limit(served: Served, prompt: int, asked: int | None, where: str) -> i
             400, f"max_tokens {limit} exceeds this server's limit of {served.max_tokens}", "max_tokens"
         )
     if prompt + limit > served.context:
-        raise Refused(413, f"prompt of {prompt} tokens + max_tokens {limit} exceeds the context of "
+        raise Refused(400, f"prompt of {prompt} tokens + max_tokens {limit} exceeds the context of "
                       f"{served.context}", where, "context_length_exceeded")  # fmt: skip
     return limit
 
