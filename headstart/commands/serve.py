@@ -189,9 +189,11 @@ def run(args: argparse.Namespace) -> int:
                     allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20))  # fmt: skip
     app = build_app(served)
     # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
-    # decode loop's, which answers what still runs at --grace with a 503 or an error event
+    # decode loop's, which answers what still runs at --grace with a 503 or an error event. The
+    # margin is wide: on a loaded 2-core host the loop's answer came 3 to over 6 s after --grace
+    # (2026-11-27; not understood yet), and uvicorn's cut at +5 s then turned every 503 into a 500
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=math.ceil(args.grace) + 5, access_log=False)  # fmt: skip
+                            timeout_graceful_shutdown=math.ceil(args.grace) + 30, access_log=False)  # fmt: skip
     server = thread_server_class()(config)
     http = threading.Thread(target=server.run, name="headstart-http", daemon=True)
     stopping: dict[str, float] = {}

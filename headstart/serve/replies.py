@@ -140,8 +140,14 @@ async def respond(served: Served, body: Sampling, asked: Asked, request: Request
     served.metrics.request(asked.endpoint, 200)
     pieces = lp.Pieces(served.target.tokenizer)
     shape = lp.chat_logprobs if asked.chat else lp.completion_logprobs
-    out = [reply.choice(c.index, c.echo + c.text.text, c.reason(),
-                        shape(c.scored, pieces) if c.scored is not None else None) for c in choices]  # fmt: skip
+    out = []
+    for c in choices:
+        text = c.text.text  # the one decode of the reply; it notes a stop string for reason()
+        out.append(
+            reply.choice(
+                c.index, c.echo + text, c.reason(), shape(c.scored, pieces) if c.scored is not None else None
+            )
+        )
     return JSONResponse(
         reply.whole(out, sum(map(len, asked.prompts)), sum(len(c.job.emitted) for c in choices))
     )
@@ -160,7 +166,7 @@ async def _drain(choices: list[Choice]) -> bool:
         index, kind, value = await events.get()
         choice = choices[index]
         if kind == "tokens":
-            choice.text.push(value)
+            choice.text.feed(value)  # decoded once, when the reply is complete
         elif kind == "scored":
             choice.scored = value
         elif kind == "done":

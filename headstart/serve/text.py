@@ -12,7 +12,8 @@ class TextStream:
     Text is decoded from all tokens so far (a token may complete a multi-byte character the
     previous one started) and held back while it ends in a replacement character or could still
     be the start of a stop string; `finish` releases the rest. A stop string ends the text there.
-    cost: one decode of the reply so far per step (replies are short; steps commit several tokens)."""
+    cost: one decode of the reply so far per streamed step, on the event loop (steps commit
+    several tokens; a reply read whole uses `feed` and decodes once)."""
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
@@ -28,6 +29,11 @@ class TextStream:
             if at >= 0:
                 text, self.stopped = text[:at], True
         return text
+
+    def feed(self, tokens: list[int]) -> None:
+        """New tokens in, nothing decoded: a reply read whole decodes once (`text`), not once a
+        step (the event loop's cost would grow with the square of the reply's length)."""
+        self.tokens += tokens
 
     def push(self, tokens: list[int]) -> str:
         """New tokens in, the newly safe text out ('' while held back)."""
