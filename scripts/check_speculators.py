@@ -219,6 +219,26 @@ def inner(args: argparse.Namespace) -> None:
     print(json.dumps({**report, "tokens": total}))
 
 
+def local_verifier(export: Path, target: str, into: Path) -> Path:
+    """The export as speculators reads it here: speculators loads the verifier's embeddings and
+    lm_head from `verifier.name_or_path`, which an export names portably (a Hub id) and this
+    machine may not reach. A copy (links) whose config names the target's local folder instead."""
+    from headstart.target import load_target
+
+    local = load_target(target).model.config._name_or_path
+    config = json.loads((export / "config.json").read_text())
+    verifier = config.get("speculators_config", {}).get("verifier") or {}
+    if not local or not Path(local).is_dir() or Path(str(verifier.get("name_or_path"))).is_dir():
+        return export
+    into.mkdir()
+    for item in export.iterdir():
+        if item.name != "config.json":
+            (into / item.name).symlink_to(item.resolve())
+    verifier["name_or_path"] = local
+    (into / "config.json").write_text(json.dumps(config, indent=2))
+    return into
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -240,7 +260,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         file = Path(tmp) / "features.safetensors"
         features(args, file)
-        cmd = [args.python, __file__, "--inner", "--export", args.export, "--features", str(file)]
+        export = local_verifier(Path(args.export), args.target, Path(tmp) / "export")
+        cmd = [args.python, __file__, "--inner", "--export", str(export), "--features", str(file)]
         result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode:
         print(result.stderr[-3000:], file=sys.stderr)
