@@ -9,6 +9,7 @@
 # (default runs/dflash). A finished variant (OUT/NAME/results.json) is skipped: rerun after a cut.
 # Data (CPU, ~11 min each): see the header of experiments/dflash-vs-eagle3/train_smollm2_dflash_cpu.yaml.
 set -euo pipefail
+source "$(dirname "$0")/../keep_aside.sh"
 OUT=${OUT:-runs/dflash}
 declare -A VARIANTS=(
   [eagle3]="eagle3"                           # the EAGLE-3 ablation base (4 TTT steps, vocab 8,192)
@@ -26,9 +27,7 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
-    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
-  fi
+  keep_aside "$OUT/$name"  # a cut run starts over, kept aside
   recipe=experiments/dflash-vs-eagle3/train_smollm2_dflash_cpu.yaml
   overrides=${VARIANTS[$name]}
   if [[ $overrides == eagle3 ]]; then recipe=experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml; overrides=""; fi

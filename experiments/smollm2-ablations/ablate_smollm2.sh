@@ -13,6 +13,7 @@
 # data1200 needs 600 more conversations (rows 1,392 on of sg_90k, before the held-out rows):
 #   headstart distill --recipe experiments/smollm2-shipped/distill_smollm2_shipped_sg90k_more.yaml num=600 threads=2 out=runs/distill-smollm2-sgmore600
 set -euo pipefail
+source "$(dirname "$0")/../keep_aside.sh"
 OUT=${OUT:-runs/ablate}
 declare -A VARIANTS=(
   [base]=""                                   # EAGLE-3's reference: 4 steps, weights 0.8^j
@@ -39,9 +40,7 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
-    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
-  fi
+  keep_aside "$OUT/$name"  # a cut run starts over, kept aside
   echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
   # shellcheck disable=SC2086  # the overrides are words on purpose
   headstart train --recipe experiments/smollm2-ablations/train_smollm2_eagle3_ablate.yaml output_dir="$OUT/$name" \

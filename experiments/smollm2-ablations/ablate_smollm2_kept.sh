@@ -10,6 +10,7 @@
 # Environment: STEPS (the recipe's 300), TRAIN_ARGS (more overrides for every run), OUT (default
 # runs/ablate-kept). A finished variant (OUT/NAME/results.json) is skipped.
 set -euo pipefail
+source "$(dirname "$0")/../keep_aside.sh"
 OUT=${OUT:-runs/ablate-kept}
 KEPT=data/smollm2-kept
 declare -A VARIANTS=(
@@ -30,9 +31,7 @@ mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
   if [[ -f "$OUT/$name/results.json" ]]; then echo "== $name: done already"; continue; fi
-  if [[ -e "$OUT/$name" ]]; then  # a cut run starts over (its steps would not match the others'); kept aside
-    aside="$OUT/$name.cut-$(date +%Y%m%d-%H%M%S)"; mv "$OUT/$name" "$aside"; echo "a cut run of $name moved to $aside" >&2
-  fi
+  keep_aside "$OUT/$name"  # a cut run starts over, kept aside
   echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
   # shellcheck disable=SC2086  # the overrides are words on purpose
   headstart train --recipe experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml output_dir="$OUT/$name" \
