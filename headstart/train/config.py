@@ -104,8 +104,13 @@ class OptimConfig:
     """AdamW betas."""
     warmup_steps: int = 0
     """Linear warm-up of the learning rate over this many optimizer steps."""
-    schedule: Literal["constant", "cosine", "linear"] = "cosine"
-    """Learning-rate decay after warm-up (to 0 at max_steps for cosine/linear)."""
+    schedule: Literal["constant", "cosine", "linear", "wsd"] = "cosine"
+    """Learning-rate decay after warm-up (to 0 at max_steps for cosine/linear); wsd
+    (warmup-stable-decay): the peak rate, then a linear decay to 0 over the last `decay` of the run,
+    a schedule a run can be extended under (headstart/train/schedule.py)."""
+    decay: float = 0.2
+    """wsd: the share of the run that decays: of max_steps, or under time_budget_s, of the budget's
+    training time (the decay's steps then sized by the measured pace when it starts)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm (0 = no clipping)."""
     freeze: list[str] = field(default_factory=list)
@@ -118,6 +123,7 @@ class OptimConfig:
             "optim.lr": (self.lr >= 0, "set optim.lr=1e-3"),  # 0: evaluate and re-save (init_from)
             "optim.weight_decay": (self.weight_decay >= 0, "set optim.weight_decay=0"),
             "optim.warmup_steps": (self.warmup_steps >= 0, "set optim.warmup_steps=0"),
+            "optim.decay": (0 <= self.decay <= 1, "set optim.decay=0.2 (the last 20% of the run decays)"),
             "optim.max_grad_norm": (self.max_grad_norm >= 0, "set optim.max_grad_norm=1.0 (0 = no clipping)"),
             "optim.betas": (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "set optim.betas=[0.9,0.95]"),
         }  # fmt: skip

@@ -147,17 +147,33 @@ class Budget:
         self.deadline = started + seconds if seconds > 0 else None
         self.step_s = self.eval_s = self.save_s = 0.0
         self.steps = 0
-        self.last = time.perf_counter()
+        self.stepping_s = 0.0  # the steps' own time after the first (the pace of a timed decay)
+        self.last = self.ready_at = time.perf_counter()
 
     def ready(self) -> None:
         """Start-up is over: the next step is timed from now, not from the process start."""
-        self.last = time.perf_counter()
+        self.last = self.ready_at = time.perf_counter()
 
     def stepped(self) -> None:
         now = time.perf_counter()
         took, self.last = now - self.last, now
         self.steps += 1
         self.step_s = took if self.steps <= 2 else max(self.step_s, took)
+        if self.steps >= 2:
+            self.stepping_s += took
+
+    def decay_steps(self, share: float) -> int:
+        """optim.schedule=wsd under a deadline: 0 while more than `share` of the training time is
+        left; then the steps the mean pace fits into what is left (the final evaluation and
+        checkpoint set aside), over which the learning rate decays to 0."""
+        if self.deadline is None or self.steps < 3:
+            return 0
+        now = time.perf_counter()
+        # what `exhausted` keeps back, so that the decay ends before the budget would stop the run
+        left = self.deadline - now - (1.1 * (self.step_s + self.eval_s) + 2 * self.save_s + 1.0)
+        if left > share * (self.deadline - self.ready_at):
+            return 0
+        return max(1, int(left / (1.1 * self.stepping_s / (self.steps - 1))))
 
     def timed(self, kind: str, since: float) -> None:
         """Record how long an evaluation or a checkpoint took (and restart the step clock)."""
@@ -261,8 +277,11 @@ def _train(
     )
     consumed = step * cfg.grad_accum
     epoch, skip = divmod(consumed, per_epoch)
+    # the last step: max_steps, or where a wsd decay the time budget placed ends (train/schedule.py)
+    end = getattr(scheduler, "end_step", cfg.max_steps)
+    timed_decay = cfg.optim.schedule == "wsd" and cfg.optim.decay > 0 and budget.deadline is not None
     bar = tqdm(
-        total=cfg.max_steps,
+        total=end,
         initial=step,
         disable=not accelerator.is_local_main_process
         or progress_off(),  # an explicit disable ignores TQDM_DISABLE
@@ -276,7 +295,7 @@ def _train(
     model.train()
     stop.armed = True  # from here a signal stops the run after its current step
     try:
-        while step < cfg.max_steps:
+        while step < end:
             batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
             # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
             # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
@@ -306,7 +325,7 @@ def _train(
                 ):
                     trim_heap()  # else RSS climbs for hours: see train/heap.py
                 bar.update(1)
-                if step % cfg.log_every == 0 or step == cfg.max_steps:
+                if step % cfg.log_every == 0 or step == end:
                     logged = metrics.log_train(
                         accelerator,
                         step,
@@ -321,23 +340,19 @@ def _train(
                     check_finite(logged["loss"], step, ckpt_root)
                     window, parts_window = [], []
                 budget.stepped()
-                if eval_loader is not None and (step % cfg.eval_every == 0 or step == cfg.max_steps):
+                if timed_decay and not scheduler.timed and step < end:
+                    end = start_timed_decay(accelerator, scheduler, budget, cfg.optim.decay, step) or end
+                    bar.total = end
+                if eval_loader is not None and (step % cfg.eval_every == 0 or step == end):
                     since = time.perf_counter()
                     history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
                     model.train()
                     budget.timed("eval", since)
                     pace.restart()
-                due = eval_loader is not None and (
-                    (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps
-                )
-                out_of_time, asked = agreed_stops(accelerator, budget, due, stop, step < cfg.max_steps)
+                due = eval_loader is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == end)
+                out_of_time, asked = agreed_stops(accelerator, budget, due, stop, step < end)
                 # the last step saves too: `--resume max_steps=MORE` goes on from the finished head
-                if (
-                    (cfg.save_every and step % cfg.save_every == 0)
-                    or out_of_time
-                    or asked
-                    or step == cfg.max_steps
-                ):
+                if (cfg.save_every and step % cfg.save_every == 0) or out_of_time or asked or step == end:
                     since = time.perf_counter()
                     check_weights_finite(accelerator, model, step, ckpt_root)
                     extra = {
@@ -359,7 +374,7 @@ def _train(
                         f"training stopped at step {step} ({stop.signal}); checkpoint {saved_at}",
                         "rerun the same command with --resume to continue",
                     )
-                if step >= cfg.max_steps:
+                if step >= end:
                     break
             epoch += 1
     except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): at once, from inside a step
@@ -409,6 +424,25 @@ def _train(
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
+
+
+def start_timed_decay(accelerator: Any, scheduler: Any, budget: Budget, share: float, step: int) -> int:
+    """Start the wsd decay once the time budget says so (the same step and length on every
+    process: the main one's call, broadcast); the run's new last step, or 0 while not yet.
+    cost: with several processes, one tiny broadcast (a host sync) per step until it starts."""
+    steps = budget.decay_steps(share)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast
+
+        steps = int(broadcast(torch.tensor([steps], device=accelerator.device), from_process=0).item())
+    if not steps:
+        return 0
+    scheduler.start_decay(step, steps)
+    logging.getLogger("headstart.train").info(
+        "step %d: the learning rate decays to 0 over the %d steps the time budget has left (wsd)",
+        step, scheduler.end_step - step,
+    )  # fmt: skip
+    return scheduler.end_step
 
 
 def agreed_stops(

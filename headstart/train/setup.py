@@ -297,12 +297,17 @@ SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "
 
 def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> tuple[Any, Any]:
     """AdamW and transformers' `get_scheduler` (warmup, then constant, cosine or linear decay to
-    0 at max_steps); its state is saved with every checkpoint and restored on resume."""
+    0 at max_steps), or headstart's warmup-stable-decay (train/schedule.py); its state is saved
+    with every checkpoint and restored on resume."""
     from transformers import get_scheduler
 
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
     )
+    if cfg.optim.schedule == "wsd":
+        from headstart.train.schedule import WarmupStableDecay
+
+        return optimizer, WarmupStableDecay(optimizer, cfg.optim.warmup_steps, cfg.max_steps, cfg.optim.decay)
     scheduler = get_scheduler(
         SCHEDULES[cfg.optim.schedule],
         optimizer,
