@@ -12,7 +12,9 @@ Sections (--sections, in this order; each skips itself when the time budget runs
   smollm2  the embedded SmolLM2 (the GGUF given by --target) on the first --questions
            questions, --max-new-tokens tokens, bf16, batch 1: transformers' `generate` eager
            and with its static cache (compiled by transformers), headstart plain, Medusa and
-           EAGLE-3 (the shipped heads), each eager and captured; tok/s, ms per target forward,
+           EAGLE-3 (the shipped heads; eagle3tuned_*: their tuned tree, eagle3ref_*: EAGLE's
+           reference tree, dynamic, depth 6, top-k 10, 60 nodes; eagle3_*: the default static
+           tree), each eager and captured; tok/s, ms per target forward,
            tau, and each method's tokens against `generate`'s. Methods are interleaved per
            question; one warm-up question (not timed) compiles the graphs first.
   serve    the serving load on the device: `headstart serve` on the same GGUF with the shipped
@@ -47,6 +49,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+# EAGLE-2/3's reference tree (depth 6, top-k 10, 60 nodes), as the CPU reports name it
+EAGLE_REFERENCE_TREE = "dynamic:depth=6,top_k=10,total_tokens=60"
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12, "A100": 2.0e12}
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0)  # fmt: skip
@@ -237,6 +241,7 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     from headstart.heads.build import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.target import load_target
+    from headstart.tuned import tuned_tree
 
     # warm-ups cost: on an H200 (2026-11-26) 190 s for all eight methods, the captured ones
     # 28-43 s each (compiles), the eager ones 10-15 s: a call with less left times none of them
@@ -270,8 +275,8 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
 
         return run
 
-    def ours(kind: str | None, compiled: bool) -> Any:
-        decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree="static" if kind else None,
+    def ours(kind: str | None, compiled: bool, tree: str = "static") -> Any:
+        decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree=tree if kind else None,
                                      compile=compiled, compile_backend=args.backend)  # fmt: skip
 
         def run(ids: list[int]) -> tuple[list[int], int]:
@@ -285,6 +290,11 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     for kind in (None, "medusa", "eagle3"):
         for compiled in (False, True):
             methods[f"{kind or 'plain'}_{'captured' if compiled else 'eager'}"] = ours(kind, compiled)
+    for compiled in (False, True):  # the shipped heads' tuned tree, and EAGLE's reference tree
+        mode = "captured" if compiled else "eager"
+        if tuned_tree(shipped / "smollm2-eagle3"):
+            methods[f"eagle3tuned_{mode}"] = ours("eagle3", compiled, tuned_tree(shipped / "smollm2-eagle3"))
+        methods[f"eagle3ref_{mode}"] = ours("eagle3", compiled, EAGLE_REFERENCE_TREE)
     unknown = sorted(set(args.methods) - set(methods))
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(methods)}")

@@ -1,0 +1,112 @@
+#!/bin/bash
+# One GPU window of the accumulating EAGLE-3 run (recipes/smollm2-eagle3-windows-gpu.yaml): the
+# decode check first while no CUDA decode report is committed, then the run's next window for
+# the rest of the call. Everything lands under $OUT as it comes (at most 8 files of 16 MB):
+# gpu_check.json and gpu_check.log (the decode check, rewritten after every question),
+# logs.tar.gz (the train log, results.json, the step-time table), heads.tar.N (the window's head
+# in bf16, parts of 15 MB).
+#
+#   scripts/gpu/stage.sh                        # here, once: .gpu/ (wheels, questions, the GGUF in 4 parts)
+#   device calls 1-3, back to back (gpu/stage.sh's header: each stages one GGUF part, seconds each)
+#   device call 4, the window (run tool):
+#     command: scripts/gpu/window.sh device
+#     carry:   [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
+#     timeout_s: 590                             (CALL_S below: its plan ends by then)
+#   scripts/gpu/window.sh unpack FILES_AT       # here: runs/gpu-window (head, logs, decode report)
+#   python3 scripts/gpu/windows.py record runs/gpu-window   # here: the CPU verdict and the ledger
+#
+# The plan of the call (CALL_S=560 s of it): preparation (~20 s), the decode check (DECODE_S,
+# 270 s: generate, plain eager and captured, EAGLE-3 captured at the default static tree and at
+# EAGLE's reference tree; an H200 took 190 s for eight methods' warm-ups on 2026-11-26, so the
+# eager EAGLE-3 and the CPU-tuned tree are left out to time questions; skipped once docs/results/bench/
+# holds a CUDA decode report, or with DECODE=off; DECODE=on forces it), then the window's training
+# under a time budget of what is left less COLLECT_S (the wsd decay placed by the budget, so the
+# returned head has decayed), then the collection. Seed = the window's number (the ledger's
+# count + 1): each window shuffles the data anew.
+# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, TRAIN_ARGS (more recipe overrides),
+# DEVICE (cuda; cpu for the dry run), OUT.
+# Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
+#   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on \
+#     TRAIN_ARGS="batch_size=4 data.max_records=400 eval_batches=2 mixed_precision=no" scripts/gpu/window.sh device
+set -euo pipefail
+OUT=${OUT:-runs/window-out}
+DEVICE=${DEVICE:-cuda}
+CALL_S=${CALL_S:-560}
+DECODE_S=${DECODE_S:-270}
+COLLECT_S=${COLLECT_S:-45}
+METHODS=${METHODS:-generate,plain_eager,plain_captured,eagle3_captured,eagle3ref_captured}
+RECIPE=recipes/smollm2-eagle3-windows-gpu.yaml
+RUN=runs/window-eagle3
+source "$(dirname "$0")/common.sh"
+
+decode_wanted() {
+  case ${DECODE:-auto} in
+    on) return 0 ;;
+    off) return 1 ;;
+    *) ! compgen -G "docs/results/bench/*cuda-decode*.json" > /dev/null ;;
+  esac
+}
+
+device() {
+  mkdir -p "$OUT" runs
+  [[ -d $RUN ]] && mv "$RUN" "$RUN.before-$(date +%s)"  # a warm machine's earlier call
+  gpu_prepare
+  local target="$STAGE/smollm2.gguf" cpu=() dry=() args
+  [[ $DEVICE == cpu ]] && cpu=(cpu=true) && dry=(--dry-run --questions "${QUESTIONS:-.gpu/questions.jsonl}")
+  read -r -a args <<< "${TRAIN_ARGS:-}"
+  # 1. the decode check, cut at DECODE_S whatever it is doing (its JSON is rewritten per question)
+  if decode_wanted; then
+    timeout -k 10 "$DECODE_S" python3 scripts/gpu/check.py --out "$OUT" --sections smollm2 --target "$target" \
+      --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" "${dry[@]}" > runs/decode.log 2>&1 \
+      || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
+    grep -E "question|warm-up|FAILED|stopped|skipped" runs/decode.log | tail -n 12 || true
+  fi
+  # 2. the window: seed = its number, a time budget of what the call has left
+  local window left code=0
+  window=$(python3 scripts/gpu/windows.py next)
+  left=$(( CALL_S - SECONDS - COLLECT_S ))
+  echo "window $window: training for $left s (seed $window)"
+  headstart train --recipe "$RECIPE" target="$target" output_dir="$RUN" seed="$window" \
+    time_budget_s="$left" "${cpu[@]}" "${args[@]}" > runs/window.log 2>&1 || code=$?
+  echo "train: exit $code after $SECONDS s"
+  if [[ ! -f $RUN/results.json ]]; then  # stopped by the budget before its decay ended: its checkpoint
+    local last
+    last=$(ls -d "$RUN"/checkpoints/step-* 2>/dev/null | tail -n 1 || true)
+    if [[ -n "$last" ]]; then
+      headstart train --recipe "$RECIPE" target="$target" output_dir="$RUN" seed="$window" --resume \
+        max_steps="$((10#${last##*step-}))" time_budget_s=0 "${cpu[@]}" "${args[@]}" >> runs/window.log 2>&1 || true
+    fi
+  fi
+  collect "$window"
+  ls -la "$OUT"
+}
+
+collect() {  # the log, results and step-time table in one file; the head as bf16 in 15 MB parts
+  grep -E "eval step|start-up took|decays to 0|time budget|error|Error" runs/window.log | tail -n 20 || true
+  echo "$1" > runs/window-number.txt
+  if [[ -f $RUN/results.json ]]; then
+    python3 scripts/gpu/step_table.py "$RUN/results.json" > runs/steps.md
+    tail -n 8 runs/steps.md
+  fi
+  tar -czf "$OUT/logs.tar.gz" runs/window.log runs/window-number.txt \
+    $(ls runs/decode.log runs/steps.md "$RUN/results.json" 2>/dev/null)
+  rm -rf runs/window-head
+  if [[ -f $RUN/final/model.safetensors ]]; then
+    headstart export "$RUN/final" --format headstart --dtype bfloat16 --output runs/window-head -q
+    tar -C runs -cf - window-head | split -b 15000000 -d -a 1 - "$OUT/heads.tar."
+  fi
+}
+
+unpack() {
+  local files=${1:?the folder holding the files of the call}
+  rm -rf runs/gpu-window && mkdir -p runs/gpu-window
+  tar -C runs/gpu-window -xzf "$files/logs.tar.gz"
+  if compgen -G "$files/heads.tar.*" > /dev/null; then
+    cat "$files"/heads.tar.* | tar -C runs/gpu-window -xf -
+  fi
+  cp "$files"/gpu_check.* runs/gpu-window/ 2>/dev/null || true
+  chmod -R u+w runs/gpu-window
+  ls -la runs/gpu-window runs/gpu-window/runs 2>/dev/null
+}
+
+"$@"

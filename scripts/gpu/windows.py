@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The ledger of the accumulating EAGLE-3 run (recipes/smollm2-eagle3-windows-gpu.yaml): one entry
+per GPU window, in docs/results/gpu-windows/smollm2-eagle3-run.json, and the CPU verdict that
+decides whether a window's head becomes the run's (and the shipped) head.
+
+    python3 scripts/gpu/windows.py next                    # the next window's number (its seed)
+    python3 scripts/gpu/windows.py record runs/gpu-window [--card NAME] [--date YYYY-MM-DD]
+        # evaluates the window's head and the head it started from on the CPU, on the same held-out
+        # turns with the same command (fp32, no autocast), and appends the window to the ledger
+    python3 scripts/gpu/windows.py promote runs/gpu-window  # the window's head replaces the shipped one
+
+`next` runs on the bare GPU machine (standard library only); `record` and `promote` run here.
+A window's head is adopted only if its CPU held-out estimate beats the starting head's by more
+than the noise (NOISE below) and it is not worse at EAGLE's reference tree (the bench that
+`record` prints the command for); `promote` then copies it over the shipped head, so the
+repository keeps one copy of the run's state and the next window starts from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LEDGER = ROOT / "docs" / "results" / "gpu-windows" / "smollm2-eagle3-run.json"
+RECIPE = "recipes/smollm2-eagle3-windows-gpu.yaml"
+SHIPPED = ROOT / "headstart" / "default_heads" / "smollm2-eagle3"
+# The held-out estimate's noise on the 96 sgeval turns: ~0.015 between seeds of the same recipe
+# (docs/results/scaling/smollm2-eagle3-ablations-cpu.md); the same head evaluated twice gives the
+# same figure, so this is the bar for "a different head is better", not for repeatability.
+NOISE = 0.015
+# Where the run started: the shipped head's own training (its config.json training record).
+ORIGIN = {"steps": 2500, "global_batch": 32, "note": "the shipped head: 1,400 + 1,100 steps on 5,351 CPU-"
+          "distilled chat and math conversations (experiments/smollm2-scaling), before the first window"}  # fmt: skip
+
+
+def ledger() -> dict:
+    if LEDGER.is_file():
+        return json.loads(LEDGER.read_text())
+    return {"run": RECIPE, "origin": ORIGIN, "windows": []}
+
+
+def cmd_next(_: argparse.Namespace) -> None:
+    print(len(ledger()["windows"]) + 1)
+
+
+def evaluate(head: Path, out: Path) -> dict:
+    """The held-out evaluation of `head` on the CPU: train with max_steps=0 re-evaluates and
+    re-saves the head given by init_from (the same turns and TTT depth as the window's own)."""
+    command = [sys.executable, "-m", "headstart", "train", "--recipe", RECIPE, f"init_from={head}", "max_steps=0",
+               f"output_dir={out}", "cpu=true", "mixed_precision=no", "batch_size=8", "trackers=[none]", "-q"]  # fmt: skip
+    subprocess.run(command, cwd=ROOT, check=True)
+    result = json.loads((out / "results.json").read_text())["final_eval"]
+    return {k: round(v, 4) for k, v in result.items() if isinstance(v, float)} | {"command": " ".join(command[1:])}
+
+
+def cmd_record(args: argparse.Namespace) -> None:
+    folder = Path(args.folder).resolve()
+    results = json.loads((folder / "runs" / "window-eagle3" / "results.json").read_text())
+    number = int((folder / "runs" / "window-number.txt").read_text())
+    head = folder / "window-head"
+    book = ledger()
+    if any(w["window"] == number for w in book["windows"]):
+        sys.exit(f"window {number} is in the ledger already ({LEDGER})")
+    with tempfile.TemporaryDirectory(prefix="window-eval-") as tmp:
+        new = evaluate(head, Path(tmp) / "new")
+        old = evaluate(SHIPPED, Path(tmp) / "start")
+    gain = new["eval/accept_len_est"] - old["eval/accept_len_est"]
+    adopted_before = [w for w in book["windows"] if w["adopted"]]
+    entry = {
+        "window": number,
+        "date": args.date or time.strftime("%Y-%m-%d"),
+        "card": args.card,
+        "command": results.get("command"),
+        "seed": number,
+        "steps": results["steps"],
+        "train_tokens": results["tokens"],
+        "wall_s": results["wall_s"],
+        "tokens_per_s": results["tokens_per_s"],
+        "stopped": results.get("stopped"),
+        "gpu_eval_accept_len_est": round(results["final_eval"].get("eval/accept_len_est", float("nan")), 4),
+        "cpu_eval": {"window_head": new, "start_head": old},
+        "gain": round(gain, 4),
+        "beats_start": gain > NOISE,
+        "adopted": False,  # set by `promote`, after the reference-tree bench
+        "run_steps_before": ORIGIN["steps"] + sum(w["steps"] for w in adopted_before),
+        "run_tokens_before": sum(w["train_tokens"] for w in adopted_before),
+    }
+    book["windows"].append(entry)
+    LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    LEDGER.write_text(json.dumps(book, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in entry.items() if k != "cpu_eval"}, indent=1))
+    print(f"held-out estimate (CPU, fp32): window {new['eval/accept_len_est']:.4f} against the start's "
+          f"{old['eval/accept_len_est']:.4f}: {'beats it' if entry['beats_start'] else 'does not beat it'} "
+          f"(noise {NOISE})")  # fmt: skip
+    print("next, the reference tree (adopt only if not worse):\n  headstart bench --target smollm2 --threads 2 "
+          "--questions ../shared/data/eval/mt_bench/question.jsonl --shard 1/5 --max-new-tokens 128 "
+          f"--heads window={head} --heads shipped={SHIPPED} --tree 'dynamic:depth=6,top_k=10,total_tokens=60' "
+          "--baselines vanilla --output runs/bench-window-reftree")  # fmt: skip
+
+
+def cmd_promote(args: argparse.Namespace) -> None:
+    folder = Path(args.folder).resolve()
+    number = int((folder / "runs" / "window-number.txt").read_text())
+    book = ledger()
+    entry = next((w for w in book["windows"] if w["window"] == number), None)
+    if entry is None or not entry["beats_start"]:
+        sys.exit(f"window {number} is not recorded as beating its start: run `record` first")
+    for name in ("model.safetensors", "config.json", "README.md"):
+        shutil.copy2(folder / "window-head" / name, SHIPPED / name)
+    entry["adopted"] = True
+    entry["reference_tree"] = args.reference_tree
+    LEDGER.write_text(json.dumps(book, indent=1) + "\n")
+    print(f"window {number}'s head is now {SHIPPED} (re-tune its tree: headstart tune)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    sub.add_parser("next").set_defaults(fn=cmd_next)
+    record = sub.add_parser("record")
+    record.add_argument("folder")
+    record.add_argument("--card", default="unknown")
+    record.add_argument("--date")
+    record.set_defaults(fn=cmd_record)
+    promote = sub.add_parser("promote")
+    promote.add_argument("folder")
+    promote.add_argument("--reference-tree", required=True, help="the bench's tau, window against shipped")
+    promote.set_defaults(fn=cmd_promote)
+    args = parser.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
