@@ -40,9 +40,10 @@ class HeadSpec:
     """DFlash: the token id whose (frozen, target) embedding fills the block's mask slots; None:
     the tokenizer's mask token, else its pad token, else its end-of-sequence token."""
     init_layers: Literal["random", "target"] = "random"
-    """DFlash: how the draft layers start. random: fresh, as speculators and z-lab train them;
-    target: copies of the target layer after the deepest tap, fc passing that tap (a warm start:
-    the context's values begin as the target's own; see DFlashHead.init_layers_from_target)."""
+    """DFlash and EAGLE-3 (reference layout): how the draft layers start. random: fresh, as
+    speculators, z-lab and the EAGLE release train them; target: copies of the target layer after
+    the deepest tap, fc passing that tap (a warm start: see DFlashHead.init_layers_from_target and
+    Eagle3Head.init_layers_from_target)."""
     shared_lm_head: bool = True
     """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
     feature_layers: list[int] | None = None
@@ -92,10 +93,16 @@ class HeadSpec:
             raise HeadstartError(
                 f"unknown head.init_layers '{self.init_layers}'", "use head.init_layers=random (or target)"
             )
-        if self.init_layers == "target" and self.kind != "dflash":
+        if self.init_layers == "target" and not hasattr(
+            kinds.get(self.kind).head_class(
+                self.layout if self.layout in kinds.get(self.kind).heads else "fc"
+            ),
+            "init_layers_from_target",
+        ):
             raise HeadstartError(
-                f"head.init_layers=target is a DFlash warm start, not one for {self.kind} heads",
-                "drop head.init_layers, or set head.kind=dflash",
+                f"head.init_layers=target: {self.kind} heads ({self.layout} layout) have no warm start from "
+                "the target's layers",
+                "drop head.init_layers (DFlash and EAGLE-3's reference layout have one)",
             )
         if self.layout not in ("reference", "fc"):
             raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")

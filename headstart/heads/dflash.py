@@ -32,6 +32,7 @@ from torch import nn
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig, HeadSpec
+from headstart.heads.layer import copy_alike, same_norm
 from headstart.heads.vocab import DraftVocab
 from headstart.target.features import cache_keyword, tree_attention_mask
 
@@ -199,20 +200,13 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
             )
         left: list[str] = []
         for index, layer in enumerate(self.layers):
-            donor = source[deepest + 1 + index]
-            theirs = dict(donor.named_parameters())
-            for name, param in layer.named_parameters():
-                mine = name.rsplit(".", 1)[0]
-                if name in theirs and theirs[name].shape == param.shape and _alike(layer, donor, mine):
-                    param.copy_(theirs[name].to(param.dtype))
-                else:
-                    left.append(f"layers.{index}.{name}")
+            left += [f"layers.{index}.{name}" for name in copy_alike(layer, source[deepest + 1 + index])]
         hidden = self.config.hidden_size
         slot = self.feature_layers.index(deepest)
         self.fc.weight.zero_()
         self.fc.weight[:, slot * hidden : (slot + 1) * hidden] = torch.eye(hidden, dtype=self.fc.weight.dtype)
         norm = getattr(source[deepest + 1], "input_layernorm", None)
-        if norm is not None and _same_norm(norm, self.hidden_norm):
+        if norm is not None and same_norm(norm, self.hidden_norm):
             self.hidden_norm.weight.copy_(norm.weight.to(self.hidden_norm.weight.dtype))
         else:
             left.append("hidden_norm.weight")
@@ -322,28 +316,3 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
             with torch.no_grad():
                 self._rows = (key, weight[self.draft_ids().to(weight.device)])
         return self._rows[1]
-
-
-def _alike(layer: nn.Module, donor: nn.Module, name: str) -> bool:
-    """Whether the submodule `name` of the draft layer computes what the donor's does with the
-    same weights (norms differ across families; linear maps do not)."""
-    mine, theirs = layer.get_submodule(name), donor.get_submodule(name)
-    if isinstance(mine, nn.Linear):
-        return isinstance(theirs, nn.Linear)
-    return _same_norm(theirs, mine)
-
-
-@torch.no_grad()
-def _same_norm(theirs: nn.Module, mine: nn.Module) -> bool:
-    """Two norm modules agree on a probe once given the same weight (cost: two tiny forwards)."""
-    import copy
-
-    weight = getattr(theirs, "weight", None)
-    if weight is None or getattr(mine, "weight", None) is None or weight.shape != mine.weight.shape:
-        return False
-    probe_mod = copy.deepcopy(mine).float()
-    probe_mod.weight.copy_(weight.float())
-    probe = torch.randn(2, weight.shape[-1], generator=torch.Generator().manual_seed(0))
-    ours = probe_mod(probe.to(probe_mod.weight.device))
-    ref = copy.deepcopy(theirs).float()(probe.to(weight.device))
-    return bool(torch.allclose(ours.cpu(), ref.cpu(), atol=1e-5, rtol=1e-4))

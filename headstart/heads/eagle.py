@@ -208,6 +208,47 @@ class Eagle3Head(Eagle3FcHead):
     def fuser(self) -> nn.Module:
         return self.fc
 
+    @torch.no_grad()
+    def init_layers_from_target(self, target_model: Any) -> list[str]:
+        """A warm start (`head.init_layers: target`): the draft layer starts as the target layer
+        that reads the deepest tap (id d is block d's output, so layer d + 1; a second draft layer
+        as layer d + 2, ...), fc passes that tap through, and the first layer's q/k/v read only the
+        hidden half of cat(embed, hidden) with the donor's weights (the embedding half starts at 0,
+        and hidden_norm is the donor's input norm). At step 0 the head is then the target's own
+        layer d + 1 with the target's final norm and lm_head: an early exit, which training moves
+        towards the next token's distribution. Returns the names left at their fresh values."""
+        from headstart.heads.layer import EAGLE3_PROJECTIONS, copy_alike, same_norm
+        from headstart.target.features import decoder_layers
+
+        source, deepest = decoder_layers(target_model), max(self.feature_layers)
+        layers = [self.midlayer.layer, *self.midlayer.more]
+        if deepest + len(layers) >= len(source):
+            raise HeadstartError(
+                f"head.init_layers=target copies target layers {deepest + 1}..{deepest + len(layers)} (after the "
+                f"deepest tap, {deepest}), but the target has layers 0..{len(source) - 1}",
+                "tap a lower layer (head.feature_layers), draft with fewer layers, or set head.init_layers=random",
+            )
+        left = []
+        for index, layer in enumerate(layers):
+            prefix = "midlayer.layer." if index == 0 else f"midlayer.more.{index - 1}."
+            left += [prefix + name for name in copy_alike(layer, source[deepest + 1 + index])]
+        first, donor = layers[0], source[deepest + 1]
+        for name in EAGLE3_PROJECTIONS:
+            wide, theirs = getattr(first.self_attn, name), getattr(donor.self_attn, name)
+            wide.weight.zero_()
+            wide.weight[:, theirs.in_features :] = theirs.weight.to(wide.weight.dtype)
+            if wide.bias is not None and theirs.bias is not None:
+                wide.bias.copy_(theirs.bias.to(wide.bias.dtype))
+            left = [n for n in left if not n.startswith(f"midlayer.layer.self_attn.{name}.")]
+        norm = getattr(donor, "input_layernorm", None)
+        if norm is not None and same_norm(norm, first.hidden_norm):
+            first.hidden_norm.weight.copy_(norm.weight.to(first.hidden_norm.weight.dtype))
+            left.remove("midlayer.layer.hidden_norm.weight")
+        hidden, slot = self.config.hidden_size, self.feature_layers.index(deepest)
+        self.fc.weight.zero_()
+        self.fc.weight[:, slot * hidden : (slot + 1) * hidden] = torch.eye(hidden, dtype=self.fc.weight.dtype)
+        return left
+
     def forward(
         self,
         hidden: torch.Tensor,

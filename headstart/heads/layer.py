@@ -215,3 +215,46 @@ def _run_layer(
         return None
     out = layer(hidden, **call)
     return None if keys_only else out[0] if isinstance(out, tuple) else out
+
+
+@torch.no_grad()
+def copy_alike(layer: nn.Module, donor: nn.Module) -> list[str]:
+    """Copy into `layer` every parameter of the target layer `donor` whose name and shape agree and
+    whose module computes alike with the same weights (linear maps always; norms only where the
+    families' norms agree: Gemma's 1 + w RMSNorm does not); return the names left as they were."""
+    theirs, left = dict(donor.named_parameters()), []
+    for name, param in layer.named_parameters():
+        if (
+            name in theirs
+            and theirs[name].shape == param.shape
+            and _alike(layer, donor, name.rsplit(".", 1)[0])
+        ):
+            param.copy_(theirs[name].to(param.dtype))
+        else:
+            left.append(name)
+    return left
+
+
+def _alike(layer: nn.Module, donor: nn.Module, name: str) -> bool:
+    """Whether the submodule `name` of the draft layer computes what the donor's does with the
+    same weights (norms differ across families; linear maps do not)."""
+    mine, theirs = layer.get_submodule(name), donor.get_submodule(name)
+    if isinstance(mine, nn.Linear):
+        return isinstance(theirs, nn.Linear)
+    return same_norm(theirs, mine)
+
+
+@torch.no_grad()
+def same_norm(theirs: nn.Module, mine: nn.Module) -> bool:
+    """Two norm modules agree on a probe once given the same weight (cost: two tiny forwards)."""
+    import copy
+
+    weight = getattr(theirs, "weight", None)
+    if weight is None or getattr(mine, "weight", None) is None or weight.shape != mine.weight.shape:
+        return False
+    probe_mod = copy.deepcopy(mine).float()
+    probe_mod.weight.copy_(weight.float())
+    probe = torch.randn(2, weight.shape[-1], generator=torch.Generator().manual_seed(0))
+    ours = probe_mod(probe.to(probe_mod.weight.device))
+    ref = copy.deepcopy(theirs).float()(probe.to(weight.device))
+    return bool(torch.allclose(ours.cpu(), ref.cpu(), atol=1e-5, rtol=1e-4))

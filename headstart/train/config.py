@@ -96,10 +96,18 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    name: Literal["adamw", "muon"] = "adamw"
+    """adamw for every parameter; muon: torch.optim.Muon on the hidden layers' 2-D weights and AdamW
+    on the rest (lm_head, embeddings, norms, biases), as speculators and Muon's authors split them
+    (headstart/train/optimizers.py)."""
     lr: float = 1e-3
-    """Peak learning rate of AdamW."""
+    """Peak learning rate (AdamW's; Muon's too, scaled to AdamW's update size, unless muon_lr)."""
+    muon_lr: float | None = None
+    """optim.name=muon: Muon's own peak rate (still scaled to AdamW's update size); None = lr."""
+    momentum: float = 0.95
+    """optim.name=muon: Muon's (Nesterov) momentum."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """Weight decay (decoupled; both optimizers)."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     """AdamW betas."""
     warmup_steps: int = 0
@@ -124,6 +132,8 @@ class OptimConfig:
             "optim.weight_decay": (self.weight_decay >= 0, "set optim.weight_decay=0"),
             "optim.warmup_steps": (self.warmup_steps >= 0, "set optim.warmup_steps=0"),
             "optim.decay": (0 <= self.decay <= 1, "set optim.decay=0.2 (the last 20% of the run decays)"),
+            "optim.muon_lr": (self.muon_lr is None or self.muon_lr >= 0, "set optim.muon_lr=null (= optim.lr)"),
+            "optim.momentum": (0 <= self.momentum < 1, "set optim.momentum=0.95"),
             "optim.max_grad_norm": (self.max_grad_norm >= 0, "set optim.max_grad_norm=1.0 (0 = no clipping)"),
             "optim.betas": (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "set optim.betas=[0.9,0.95]"),
         }  # fmt: skip

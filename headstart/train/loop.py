@@ -237,7 +237,9 @@ def _train(
     lora = cfg.lora.enabled
     target_model = add_lora(cfg, p.target.model) if lora else p.target.model
     model = Objective(head, target_model, cfg, trainable_target=lora)
-    optimizer, scheduler = make_optimizer(cfg, [q for q in model.parameters() if q.requires_grad])
+    optimizer, scheduler = make_optimizer(
+        cfg, [(n, q) for n, q in model.named_parameters() if q.requires_grad]
+    )
     lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
     # Grouped by the batch of all processes together: accelerate hands process r the r-th of each
     # run of num_processes consecutive batches, so N processes see the conversations one process

@@ -295,15 +295,24 @@ def add_lora(cfg: TrainConfig, target_model: Any) -> Any:
 SCHEDULES = {"constant": "constant_with_warmup", "cosine": "cosine", "linear": "linear"}
 
 
-def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter]) -> tuple[Any, Any]:
-    """AdamW and transformers' `get_scheduler` (warmup, then constant, cosine or linear decay to
-    0 at max_steps), or headstart's warmup-stable-decay (train/schedule.py); its state is saved
-    with every checkpoint and restored on resume."""
+def make_optimizer(cfg: TrainConfig, params: list[torch.nn.Parameter] | list[tuple[str, torch.nn.Parameter]]
+                   ) -> tuple[Any, Any]:  # fmt: skip
+    """AdamW (or Muon with AdamW: optim.name) and transformers' `get_scheduler` (warmup, then
+    constant, cosine or linear decay to 0 at max_steps), or headstart's warmup-stable-decay
+    (train/schedule.py); their state is saved with every checkpoint and restored on resume.
+    `params`: (name, parameter) pairs (Muon's split goes by name), or bare parameters."""
     from transformers import get_scheduler
 
-    optimizer = torch.optim.AdamW(
-        params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=tuple(cfg.optim.betas)
-    )
+    named = [item if isinstance(item, tuple) else ("", item) for item in params]
+    o = cfg.optim
+    if o.name == "muon":
+        from headstart.train.optimizers import MuonAdamW
+
+        optimizer: Any = MuonAdamW(named, o.lr, o.muon_lr, o.weight_decay, tuple(o.betas), o.momentum)
+    else:
+        optimizer = torch.optim.AdamW(
+            [q for _, q in named], lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas)
+        )
     if cfg.optim.schedule == "wsd":
         from headstart.train.schedule import WarmupStableDecay
 

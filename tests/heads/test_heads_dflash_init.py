@@ -1,6 +1,6 @@
 """DFlash's warm start (head.init_layers=target): the draft layer starts as the target layer after
 the deepest tap, so the context's values are the target's own there; norms that compute otherwise
-(Gemma's 1 + w) keep their fresh values; other head kinds refuse the option in one line."""
+(Gemma's 1 + w) keep their fresh values; kinds without one refuse the option in one line."""
 
 from __future__ import annotations
 
@@ -50,8 +50,10 @@ def test_gemma_norms_stay_fresh(tmp_path):
 
 
 def test_other_kinds_refuse_it():
-    with pytest.raises(HeadstartError, match="DFlash warm start"):
-        HeadSpec(kind="eagle3", init_layers="target")
+    for kind, layout in (("medusa", "fc"), ("eagle", "fc"), ("eagle3", "fc")):
+        with pytest.raises(HeadstartError, match="no warm start from the target's layers"):
+            HeadSpec(kind=kind, layout=layout, init_layers="target")
+    HeadSpec(kind="eagle3", layout="reference", init_layers="target")  # EAGLE-3's reference layout has one
     with pytest.raises(HeadstartError, match="unknown head.init_layers"):
         HeadSpec(kind="dflash", init_layers="donor")
 
