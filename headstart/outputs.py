@@ -63,6 +63,8 @@ def protected(path: str | Path) -> str | None:
         return "is a system directory"
     if (resolved / ".git").exists():
         return "holds a git repository (.git)"
+    if ".git" in resolved.parts:
+        return "is inside a git repository's .git folder"
     return None
 
 
@@ -176,7 +178,8 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
     dest = Path(dest).expanduser().resolve()
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        clean_leftovers(dest)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{tmp_prefix(dest)}{os.getpid()}-", dir=dest.parent))
     except OSError as err:
         raise HeadstartError(
             f"cannot write {dest}: {err.strerror or err}", "choose a writable path"
@@ -225,9 +228,8 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
                     "replacing it would delete what headstart did not write",
                     f"move {there} away, or choose another output directory",
                 )
-    aside = Path(
-        tempfile.mkdtemp(prefix=".headstart-old-", dir=dest)
-    )  # new and empty: only what is moved here
+    # new and empty: only what is moved here; the pid in its name tells a later run whether it was left
+    aside = Path(tempfile.mkdtemp(prefix=f"{ASIDE_PREFIX}{os.getpid()}-", dir=dest))
     moved: list[str] = []
     placed: list[str] = []
     made: list[Path] = []
@@ -264,3 +266,65 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
         raise
     # `aside` holds only the files moved there above: replaced ones and stale ones
     shutil.rmtree(aside, ignore_errors=True)
+
+
+ASIDE_PREFIX = ".headstart-old-"
+"""The folder inside an output where `_merge` keeps the files it replaces until the new ones are in."""
+
+
+def tmp_prefix(dest: Path) -> str:
+    """The name start of `publish_dir`'s temporary sibling of `dest` (then the pid, then random)."""
+    return f".{dest.name}.tmp-"
+
+
+def _dead(name: str, prefix: str) -> bool:
+    """Whether the process whose pid follows `prefix` in `name` is gone (a folder of a run killed
+    with SIGKILL or a power cut). Names without a pid (older runs) count as left over."""
+    pid = name[len(prefix) :].split("-", 1)[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False  # alive: a run in progress (or the pid taken again since: left alone, the safe side)
+
+
+def clean_leftovers(dest: Path) -> list[str]:
+    """Remove what a killed run of `publish_dir` into `dest` left (nothing else): its temporary
+    sibling (the killed run's partial output only) and, inside `dest`, its aside folder, whose
+    files go back where the killed run had not yet placed their replacement (so a kill between
+    the two renames loses nothing) and are deleted where it had (the replacement it meant). Folders
+    of a live process are left alone. Returns what was done, one line each (logged)."""
+    import logging
+
+    done: list[str] = []
+    parent = dest.parent
+    if parent.is_dir():
+        for tmp in parent.glob(f"{glob_escape(tmp_prefix(dest))}*"):
+            if tmp.is_dir() and not tmp.is_symlink() and _dead(tmp.name, tmp_prefix(dest)):
+                shutil.rmtree(tmp, ignore_errors=True)
+                done.append(f"removed {tmp} (the partial output of an interrupted run)")
+    if dest.is_dir():
+        for aside in dest.glob(f"{ASIDE_PREFIX}*"):
+            if not aside.is_dir() or aside.is_symlink() or not _dead(aside.name, ASIDE_PREFIX):
+                continue
+            for name in files_under(aside):
+                target = dest / name
+                if not target.exists() and not target.is_symlink() and _inside(dest, name):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(aside / name, target)
+                    done.append(f"put back {target} (an interrupted run had moved it aside)")
+            shutil.rmtree(aside, ignore_errors=True)
+            done.append(f"removed {aside} (an interrupted run's replaced files)")
+    for line in done:
+        logging.getLogger(__name__).warning("note: %s", line)
+    return done
+
+
+def glob_escape(text: str) -> str:
+    import glob
+
+    return glob.escape(text)

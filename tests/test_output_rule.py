@@ -241,13 +241,64 @@ def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
             "--baselines", "vanilla", "--max-new-tokens", "4", "-q", "--output", str(out)]  # fmt: skip
     assert main(args) == 0
     assert {p.name for p in out.iterdir()} <= {"report.json", "report.md", "outputs.jsonl", "speedup_by_category.png",
-                                               "accept_lengths.png"}  # fmt: skip
+                                               "accept_lengths.png", ".headstart-bench"}  # fmt: skip
     finished = _tree(out)
     assert main(args) == 2 and _tree(out) == finished  # a finished run is never measured over
     report = json.loads((out / "report.json").read_text())
     assert report["config"]["provenance"]["headstart"] and "commit" in report["config"]["provenance"]
     assert str(tmp_path) not in (out / "report.json").read_text() + (out / "report.md").read_text()
     assert "Measured by headstart" in (out / "report.md").read_text()
+
+
+def test_bench_takes_no_folder_for_its_own_by_a_file_name(heads, tiny_llama, tmp_path, capsys):
+    """A folder holding the user's outputs.jsonl (or report.json) is not a bench run: refused
+    untouched; only a run's mark (or its distinctive partial files) makes a folder bench's."""
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"prompt": "hello"}\n')
+    for name in ("outputs.jsonl", "report.json"):
+        mine = tmp_path / f"mine-{name}"
+        mine.mkdir()
+        (mine / name).write_text("my own lines\n")
+        (mine / "notes.txt").write_text("mine")
+        before = _tree(mine)
+        args = ["bench", "--target", str(tiny_llama), "--heads", str(heads), "--questions", str(questions),
+                "--baselines", "vanilla", "--max-new-tokens", "4", "-q", "--output", str(mine)]  # fmt: skip
+        for extra in ([], ["--resume"]):
+            assert main([*args, *extra]) == 2, (name, extra)
+            assert "holds no bench run" in capsys.readouterr().err
+            assert _tree(mine) == before
+
+
+def test_bench_merge_follows_the_output_rule(heads, tiny_llama, tmp_path, capsys, monkeypatch):
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"prompt": "hello"}\n{"prompt": "bye"}\n')
+    base = ["bench", "--target", str(tiny_llama), "--heads", str(heads), "--questions", str(questions),
+            "--baselines", "vanilla", "--max-new-tokens", "4", "-q"]  # fmt: skip
+    shards = [tmp_path / "s1", tmp_path / "s2"]
+    for k, shard in enumerate(shards, 1):
+        assert main([*base, "--shard", f"{k}/2", "--output", str(shard)]) == 0
+    merge = ["bench", "--merge", *map(str, shards), "-q", "--output"]
+    checkout = tmp_path / "repo"
+    (checkout / ".git").mkdir(parents=True)
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    foreign = tmp_path / "foreign"
+    for folder in (checkout, home, foreign):
+        folder.mkdir(exist_ok=True)
+        (folder / "report.json").write_text('{"mine": true}')
+        (folder / "report.md").write_text("my notes")
+        before = _tree(folder)
+        assert main([*merge, str(folder)]) == 2, folder
+        assert _tree(folder) == before
+    err = capsys.readouterr().err
+    assert "holds a git repository" in err and "is the home directory" in err and "is not empty" in err
+    assert main([*merge, str(checkout / ".git")]) == 2 and not (checkout / ".git" / "report.json").exists()
+    merged = tmp_path / "merged"
+    assert main([*merge, str(merged)]) == 0
+    (merged / "notes.txt").write_text("mine")
+    assert main([*merge, str(merged)]) == 0  # an earlier merge's folder: its files replaced, nothing else
+    assert (merged / "notes.txt").read_text() == "mine" and (merged / "report.json").is_file()
+    assert main([*merge, str(shards[0])]) == 2  # an input, and a measured run
 
 
 def test_tune_writes_its_file_and_nothing_else(heads, tiny_llama, tmp_path, slow_plain):

@@ -105,6 +105,8 @@ def test_protected_directories(tmp_path, monkeypatch):
     (tmp_path / "repo" / ".git").mkdir(parents=True)
     assert protected(tmp_path / "repo") == "holds a git repository (.git)"
     assert protected(tmp_path / "repo" / "runs") is None  # a folder inside a checkout is fine
+    assert protected(tmp_path / "repo" / ".git") == "is inside a git repository's .git folder"
+    assert protected(tmp_path / "repo" / ".git" / "objects" / "x") == "is inside a git repository's .git folder"
     os.symlink(tmp_path, tmp_path / "link")
     assert protected(tmp_path / "link") == "is the home directory"  # through a symlink too
 
@@ -143,3 +145,50 @@ def test_an_existing_empty_folder_keeps_its_mode(tmp_path):
     os.chmod(out, 0o700)
     publish_dir(out, _write({"a.txt": "1"}))
     assert (out.stat().st_mode & 0o777) == 0o700 and (out / "a.txt").read_text() == "1"
+
+
+KILLED = """
+import os, sys, time
+from pathlib import Path
+from headstart import outputs
+dest, phase = Path(sys.argv[1]), sys.argv[2]
+real = os.replace
+def write(tmp):
+    for i in range(3):
+        (tmp / f"f{i}.bin").write_text(f"new {i}")
+    if phase == "write":
+        print("ready", flush=True); time.sleep(120)
+def replace(a, b):
+    real(a, b)
+    if ".headstart-old-" in str(b):  # the first file moved aside, its replacement not yet placed
+        print("ready", flush=True); time.sleep(120)
+outputs.os.replace = replace
+outputs.publish_dir(dest, write)
+"""
+
+
+@pytest.mark.parametrize("phase", ["write", "merge"])
+def test_a_run_killed_mid_write_leaves_nothing_after_the_next_run(tmp_path, phase):
+    """SIGKILL while the files are written (a partial temp sibling) and between moving an old file
+    aside and placing its replacement: the next run into the same place removes the leftovers,
+    and a file the killed run had moved aside is back if the next run does not replace it."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    publish_dir(out, _write({"f0.bin": "old 0", "f1.bin": "old 1", "notes.txt": "mine"}))
+    child = subprocess.Popen([sys.executable, "-c", KILLED, str(out), phase], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    left += [p.name for p in out.iterdir() if p.name.startswith(".headstart-old-")]
+    assert left  # the kill left something behind
+    if phase == "merge":
+        assert not (out / "f0.bin").exists()  # moved aside, not yet replaced
+    # the next run writes only notes2.txt: the killed run's aside file goes back
+    publish_dir(out, _write({"notes2.txt": "2"}))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
+    assert not [p for p in out.iterdir() if p.name.startswith(".headstart-old-")]
+    assert _tree(out) == {"f0.bin": b"old 0", "f1.bin": b"old 1", "notes.txt": b"mine", "notes2.txt": b"2"}

@@ -25,8 +25,24 @@ declare -A VARIANTS=(
   # the data mix at the same 600 conversations: chat + GSM8K; chat + GSM8K + data-free
   [mixmath]="data.path=[$KEPT/sg,$KEPT/gsm8k] data.shares=[0.5,0.5]"
   [mixall]="data.path=[$KEPT/sg,$KEPT/gsm8k,$KEPT/datafree] data.shares=[0.34,0.33,0.33]"
+  # sample efficiency (issue "Heads that learn more per token"): the optimizer with its rate swept
+  # (base is AdamW at 1e-3), the schedule, the draft layer's start, the TTT weighting and depth,
+  # the tapped layers
+  [adamw5e4]="optim.lr=5e-4"
+  [adamw2e3]="optim.lr=2e-3"
+  [adamw4e3]="optim.lr=4e-3"
+  [muon]="optim.name=muon"                              # Muon's rate scaled to AdamW's (match_rms_adamw)
+  [muon2e3]="optim.name=muon optim.lr=2e-3"
+  [muon4e3]="optim.name=muon optim.lr=4e-3"
+  [muon5e4]="optim.name=muon optim.lr=5e-4"
+  [wsd]="optim.schedule=wsd optim.decay=0.2"
+  [inittarget]="head.init_layers=target"                # the draft layer starts as target layer 27
+  [tttflat]="loss.ttt_decay=1.0"                        # every TTT step weighs the same
+  [ttt6]="loss.ttt_steps=6"                             # train as deep as it is scored
+  [tapsdeep]="head.feature_layers=[2,15,28]"            # one layer deeper each
 )
-ORDER=(base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall)
+ORDER=(base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall
+       adamw5e4 adamw2e3 adamw4e3 muon muon2e3 muon4e3 muon5e4 wsd inittarget tttflat ttt6 tapsdeep)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }

@@ -138,14 +138,16 @@ def check_bench_output(args: argparse.Namespace) -> None:
     if out.exists() and not out.is_dir():
         raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
     check_output_dir(out, "--output")
-    if (out / "report.json").is_file():
+    if (out / "report.json").is_file() and bench_output(out):
         if not args.resume:
             raise HeadstartError(
                 f"{out} already holds a finished bench report",
                 "choose a new --output, or delete that one to measure again",
             )
         return
-    ours = [out / "outputs.jsonl", partial_path(out / "outputs.jsonl"), out / RUN_CONFIG]
+    # a bench run's own files: its mark, or (runs from before the mark) its distinctive partial
+    # files; a file merely named outputs.jsonl or report.json is the user's
+    ours = [out / BENCH_MARK, partial_path(out / "outputs.jsonl"), out / RUN_CONFIG]
     interrupted = partial_path(out / "outputs.jsonl")
     if not args.resume and (interrupted.is_file() or (out / RUN_CONFIG).is_file()):
         measured = len(interrupted.read_text().splitlines()) if interrupted.is_file() else 0
@@ -210,22 +212,20 @@ def merge_run(args: argparse.Namespace) -> int:
     """`--merge`: one report from finished shard directories."""
     from headstart.bench.report import build_report, write_report
     from headstart.bench.shards import merge
+    from headstart.outputs import check_output, files_under, publish_dir
 
     out = Path(args.output)
     folders = [Path(folder) for folder in args.merge]
     if any(out.resolve() == folder.resolve() for folder in folders):
         raise HeadstartError(f"--output {out} is one of the --merge directories", "merge into a new --output")
-    if out.exists() and not out.is_dir():
-        raise HeadstartError(f"--output {out} is a file", "give --output a directory path (new or empty)")
-    if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file():
-        raise HeadstartError(
-            f"--output {out} is not empty and holds no bench report", "merge into a new --output"
-        )
-    if (out / "outputs.jsonl").is_file():  # a measured run, not an earlier merge: never replaced
+    if out.is_dir() and bench_output(out) == "run":
         raise HeadstartError(
             f"--output {out} holds a measured bench run: merging would replace its report",
             "merge into a new --output",
         )
+    # new, empty or an earlier merge's (its mark); never a protected or foreign folder
+    check_output(out, "--output", owned=lambda path: bench_output(path) == "merge", command="bench --merge",
+                 inputs=folders, can_overwrite=False)  # fmt: skip
     measuring = [flag for flag, given in (("--questions", args.questions), ("--heads", args.heads),
                  ("--limit", args.limit is not None), ("--shard", args.shard), ("--resume", args.resume),
                  ("--tree", args.tree)) if given]  # fmt: skip
@@ -235,9 +235,61 @@ def merge_run(args: argparse.Namespace) -> int:
             f"drop {', '.join(measuring)}",
         )
     config, records = merge(folders)
-    write_report(build_report(config, records, greedy=float(config["temperature"]) == 0.0), out)
+    report = build_report(config, records, greedy=float(config["temperature"]) == 0.0)
+    earlier = files_marked(out)
+
+    def write(tmp: Path) -> None:
+        write_report(report, tmp)
+        mark(tmp, "merge", files_under(tmp))
+
+    publish_dir(out, write, stale=earlier)  # replaces only the files it writes (and an earlier merge's)
     print((out / "report.md").read_text())
     return 0
+
+
+BENCH_MARK = ".headstart-bench"
+"""A bench output's mark: {"kind": "run" | "merge", "files": [...]}, written before anything else
+(a run) or with the report (a merge). It, not a file name, makes a folder bench's own."""
+
+
+def mark(out: Path, kind: str, files: list[str] | None = None) -> None:
+    import json
+
+    from headstart.io import atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / BENCH_MARK, json.dumps({"kind": kind, "files": sorted(files or [])}) + "\n")
+
+
+def bench_output(out: Path) -> str | None:
+    """ "run" or "merge" when `out` is a bench output (its mark; a report from before marks existed
+    counts when its report.json has a bench report's shape and outputs.jsonl, or no outputs.jsonl
+    for a merge, sits beside it), else None."""
+    import json
+
+    try:
+        return str(json.loads((out / BENCH_MARK).read_text())["kind"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    try:
+        report = json.loads((out / "report.json").read_text())
+        shaped = {"config", "methods", "by_category"} <= set(report) and "target" in report["config"]
+    except (OSError, ValueError, TypeError):
+        return None
+    if not shaped:
+        return None
+    return "run" if (out / "outputs.jsonl").is_file() else "merge"
+
+
+def files_marked(out: Path) -> list[str]:
+    """The files an earlier merge into `out` wrote (its mark's list): the stale ones a new merge
+    may remove."""
+    import json
+
+    try:
+        return [str(name) for name in json.loads((out / BENCH_MARK).read_text()).get("files", [])]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -248,7 +300,9 @@ def run(args: argparse.Namespace) -> int:
     check_bench_output(args)  # before the target loads
     created = not Path(args.output).exists()  # this run makes the folder: it may remove it again
     fresh = created or not any(Path(args.output).iterdir())  # nothing of an earlier run to keep
-    if (Path(args.output) / "report.json").is_file():  # --resume of a finished run
+    if (Path(args.output) / "report.json").is_file() and bench_output(
+        Path(args.output)
+    ):  # --resume, finished
         return nothing_to_resume(args)
     import torch
 
@@ -310,7 +364,12 @@ def run(args: argparse.Namespace) -> int:
         records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
     except HeadstartError:  # e.g. a later turn past the context: --resume could not fix it
         if fresh:  # this run's files only: nothing half-written (Ctrl-C keeps them to resume)
-            for name in (partial_path(out / "outputs.jsonl"), out / "outputs.jsonl", out / RUN_CONFIG):
+            for name in (
+                partial_path(out / "outputs.jsonl"),
+                out / "outputs.jsonl",
+                out / RUN_CONFIG,
+                out / BENCH_MARK,
+            ):
                 name.unlink(missing_ok=True)
             if created and out.is_dir() and not any(out.iterdir()):
                 with contextlib.suppress(OSError):
@@ -359,7 +418,7 @@ def _resumed(
         print(
             f"resuming: {len({r.question_id for r in done})} of {len(questions)} questions already measured"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    mark(out, "run")  # first: from here the folder is this run's (a foreign one was refused before)
     tmp = saved_path.with_name(saved_path.name + ".tmp")
     tmp.write_text(json.dumps(config, indent=1))
     tmp.replace(saved_path)

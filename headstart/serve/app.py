@@ -78,9 +78,10 @@ def build_app(served: Served) -> FastAPI:
     def check_key(request: Request) -> None:
         if served.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {served.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):  # constant time
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        # the scheme is case-insensitive (RFC 9110 11.1); the key is compared in constant time
+        right = hmac.compare_digest(given.strip().encode(), served.api_key.encode())
+        if scheme.lower() != "bearer" or not right:
             raise Refused(401, "missing or wrong API key (Authorization: Bearer KEY)")
 
     @app.middleware("http")

@@ -69,27 +69,94 @@ def score(target: Any, ids: list[int], start: int, top: int) -> Scored:
     return Scored(tokens, logprobs, tops)
 
 
+def _byte_level_map() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte (the inverse of its bytes_to_unicode: printable
+    bytes stand for themselves, the others are shifted past 255)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, shift = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + shift)] = byte
+            shift += 1
+    return chars
+
+
 class Pieces:
-    """Token ids to the text each stands for (memoised: top lists repeat tokens)."""
+    """Token ids to their own bytes and the text each stands for (memoised: top lists repeat
+    tokens). A token's bytes are its exact share of the reply's UTF-8 bytes, also when it holds part
+    of a character (decoding it alone would give U+FFFD): from the byte-level alphabet (GPT-2,
+    Llama 3, Qwen, SmolLM), from `<0xNN>` byte-fallback pieces and `▁` (SentencePiece), else from
+    its decoded text. Such a token's text is written `bytes:\\xNN...`, as OpenAI writes it."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.known: dict[int, str] = {}
+        self.known: dict[int, tuple[bytes, str]] = {}
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        decoder = type(getattr(backend, "decoder", None)).__name__
+        self.byte_level = _byte_level_map() if decoder == "ByteLevel" else None
+        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
+
+    def _bytes(self, token: int) -> bytes:
+        if token not in self.special:
+            piece = self.tokenizer.convert_ids_to_tokens(token)
+            if isinstance(piece, str):
+                if self.byte_level is not None and all(c in self.byte_level for c in piece):
+                    return bytes(self.byte_level[c] for c in piece)
+                if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                    try:
+                        return bytes([int(piece[3:5], 16)])
+                    except ValueError:
+                        pass
+                if self.byte_level is None and "\u2581" in piece:  # SentencePiece's word start
+                    return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([token], skip_special_tokens=False).encode("utf-8")
+
+    def entry(self, token: int) -> tuple[bytes, str]:
+        if token not in self.known:
+            raw = self._bytes(token)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character
+                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+            self.known[token] = (raw, text)
+        return self.known[token]
 
     def __call__(self, token: int) -> str:
-        if token not in self.known:
-            self.known[token] = self.tokenizer.decode([token], skip_special_tokens=False)
-        return self.known[token]
+        return self.entry(token)[1]
+
+    def raw(self, token: int) -> bytes:
+        return self.entry(token)[0]
+
+
+def text_offsets(tokens: list[int], pieces: Pieces) -> list[int]:
+    """Each token's character offset in the text the tokens decode to: the characters completed
+    before its first byte (a token that finishes a character split across tokens starts at that
+    character). cost: one incremental UTF-8 decode of the tokens' bytes."""
+    import codecs
+
+    decoder, offsets, at = codecs.getincrementaldecoder("utf-8")(errors="replace"), [], 0
+    for token in tokens:
+        offsets.append(at)
+        at += len(decoder.decode(pieces.raw(token)))
+    return offsets
+
+
+def keep(scored: Scored, count: int) -> Scored:
+    """The first `count` scored tokens (a reply cut by a stop string: the tokens its text covers)."""
+    return Scored(scored.tokens[:count], scored.logprobs[:count], scored.top[:count])
 
 
 def completion_logprobs(scored: Scored, pieces: Pieces) -> dict[str, Any]:
     """The completions API's `logprobs`: per token its text, logprob, a dict of the top ones (the
     chosen token always in it, as OpenAI documents) and its character offset in the choice's text."""
     texts = [pieces(t) for t in scored.tokens]
-    offsets, at = [], 0
-    for text in texts:
-        offsets.append(at)
-        at += len(text)
+    offsets = text_offsets(scored.tokens, pieces)
     tops: list[dict[str, float] | None] = []
     for token, logprob, best in zip(scored.tokens, scored.logprobs, scored.top, strict=True):
         if logprob is None:
@@ -111,8 +178,7 @@ def chat_logprobs(scored: Scored, pieces: Pieces) -> dict[str, Any]:
     """The chat API's `logprobs`: per token its text, UTF-8 bytes, logprob and top alternatives."""
 
     def entry(token: int, logprob: float) -> dict[str, Any]:
-        text = pieces(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": pieces(token), "logprob": logprob, "bytes": list(pieces.raw(token))}
 
     content = [
         {**entry(token, logprob), "top_logprobs": [entry(i, value) for i, value in best]}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 UNSUPPORTED = "headstart serve does not support it"
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -207,7 +207,7 @@ class ChatRequest(Sampling):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-TokenIds = list[int]
+TokenIds = list[StrictInt]  # JSON true/false or 1.0 are not token ids (lax ints would take them)
 
 
 class CompletionRequest(Sampling):

@@ -140,17 +140,17 @@ async def respond(served: Served, body: Sampling, asked: Asked, request: Request
     served.metrics.request(asked.endpoint, 200)
     pieces = lp.Pieces(served.target.tokenizer)
     shape = lp.chat_logprobs if asked.chat else lp.completion_logprobs
-    out = []
+    out, completion = [], 0
     for c in choices:
         text = c.text.text  # the one decode of the reply; it notes a stop string for reason()
-        out.append(
-            reply.choice(
-                c.index, c.echo + text, c.reason(), shape(c.scored, pieces) if c.scored is not None else None
-            )
-        )
-    return JSONResponse(
-        reply.whole(out, sum(map(len, asked.prompts)), sum(len(c.job.emitted) for c in choices))
-    )
+        kept = c.text.covering()  # a stop string's own tokens are in neither the text, usage nor logprobs
+        completion += kept
+        logprobs = None
+        if c.scored is not None:
+            echoed = len(c.scored.tokens) - len(c.job.emitted)  # the prompt's tokens, when echoed
+            logprobs = shape(lp.keep(c.scored, echoed + kept), pieces)
+        out.append(reply.choice(c.index, c.echo + text, c.reason(), logprobs))
+    return JSONResponse(reply.whole(out, sum(map(len, asked.prompts)), completion))
 
 
 def _failure(err: Exception) -> Refused:
@@ -240,7 +240,7 @@ async def _events(served: Served, reply: Reply, choices: list[Choice], asked: As
                 return
         if reply.include_usage:
             yield event(
-                reply.usage_chunk(sum(map(len, asked.prompts)), sum(len(c.job.emitted) for c in choices))
+                reply.usage_chunk(sum(map(len, asked.prompts)), sum(c.text.covering() for c in choices))
             )
         yield "data: [DONE]\n\n"
         _served(served, asked, choices, started)

@@ -63,3 +63,21 @@ class TextStream:
     @property
     def text(self) -> str:
         return self._text()
+
+    def covering(self) -> int:
+        """How many tokens the text stands for: all of them, unless a stop string cut it; then the
+        fewest whose text reaches the cut (the token the stop string starts in counts, the tokens
+        wholly inside it do not), so usage and logprobs describe the text returned.
+        cost: a binary search of decodes, only for a reply a stop string cut."""
+        text = self._text()
+        if not self.stopped:
+            return len(self.tokens)
+        low, high = 0, len(self.tokens)
+        while low < high:
+            mid = (low + high) // 2
+            reached = self.tokenizer.decode(self.tokens[:mid], skip_special_tokens=True).rstrip("\ufffd")
+            if len(reached) >= len(text):
+                high = mid
+            else:
+                low = mid + 1
+        return low

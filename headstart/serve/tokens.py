@@ -9,25 +9,38 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from pydantic import Field
+from pydantic import Field, StrictInt, model_validator
 
 from headstart.serve.bodies import Refused
-from headstart.serve.chat import utf8
-from headstart.serve.protocol import Lenient
+from headstart.serve.chat import chat_prompt, utf8
+from headstart.serve.protocol import Lenient, Message, ToolSpec
 from headstart.serve.served import Served
 
 TOKENIZER_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
 
 
 class TokenizeRequest(Lenient):
+    """vLLM's two shapes: a completion's `prompt`, or a chat's `messages` (rendered with the chat
+    template, the generation prompt added, as /v1/chat/completions renders them)."""
+
     model: str | None = None
-    prompt: str
+    prompt: str | None = None
+    messages: list[Message] | None = Field(None, min_length=1)
+    tools: list[ToolSpec] | None = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError(
+                "send either prompt (a completion's text) or messages (a chat), not both or neither"
+            )
+        return self
 
 
 class DetokenizeRequest(Lenient):
     model: str | None = None
-    tokens: list[int] = Field(min_length=0)
+    tokens: list[StrictInt] = Field(min_length=0)
 
 
 def check_ids(target: Any, ids: list[int], where: str) -> list[int]:
@@ -48,9 +61,12 @@ def add_tokenizer_routes(app: FastAPI, served: Served, refuse: Any, check_model:
         try:
             if body.model is not None:
                 check_model(body.model)
-            ids = tokenizer(utf8(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens)[
-                "input_ids"
-            ]
+            if body.messages is not None:
+                ids = chat_prompt(served.target.chat, body)
+            else:
+                ids = tokenizer(utf8(body.prompt, "prompt"), add_special_tokens=body.add_special_tokens)[
+                    "input_ids"
+                ]
         except Refused as err:
             return refuse("/tokenize", err)
         return JSONResponse(

@@ -366,6 +366,10 @@ def test_a_finished_report_is_not_overwritten(tmp_path, capsys):
     from headstart.cli import main
 
     (tmp_path / "report.json").write_text("{}")
+    (tmp_path / ".headstart-bench").write_text('{"kind": "run", "files": []}')  # a bench run's mark
     assert main(["bench", "--questions", "mt_bench", "--output", str(tmp_path)]) == 2
     assert "already holds a finished bench report" in capsys.readouterr().err
     assert (tmp_path / "report.json").read_text() == "{}"
+    (tmp_path / ".headstart-bench").unlink()  # without it, a report.json is the user's own
+    assert main(["bench", "--questions", "mt_bench", "--output", str(tmp_path)]) == 2
+    assert "holds no bench run" in capsys.readouterr().err

@@ -46,3 +46,47 @@ def test_the_openai_shapes(target):
     chat = chat_logprobs(score(target, ids, 1, 2), pieces)
     assert [e["token"] for e in chat["content"]] == ["i", "!"]
     assert chat["content"][0]["bytes"] == [105] and len(chat["content"][0]["top_logprobs"]) == 2
+
+
+def test_bytes_are_each_tokens_own_and_join_to_the_text(target):
+    """A token holding part of a character: its `bytes` are its own share of the UTF-8 (joined,
+    they give the text back), its text is written `bytes:\\xNN` as OpenAI writes it, and the
+    completions offsets count characters of the text (no drift past a split character)."""
+    text = "Emoji: 😀 and café"
+    ids = target.tokenizer(text, add_special_tokens=False)["input_ids"]
+    scored = score(target, ids, 0, 2)
+    pieces = Pieces(target.tokenizer)
+    chat = chat_logprobs(score(target, ids, 1, 2), pieces)
+    joined = bytes(b for e in chat["content"] for b in e["bytes"])
+    assert bytes(pieces.raw(ids[0])) + joined == text.encode("utf-8")
+    assert any(e["token"].startswith("bytes:\\x") for e in chat["content"])  # the emoji's pieces
+    for e in (alt for entry in chat["content"] for alt in [entry, *entry["top_logprobs"]]):
+        raw = bytes(e["bytes"])
+        if e["token"].startswith("bytes:"):  # part of a character: its bytes, written out
+            assert e["token"] == "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        else:
+            assert raw == e["token"].encode("utf-8")
+    legacy = completion_logprobs(scored, pieces)
+    tokens, offsets = legacy["tokens"], legacy["text_offset"]
+    for at, (token, offset) in enumerate(zip(tokens, offsets, strict=True)):
+        if not token.startswith("bytes:"):
+            assert text[offset : offset + len(token)] == token, (at, token, offset)
+    emoji = [i for i, token in enumerate(tokens) if token.startswith("bytes:")][:4]  # é follows
+    assert emoji == [7, 8, 9, 10] and offsets[emoji[-1] + 1] == text.index(" and") == 8  # not 9, 10 or 11
+
+
+def test_a_stop_string_cuts_the_tokens_usage_and_logprobs_with_the_text(target):
+    from headstart.serve.logprobs import keep
+    from headstart.serve.text import TextStream
+
+    reply = target.tokenizer(" 4, 5, 6, 7", add_special_tokens=False)["input_ids"]
+    stream = TextStream(target.tokenizer, (" 6",))
+    stream.feed(reply)
+    assert stream.text == " 4, 5," and stream.stopped
+    kept = stream.covering()
+    assert target.tokenizer.decode(reply[:kept]) == " 4, 5,"  # the stop string's tokens are not counted
+    cut = completion_logprobs(keep(score(target, reply, 0, 1), kept), Pieces(target.tokenizer))
+    assert "".join(cut["tokens"]) == " 4, 5,"
+    whole = TextStream(target.tokenizer, ())
+    whole.feed(reply)
+    assert whole.covering() == len(reply)

@@ -112,13 +112,16 @@ def test_logprobs_with_heads_equal_logprobs_without(server, plain_server, target
                                       do_sample=False, eos_token_id=list(target.eos_token_ids))  # fmt: skip
     ids = generated[0].tolist()
     assert len(ids) == 25 and text["usage"]["completion_tokens"] == 20
+    from headstart.serve.logprobs import Pieces
+
+    pieces = Pieces(target.tokenizer)  # a token's text; `bytes:\xNN` for part of a character
     with torch.no_grad():
         expected = target.model(torch.tensor([ids[:25]])).logits[0].log_softmax(-1)
     for at in range(1, 25):
         assert logprobs["token_logprobs"][at] == pytest.approx(expected[at - 1, ids[at]].item(), abs=1e-5)
         best = expected[at - 1].argmax().item()
         top = logprobs["top_logprobs"][at]
-        assert top[target.tokenizer.decode([best])] == pytest.approx(expected[at - 1, best].item(), abs=1e-5)
+        assert top[pieces(best)] == pytest.approx(expected[at - 1, best].item(), abs=1e-5)
         if at >= 5:  # a greedy token is the argmax
             assert logprobs["token_logprobs"][at] == max(top.values())
 
@@ -199,6 +202,41 @@ def test_tokenizer_endpoints_round_trip(server):
     assert status == 200 and json.loads(body)["prompt"] == "hello there"
     info = json.loads(http("GET", f"{server.url}/tokenizer_info")[1])
     assert info["eos_token"] == "<|im_end|>" and info["model_max_length"] == 512
+
+
+def test_tokenize_takes_a_chats_messages_and_token_ids_must_be_integers(server, target):
+    """/tokenize with `messages` (vLLM's chat shape) renders them as the chat endpoint does; JSON
+    booleans are not token ids (they were taken as [1, 0])."""
+    status, body = http("POST", f"{server.url}/tokenize", json.dumps({"messages": CHAT}).encode())
+    assert status == 200
+    assert json.loads(body)["tokens"] == target.chat.encode_rendered(target.chat.render(CHAT, tools=None))
+    both = {"messages": CHAT, "prompt": "x"}
+    assert http("POST", f"{server.url}/tokenize", json.dumps(both).encode())[0] == 400
+    for prompt in ([True, False], [[1, 2], [True]], [1.0, 2.0]):
+        body = {"model": server.model, "prompt": prompt, "max_tokens": 2}
+        assert http("POST", f"{server.url}/v1/completions", json.dumps(body).encode())[0] == 400, prompt
+    assert http("POST", f"{server.url}/detokenize", json.dumps({"tokens": [True]}).encode())[0] == 400
+
+
+def test_usage_and_logprobs_end_where_a_stop_string_cuts_the_text(server):
+    """The stop string's own tokens are in neither the text, the usage nor the logprobs: the
+    logprobs' bytes join to the text (up to the token the stop string starts in) and usage counts
+    them."""
+    client = server.client()
+    whole = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=24, temperature=0)
+    text = whole.choices[0].message.content
+    # a printable character first seen a few characters in: the reply is cut there
+    stop = next(
+        c for i, c in enumerate(text) if i >= 3 and c.isascii() and c.isprintable() and c not in text[:i]
+    )
+    cut = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=24, temperature=0,
+                                         stop=[stop], logprobs=True)  # fmt: skip
+    kept = cut.choices[0].message.content
+    assert kept == text[: text.index(stop)] and cut.choices[0].finish_reason == "stop"
+    content = cut.choices[0].logprobs.content
+    assert cut.usage.completion_tokens == len(content) < whole.usage.completion_tokens
+    joined = bytes(b for entry in content for b in entry.bytes).decode("utf-8", errors="replace")
+    assert joined.startswith(kept) and stop not in joined[len(kept) + 1 :]
 
 
 def test_logprobs_are_refused_with_stream_and_top_logprobs_needs_logprobs(server):

@@ -186,6 +186,17 @@ def test_api_key_and_a_full_queue(tiny_llama, tmp_path):
         assert http("POST", f"{srv.url}/v1/chat/completions", b"{not json")[0] == 401
         client = srv.client("sesame")
         assert client.models.list().data[0].id == srv.model
+        import urllib.request
+
+        for header, status in (("bearer sesame", 200), ("BEARER  sesame ", 200), ("Basic sesame", 401),
+                               ("bearer sesam", 401), ("sesame", 401)):  # fmt: skip
+            request = urllib.request.Request(f"{srv.url}/v1/models", headers={"Authorization": header})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    got = answer.status
+            except urllib.error.HTTPError as err:
+                got = err.code
+            assert got == status, header  # the scheme is case-insensitive (RFC 9110)
         # no max_tokens: the default (512), within this server's --max-tokens (it was refused)
         reply = client.chat.completions.create(model=srv.model, messages=[{"role": "user", "content": "hi"}])
         assert 0 < reply.usage.completion_tokens <= 450
