@@ -77,6 +77,8 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
 
 
 def _row(path: Path, number: int, raw: bytes) -> list[dict]:
+    if number == 1:
+        raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte-order mark (Windows editors write one)
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace a non-empty --output that is not an earlier export of this format (its files are deleted)",
+        help="write into a non-empty --output that is not an earlier export of this format: only the files "
+        "export writes are replaced, every other file stays",
     )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument(

@@ -68,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from headstart.train.dryrun import dry_run
 
-        plan = dry_run(cfg, args.accelerate_config)
+        plan = dry_run(cfg, args.accelerate_config, resume=args.resume)
         print(json.dumps(plan, indent=2))
-        lacking = plan["cannot_run_here"] + plan["missing_data"]
+        lacking = plan["cannot_run_here"] + plan["missing_data"] + plan["output_problems"]
         if lacking:
             print(f"warning: the real run would fail here: {'; '.join(lacking)}", file=sys.stderr)
         return 0

@@ -104,3 +104,57 @@ def load_checkpoint(accelerator: Any, root: str | Path) -> dict[str, Any]:
         f"no checkpoint in {root} loads ({'; '.join(failures)})",
         "resume with the same recipe and number of processes, or start a new output_dir",
     )
+
+
+# Settings a resumed run may change: how long it runs and what it reports, not what it computes
+# (a path to the same target may be spelt otherwise on another machine: its fingerprint is checked
+# where the target loads).
+RESUMABLE = ("max_steps", "time_budget_s", "eval_every", "eval_batches", "log_every", "save_every", "keep_last",
+             "trackers", "tracker_project", "output_dir", "heap_trim_every", "compile", "cpu", "topk", "target",
+             "init_from", "data.eval_path", "loss.eval_steps", "loss.eval_ttt_steps")  # fmt: skip
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_same_run(config: dict[str, Any], root: str | Path) -> None:
+    """`--resume` goes on with the settings its checkpoint was trained with: a changed head is
+    refused before the target and data load (its weights would not fit), and so is any other
+    change to what the run computes (optimizer, batch, data, loss, seed: the resumed run would be
+    neither the old one nor a new one); only RESUMABLE settings may differ. A checkpoint from
+    before the config was saved with it is let through with a warning."""
+    found = checkpoints(root)
+    if not found:
+        return
+    try:
+        saved = json.loads((found[-1] / STATE).read_text()).get("config")
+    except (OSError, ValueError):
+        return  # load_checkpoint says what is wrong with it
+    if not isinstance(saved, dict):
+        log.warning(
+            f"warning: {found[-1]} does not record its settings; make sure --resume repeats the recipe"
+        )
+        return
+    before, now = flat(saved), flat(config)
+    changed = sorted(
+        key for key in before.keys() | now.keys()
+        if before.get(key) != now.get(key) and not any(key == r or key.startswith(r + ".") for r in RESUMABLE)
+    )  # fmt: skip
+    if not changed:
+        return
+    shown = ", ".join(f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed[:6])
+    more = f" and {len(changed) - 6} more" if len(changed) > 6 else ""
+    head = any(key.startswith("head.") for key in changed)
+    raise HeadstartError(
+        f"--resume: the recipe differs from the run in {Path(root).parent} ({shown}{more})"
+        + (": the checkpoint's head has another shape" if head else ""),
+        "resume with the run's own settings (only max_steps, time_budget_s, evaluation and logging may change), "
+        f"or start a new output_dir (init_from={Path(root).parent / 'final'} keeps a finished run's weights)",
+    )

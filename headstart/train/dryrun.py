@@ -52,7 +52,7 @@ def accelerate_plan(path: str | Path) -> dict[str, Any]:
     return plan
 
 
-def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str, Any]:
+def dry_run(cfg: TrainConfig, accelerate_config: str | None = None, resume: bool = False) -> dict[str, Any]:
     """The run a recipe describes: head, data, batch arithmetic, trackers, distributed layout."""
     chosen = trackers(cfg)
     procs = (
@@ -95,16 +95,36 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None) -> dict[str,
         "output_dir": cfg.output_dir,
         "cannot_run_here": cannot_run_here(procs, cfg.cpu),
         "missing_data": missing_data(cfg),
+        "output_problems": output_problems(cfg, resume),
     }
 
 
 def missing_data(cfg: TrainConfig) -> list[str]:
     """The recipe's data directories that are not there (the real run would stop at its first read)."""
-    return [
+    missing = [] if cfg.data.path else ["data.path is empty (name the directories `headstart distill` wrote)"]
+    return missing + [
         f"distilled data {path} (it does not exist: distill it first, or set data.path)"
         for path in [*cfg.data.path, *cfg.data.eval_path]
         if not Path(path).expanduser().is_dir()
     ]
+
+
+def output_problems(cfg: TrainConfig, resume: bool = False) -> list[str]:
+    """What the real run would refuse about output_dir before loading anything (a protected,
+    foreign or unwritable directory, a file, a finished run without --resume, or a --resume that
+    changes what the run computes), each in the real run's words."""
+    from headstart.outputs import check_output_dir
+    from headstart.train import checkpoints
+    from headstart.train.loop import check_run_dir
+
+    try:
+        check_output_dir(cfg.output_dir, "output_dir")
+        check_run_dir(Path(cfg.output_dir).expanduser(), resume)
+        if resume:
+            checkpoints.check_same_run(to_dict(cfg), Path(cfg.output_dir).expanduser() / "checkpoints")
+    except HeadstartError as err:
+        return [f"{err.what} (fix: {err.fix})" if err.fix else err.what]
+    return []
 
 
 def cannot_run_here(procs: dict[str, Any], cpu: bool = False) -> list[str]:

@@ -83,6 +83,8 @@ def train(
     started = time.perf_counter()  # the time budget counts start-up too
     check_output_dir(cfg.output_dir, "output_dir")  # before any data or model loads
     check_run_dir(Path(cfg.output_dir), resume)
+    if resume:
+        checkpoints.check_same_run(to_dict(cfg), Path(cfg.output_dir) / "checkpoints")
     # one run per output_dir (the main process of a launch holds it; the others share its files)
     out = Path(cfg.output_dir)
     created = not out.exists()
@@ -361,6 +363,7 @@ def _train(
                         "tokens": accelerator.reduce(tokens.clone(), "sum").item()
                         / accelerator.num_processes,
                         "history": history,
+                        "config": to_dict(cfg),  # what --resume must repeat (checkpoints.check_same_run)
                     }
                     saved_at = checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
                     budget.timed("save", since)

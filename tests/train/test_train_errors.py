@@ -353,3 +353,49 @@ def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys)
         in json.loads(captured.out)["missing_data"][0]
     )
     assert "warning: the real run would fail here: distilled data" in captured.err
+
+
+def test_resume_refuses_a_changed_head_or_math_before_loading_anything(target, tmp_path, monkeypatch):
+    """`--resume` after the head or what the run computes changed fails in one line before the
+    target and data load (it failed late, with a state_dict error, or went on silently); the
+    run's length, evaluation and logging may change."""
+    from headstart.train import loop
+    from headstart.train.loop import train
+
+    train(_short(target, tmp_path, "max_steps=2"), data=_data(target.fingerprint), target=target)
+    loaded = []
+    monkeypatch.setattr(loop, "_train", lambda *a, **k: loaded.append(1) or {"steps": 0})
+    for change, named in ((["head.kind=eagle3"], "head.kind"), (["head.num_heads=2"], "head.num_heads"),
+                          (["optim.lr=0.5", "batch_size=3"], "batch_size"), (["seed=7"], "seed")):  # fmt: skip
+        with pytest.raises(HeadstartError, match=f"--resume: the recipe differs .*{named}"):
+            train(_short(target, tmp_path, "max_steps=4", *change), resume=True)
+    assert not loaded
+    train(_short(target, tmp_path, "max_steps=4", "log_every=1", "eval_every=1"), resume=True)
+    assert loaded == [1]
+
+
+def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, capsys, monkeypatch):
+    from headstart.cli import main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "repo" / ".git").mkdir(parents=True)
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    (tmp_path / "afile").write_text("x")
+    data = tmp_path / "data"
+    data.mkdir()
+    for output, words in ((home, "is the home directory"), (tmp_path / "repo", "holds a git repository"),
+                          (tmp_path / "foreign", "holds no headstart training run"), (tmp_path / "afile", "is a file")):  # fmt: skip
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(f"target: smollm2\noutput_dir: {output}\ndata: {{path: [{data}]}}\n")
+        assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+        captured = capsys.readouterr()
+        assert words in json.loads(captured.out)["output_problems"][0], output
+        assert "the real run would fail here" in captured.err
+    recipe.write_text(f"target: smollm2\noutput_dir: {tmp_path / 'new'}\ndata: {{path: []}}\n")
+    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["missing_data"] == ["data.path is empty (name the directories `headstart distill` wrote)"]
+    assert plan["output_problems"] == [] and not (tmp_path / "new").exists()
