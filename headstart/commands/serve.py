@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        ">= 1 (default: the target's context)")  # fmt: skip
     group.add_argument("--max-body-mb", type=float, default=16.0, help="the largest request body in MiB: "
                        "a larger one gets a 413 before it is read (default: 16)")  # fmt: skip
+    group.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take "
+                       "to arrive: a slower one gets a 408 and its connection is closed (default: 30)")  # fmt: skip
     group.add_argument("--default-max-tokens", type=int, default=512,
                        help="a chat request without max_tokens gets at most this many")  # fmt: skip
     group.add_argument("--grace", type=float, default=30.0, help="seconds running requests get on SIGTERM")
@@ -75,6 +77,10 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise HeadstartError(f"--port must be <= 65535, got {args.port}", "use e.g. --port 8000")
     if not args.grace >= 0:
         raise HeadstartError(f"--grace must be >= 0, got {args.grace}", "use e.g. --grace 30")
+    if not 0 < args.body_timeout < float("inf"):
+        raise HeadstartError(
+            f"--body-timeout must be > 0, got {args.body_timeout}", "use e.g. --body-timeout 30"
+        )
     if not 0 < args.max_body_mb < float("inf"):
         raise HeadstartError(
             f"--max-body-mb must be > 0, got {args.max_body_mb}", "use e.g. --max-body-mb 16"
@@ -186,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     served = Served(target=target, scheduler=scheduler, metrics=metrics, model=args.served_model_name or args.target,
                     context=context, max_tokens=min(args.max_tokens or context, context),
                     default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode,
-                    allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20))  # fmt: skip
+                    allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20), body_timeout=args.body_timeout)  # fmt: skip
     app = build_app(served)
     # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
     # decode loop's, which answers what still runs at --grace with a 503 or an error event. The

@@ -17,8 +17,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from headstart.errors import printable
 from headstart.serve import protocol
@@ -101,13 +102,25 @@ def build_app(served: Served) -> FastAPI:
                                   f"(got {given or 'no Content-Type'!r})", code="unsupported_media_type")  # fmt: skip
         except Refused as err:
             return refuse(path, err)
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except ClientDisconnect:  # the client left (or its body came too late: BodyLimit answered 408)
+            return Response(status_code=499)  # nobody reads it
+        except Exception as exc:  # noqa: BLE001 - a bug: answered here, inside CORS, so a browser reads it
+            return await crashed(request, exc)
 
-    def too_large(path: str) -> None:
-        served.metrics.request(path if path in POSTS else "unknown", 413)
-        log.warning("413 %s: the request body is larger than %d bytes", printable(path), served.max_body)
+    def refused_body(path: str, status: int = 413) -> None:
+        served.metrics.request(path if path in POSTS else "unknown", status)
+        if status == 408:
+            log.warning(
+                "408 %s: the request body did not arrive within %g s", printable(path), served.body_timeout
+            )
+        else:
+            log.warning("413 %s: the request body is larger than %d bytes", printable(path), served.max_body)
 
-    app.add_middleware(BodyLimit, limit=served.max_body, count=too_large)  # before any body is read
+    app.add_middleware(
+        BodyLimit, limit=served.max_body, count=refused_body, timeout=served.body_timeout
+    )  # fmt: skip  (before any body is read)
     if served.allowed_origins:  # added last: outermost, so preflights and refusals get CORS headers
         from starlette.middleware.cors import CORSMiddleware
 

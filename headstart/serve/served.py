@@ -24,3 +24,4 @@ class Served:
     max_body: int = (
         16 * 2**20
     )  # bytes a request body may hold (--max-body-mb): 413 past it, before it is read
+    body_timeout: float = 30.0  # seconds a request body may take to arrive (--body-timeout): 408 past it

@@ -17,9 +17,8 @@ from headstart.cli import main
 
 @pytest.fixture(scope="module")
 def small_limit(tiny_llama, tmp_path_factory):
-    srv = Server(
-        tiny_llama, None, tmp_path_factory.mktemp("limits"), "--max-body-mb", "1", "--max-batch", "8"
-    )
+    srv = Server(tiny_llama, None, tmp_path_factory.mktemp("limits"), "--max-body-mb", "1", "--max-batch", "8",
+                 "--body-timeout", "3")  # fmt: skip
     yield srv
     assert srv.stop() == 0, srv.output()
 
@@ -65,6 +64,40 @@ def test_an_oversized_body_is_refused_before_it_is_read(small_limit):
         'headstart_requests_total{endpoint="/v1/chat/completions",status="413"}'
         in http("GET", f"{small_limit.url}/metrics")[1]
     )
+
+
+def test_a_body_that_stops_coming_gets_a_408_and_its_connection_closes(small_limit):
+    """Headers and part of a body, then nothing: 408 at --body-timeout, the connection closed (60
+    such clients held theirs open for good), for declared and chunked bodies alike; the server
+    answers others meanwhile, and a body sent slowly but whole within the time is served."""
+    heads = [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 200\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":\r\n',
+    ]
+    conns = [socket.create_connection(("127.0.0.1", small_limit.port), timeout=20) for _ in range(6)]
+    started = time.perf_counter()
+    try:
+        for i, conn in enumerate(conns):
+            conn.sendall(heads[i % 2] + (b'{"prompt": "x", ' if i % 2 == 0 else b""))
+        assert http("GET", f"{small_limit.url}/health")[0] == 200  # not stalled by them
+        for conn in conns:
+            reply = _read_reply(conn)
+            assert reply.startswith("HTTP/1.1 408"), reply
+            assert json.loads(reply.split("\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+            assert conn.recv(1) == b""  # closed by the server
+    finally:
+        for conn in conns:
+            conn.close()
+    assert 2.5 < time.perf_counter() - started < 15
+    body = json.dumps({"model": small_limit.model, "prompt": "hi", "max_tokens": 2}).encode()
+    with socket.create_connection(("127.0.0.1", small_limit.port), timeout=30) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))  # fmt: skip
+        for part in (body[:10], body[10:]):  # slowly, within the time
+            conn.sendall(part)
+            time.sleep(1)
+        assert _read_reply(conn).startswith("HTTP/1.1 200")
 
 
 def test_a_chunked_oversized_body_is_cut_off(small_limit):
@@ -136,3 +169,47 @@ def test_a_port_in_use_is_one_line(tiny_llama, capsys):
         assert main(["serve", "--target", str(tiny_llama), "--port", str(port)]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err, err
+
+
+def test_a_500_carries_the_cors_headers(tmp_path):
+    """A handler that crashes (here a tokenizer that raises) is answered inside the CORS layer:
+    a browser page of an allowed origin reads the 500's JSON, not an opaque network error."""
+    import urllib.request
+
+    import uvicorn
+    from serving import free_port
+
+    from headstart.serve.app import build_app
+    from headstart.serve.metrics import Metrics
+    from headstart.serve.served import Served
+
+    class Broken:
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError("a bug")
+
+    class Target:
+        tokenizer = Broken()
+
+    served = Served(target=Target(), scheduler=None, metrics=Metrics(), model="m", context=64, max_tokens=8,
+                    default_tokens=8, allowed_origins=("http://ui.example",))  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(served), host="127.0.0.1", port=port, log_level="critical")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):
+            if server.started:
+                break
+            time.sleep(0.05)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=b'{"prompt": "hi"}', method="POST",
+                                         headers={"Content-Type": "application/json", "Origin": "http://ui.example"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request, timeout=30)
+        assert err.value.code == 500
+        assert err.value.headers["access-control-allow-origin"] == "http://ui.example"
+        assert json.loads(err.value.read())["error"]["type"] == "server_error"
+    finally:
+        server.should_exit = True
+        thread.join(10)
