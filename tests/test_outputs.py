@@ -106,7 +106,9 @@ def test_protected_directories(tmp_path, monkeypatch):
     assert protected(tmp_path / "repo") == "holds a git repository (.git)"
     assert protected(tmp_path / "repo" / "runs") is None  # a folder inside a checkout is fine
     assert protected(tmp_path / "repo" / ".git") == "is inside a git repository's .git folder"
-    assert protected(tmp_path / "repo" / ".git" / "objects" / "x") == "is inside a git repository's .git folder"
+    assert (
+        protected(tmp_path / "repo" / ".git" / "objects" / "x") == "is inside a git repository's .git folder"
+    )
     os.symlink(tmp_path, tmp_path / "link")
     assert protected(tmp_path / "link") == "is the home directory"  # through a symlink too
 
@@ -178,7 +180,9 @@ def test_a_run_killed_mid_write_leaves_nothing_after_the_next_run(tmp_path, phas
 
     out = tmp_path / "out"
     publish_dir(out, _write({"f0.bin": "old 0", "f1.bin": "old 1", "notes.txt": "mine"}))
-    child = subprocess.Popen([sys.executable, "-c", KILLED, str(out), phase], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(out), phase], stdout=subprocess.PIPE, text=True
+    )
     assert child.stdout.readline().strip() == "ready"
     child.send_signal(signal.SIGKILL)
     child.wait()

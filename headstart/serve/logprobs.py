@@ -16,8 +16,9 @@ the same way gives the same bits whatever decoded them: greedy replies are the s
 heads or without, so their logprobs are identical to the last digit (tests/serve). The argmax of
 this forward is the decoded token except where two logits tie within float rounding.
 cost: one extra target forward over prompt + reply per request that asks (a prefill's worth,
-run in the decode loop's thread between steps); lm_head rows only for the positions reported, whose
-logits are held at once (positions x vocabulary floats: 0.4 GB for 2,048 positions of SmolLM2)."""
+run in the decode loop's thread between steps, CHUNK positions at a time over a KV cache);
+lm_head rows only for the positions reported, CHUNK x vocabulary floats at a time (50 MB for
+SmolLM2, where the whole sequence's logits were 0.4 GB for 2,048 positions)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ class Scored:
 @torch.no_grad()
 def score(target: Any, ids: list[int], start: int, top: int) -> Scored:
     """Log-probabilities of ids[start:] under the target, with the `top` most likely tokens at
-    each position."""
-    from headstart.target import forward
+    each position. The sequence runs through the target CHUNK positions at a time over a KV
+    cache (each chunk a causal chain after the cached prefix, the decoder's verify mask), so the
+    logits held at once are (CHUNK, vocabulary), not (positions, vocabulary)."""
+    from headstart.target import forward, new_cache, tree_attention_mask
 
     first = max(start, 1)
     tokens = ids[start:]
@@ -50,14 +53,22 @@ def score(target: Any, ids: list[int], start: int, top: int) -> Scored:
     tops: list[list[tuple[int, float]]] = [[] for _ in range(first - start)]
     if first >= len(ids):
         return Scored(tokens, logprobs, tops)
-    device = target.device
+    device, model = target.device, target.model
     batch = torch.tensor([ids], device=device)  # (1, L)
-    # logits for positions first-1 .. L-1 (the last predicts past the end: unused)
-    logits = forward(target.model, batch, logits_to_keep=len(ids) - first + 1).logits[0, :-1]  # (P, V)
-    wanted = batch[0, first:]  # (P,)
-    for at in range(0, logits.shape[0], CHUNK):
-        rows = torch.log_softmax(logits[at : at + CHUNK].float(), dim=-1)  # (c, V)
-        chosen = rows.gather(1, wanted[at : at + CHUNK, None])[:, 0]
+    cache = new_cache(model, reserve=len(ids))
+    # positions first-1 .. L-2 predict the tokens scored; the last position predicts past the end
+    for at in range(0, len(ids) - 1, CHUNK):
+        end = min(at + CHUNK, len(ids) - 1)
+        wanted = end - max(at, first - 1)  # the chunk's last rows whose logits are read
+        chain = torch.ones(end - at, end - at, dtype=torch.bool, device=device).tril()
+        mask = tree_attention_mask(torch.ones(1, at, dtype=torch.bool, device=device), chain, model.dtype)
+        logits = forward(model, batch[:, at:end], attention_mask=mask, past_key_values=cache,
+                         position_ids=torch.arange(at, end, device=device)[None],
+                         logits_to_keep=max(wanted, 1)).logits[0]  # fmt: skip
+        if wanted <= 0:
+            continue
+        rows = torch.log_softmax(logits[-wanted:].float(), dim=-1)  # (c, V)
+        chosen = rows.gather(1, batch[0, end - wanted + 1 : end + 1, None])[:, 0]
         logprobs += chosen.tolist()  # host sync, once per chunk
         if top:
             values, order = rows.topk(min(top, rows.shape[-1]), dim=-1)

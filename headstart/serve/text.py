@@ -9,11 +9,14 @@ from typing import Any
 class TextStream:
     """Feed the reply's tokens as they come (`push`), read the text that is safe to send.
 
-    Text is decoded from all tokens so far (a token may complete a multi-byte character the
-    previous one started) and held back while it ends in a replacement character or could still
-    be the start of a stop string; `finish` releases the rest. A stop string ends the text there.
-    cost: one decode of the reply so far per streamed step, on the event loop (steps commit
-    several tokens; a reply read whole uses `feed` and decodes once)."""
+    A streamed step decodes only its new tokens, in a window that starts a few tokens back (a
+    token may complete a multi-byte character the previous one started, and SentencePiece
+    decodes a word's leading space from its context), as vLLM's incremental detokenizer does; the
+    text is held back while it ends in a replacement character or could still be the start of a
+    stop string; `finish` releases the rest. A stop string ends the text there.
+    cost: a decode of a few tokens per streamed step, on the event loop (it decoded the whole
+    reply so far each step: the loop's work grew with the square of the reply); a reply read
+    whole uses `feed` and decodes once."""
 
     def __init__(self, tokenizer: Any, stop: tuple[str, ...] = ()) -> None:
         self.tokenizer = tokenizer
@@ -21,6 +24,11 @@ class TextStream:
         self.tokens: list[int] = []
         self.sent = 0  # characters of the text already released
         self.stopped = False
+        self.decoded = ""  # the streamed text so far (push)
+        self.prefix_at = self.read_at = (
+            0  # the decode window: tokens[prefix_at:] against tokens[prefix_at:read_at]
+        )
+        self.searched = 0  # characters of `decoded` already searched for a stop string
 
     def _text(self) -> str:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
@@ -35,11 +43,32 @@ class TextStream:
         step (the event loop's cost would grow with the square of the reply's length)."""
         self.tokens += tokens
 
+    def _increment(self) -> str:
+        """The text the tokens since the last call add (vLLM's prefix/read offsets): '' while the
+        window still ends inside a character."""
+        decode = self.tokenizer.decode
+        before = decode(self.tokens[self.prefix_at : self.read_at], skip_special_tokens=True)
+        window = decode(self.tokens[self.prefix_at :], skip_special_tokens=True)
+        if len(window) <= len(before) or window.endswith("\ufffd"):
+            return ""
+        self.prefix_at, self.read_at = max(self.read_at - 4, 0), len(self.tokens)
+        return window[len(before) :]
+
     def push(self, tokens: list[int]) -> str:
         """New tokens in, the newly safe text out ('' while held back)."""
         self.tokens += tokens
-        text = self._text()
+        if self.stopped:  # the text ended at a stop string: what follows is not sent
+            return ""
+        self.decoded += self._increment()
+        text = self.decoded
+        longest = max((len(stop) for stop in self.stop), default=0)
+        for stop in self.stop:  # only where the new text can hold one
+            at = text.find(stop, max(self.searched - longest + 1, 0))
+            if at >= 0:
+                text, self.stopped = text[:at], True
+        self.searched = len(self.decoded)
         if self.stopped:
+            self.decoded = text
             return self._release(text)
         keep = len(text)
         if text.endswith("\ufffd"):  # a character whose bytes are still coming

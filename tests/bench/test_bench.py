@@ -39,7 +39,10 @@ def test_question_shapes(tmp_path):
     assert len(load_questions(str(plain), limit=1)) == 1
     bom = tmp_path / "bom.jsonl"  # what Windows editors save as "UTF-8"
     bom.write_bytes(b"\xef\xbb\xbf" + b'{"text": "hi"}\n{"text": "\xef\xbb\xbfkept"}\n')
-    assert [q.turns[0] for q in load_questions(str(bom))] == ["hi", "\ufeffkept"]  # only the file's own mark goes
+    assert [q.turns[0] for q in load_questions(str(bom))] == [
+        "hi",
+        "\ufeffkept",
+    ]  # only the file's own mark goes
 
 
 def test_bad_questions(tmp_path):

@@ -16,7 +16,11 @@ def target(tiny_llama):
     return load_target(str(tiny_llama))
 
 
-def test_score_is_the_targets_log_softmax_and_repeats_to_the_bit(target):
+@pytest.mark.parametrize("chunk", [256, 3])  # one chunk; chunks over the KV cache (the logits held at once)
+def test_score_is_the_targets_log_softmax_and_repeats_to_the_bit(target, chunk, monkeypatch):
+    import headstart.serve.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK", chunk)
     ids = [5, 70, 80, 90, 100, 110, 3, 4]
     with torch.no_grad():
         expected = target.model(torch.tensor([ids])).logits[0].log_softmax(-1)  # (T, V)
