@@ -35,6 +35,8 @@ class Speculator:
     """The tree decoders draft (None: plain decoding, or the heads' default static tree)."""
     typical: bool = False
     compile: bool = False
+    note: str = ""
+    """Why the heads were set aside (calibration found no tree faster than plain decoding here)."""
 
     def new_decoder(self, greedy: bool = True, tree: str | TreeChoice | None = None) -> SpeculativeDecoder:
         """A fresh decoder of these heads (a server's lane, a tuning candidate): `tree` overrides
@@ -57,7 +59,11 @@ class Speculator:
     def mode(self) -> str:
         """What decodes, in words (the CLI's stats line, the server's /health)."""
         if self.heads is None:
-            return "plain decoding" + (", compiled" if self.compile else "")
+            return (
+                "plain decoding"
+                + (", compiled" if self.compile else "")
+                + (", the heads do not pay on this machine" if self.note else "")
+            )
         return (
             f"{self.heads.kind} heads, tree {self.tree.text if self.tree else 'static'}"
             + (", compiled" if self.compile else "")
@@ -74,6 +80,7 @@ def load_speculator(
     greedy: bool = True,
     typical: bool = False,
     compile: bool = False,
+    calibrate: bool = False,
 ) -> Speculator:
     """Assemble decoding for `target`.
 
@@ -82,7 +89,10 @@ def load_speculator(
     tree: a `--tree` value (parsed here, once) or a TreeChoice; None takes the tree `headstart tune`
     stored with the heads (noting on stderr when it was tuned for another device or thread count),
     else the default static tree. `greedy=False` drops a tuned tree's lookup branch (exact sampling
-    cannot mix a static tree's drawn drafts with looked-up tokens)."""
+    cannot mix a static tree's drawn drafts with looked-up tokens). `calibrate=True` (the CLI's
+    `--speculate auto`): without an explicit tree, unless the stored tune was measured on this
+    machine, measure once whether the heads beat plain decoding here, and decode plainly when they
+    do not (headstart/calibration.py)."""
     import torch
 
     from headstart.tuned import tree_for_run
@@ -96,6 +106,27 @@ def load_speculator(
             else f"--tree {choice.text} drafts with heads, and plain decoding has none",
             "pass --heads DIR (trained heads), or drop --tree for plain decoding",
         )
+    if loaded is not None and choice is None and calibrate and path is not None and not typical:
+        import logging
+
+        from headstart.calibration import decide
+        from headstart.tuned import stored_tune
+
+        stored = stored_tune(path)
+        if stored is not None:
+            try:
+                choose_tree(stored["tree"])
+            except HeadstartError as err:  # as tree_for_run says it: an optimisation only
+                logging.getLogger(__name__).warning(
+                    f"warning: the tuned tree stored with {path} is not a tree ({err.what}): ignored"
+                )
+                stored = None
+        tree, note = decide(target, path, stored, greedy)
+        if tree is None:
+            logging.getLogger(__name__).warning("note: %s", note)
+            return Speculator(target, None, path, None, compile=compile, note=note)
+        return Speculator(target, loaded, path, choose_tree(tree) if greedy else choose_tree(tree).without_lookup(),
+                          compile=compile)  # fmt: skip
     if loaded is not None:
         choice = tree_for_run(choice, path, str(target.device), torch.get_num_threads(), greedy)
     return Speculator(target, loaded, path, choice, typical=typical, compile=compile)

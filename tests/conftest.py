@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tests check the small-row kernel's numbers wherever decoders may take it (1-64 rows), whatever
 # row range calibration picks for speed on this CPU (tests/target/test_smallmm.py tests that).
 os.environ.setdefault("HEADSTART_SMALLMM_ROWS", "64")
+# Calibration verdicts (headstart/calibration.py) of the tests' tiny heads go to a folder of this
+# session, never the user's cache (subprocesses inherit it).
+os.environ.setdefault("HEADSTART_CALIBRATION_CACHE", tempfile.mkdtemp(prefix="headstart-test-calibration-"))
 
 from tiny import make_target_dir  # noqa: E402
 

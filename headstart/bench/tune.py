@@ -111,6 +111,7 @@ def _measure(
     import torch
 
     from headstart.bench.cost import verify_cost_ms
+    from headstart.calibration import machine
     from headstart.inference.plain import SamplingConfig
 
     sampling = SamplingConfig(max_new_tokens=max_new_tokens)
@@ -181,6 +182,7 @@ def _measure(
         "over_plain": over_plain,
         "within_noise": within_noise,
         "device": str(target.device),
+        "machine": machine(str(target.device)),  # what a later run checks before trusting this tune
         "threads": torch.get_num_threads(),
         "dtype": str(target.dtype).removeprefix("torch."),
         "calibration_prompts": len(prompts),

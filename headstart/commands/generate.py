@@ -35,6 +35,14 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
     group.add_argument(
+        "--speculate",
+        choices=("auto", "always"),
+        default="auto",
+        help="auto: on a machine the heads' tree was not tuned on, measure once (~20 s, cached) whether "
+        "they beat plain decoding here, and decode plainly if not (default); always: use the heads "
+        "whatever they cost here. An explicit --tree is always used",
+    )
+    group.add_argument(
         "--tree",
         default=None,
         help="the tree stored with the heads by `headstart tune` if any, else static (default); or "
@@ -112,10 +120,14 @@ class Decoding:
         self.sampling = sampling_from_args(args)
         capture = wants_capture(getattr(args, "compile", "off"), target.device)
         self.speculator = load_speculator(target, args.heads, args.tree, plain=args.no_heads,
-                                          greedy=self.sampling.greedy, typical=args.typical, compile=capture)  # fmt: skip
+                                          greedy=self.sampling.greedy, typical=args.typical, compile=capture,
+                                          calibrate=getattr(args, "speculate", "auto") == "auto")  # fmt: skip
         self.heads = self.speculator.heads
-        # plain decoding runs transformers' generate unless compiled (the same captured verify)
-        self.decoder = self.speculator.decoder if self.heads is not None or capture else None
+        # plain decoding runs transformers' generate unless compiled (the same captured verify), or
+        # unless calibration set the heads aside: then headstart's own plain decoding, the one it
+        # measured them against
+        plain_engine = capture or bool(self.speculator.note)
+        self.decoder = self.speculator.decoder if self.heads is not None or plain_engine else None
 
     @property
     def mode(self) -> str:

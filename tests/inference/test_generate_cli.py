@@ -51,6 +51,8 @@ def test_generate_streams_and_reports_tau(tiny_llama, heads_dir, capsys):
         str(tiny_llama),
         "--heads",
         str(heads_dir),
+        "--speculate",
+        "always",  # the random heads would not pay: calibration would set them aside (tests/test_calibration.py)
         "--prompt",
         "hi",
         "--max-new-tokens",
@@ -86,7 +88,8 @@ def test_bad_decoding_options_are_clear_errors(tiny_llama, heads_dir, capsys, ex
 
 def test_truncate_prompt_keeps_the_last_tokens(tiny_llama, heads_dir, capsys):
     long = "word " * 200  # ~1000 byte tokens > the tiny target's 512 positions
-    args = ["generate", "--target", str(tiny_llama), "--heads", str(heads_dir), "--prompt", long, "--raw"]
+    args = ["generate", "--target", str(tiny_llama), "--heads", str(heads_dir), "--speculate", "always", "--prompt",
+            long, "--raw"]  # fmt: skip
     assert main([*args, "--max-new-tokens", "4", "--json"]) == 2
     assert "exceeds the target's context" in capsys.readouterr().err
     assert main([*args, "--max-new-tokens", "4", "--json", "--truncate-prompt"]) == 0
@@ -95,7 +98,8 @@ def test_truncate_prompt_keeps_the_last_tokens(tiny_llama, heads_dir, capsys):
 
 def test_chat_multi_turn_from_stdin(tiny_llama, heads_dir, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\nand then?\n/reset\nhello\n/exit\nignored\n"))
-    args = ["chat", "--target", str(tiny_llama), "--heads", str(heads_dir), "--max-new-tokens", "6"]
+    args = ["chat", "--target", str(tiny_llama), "--heads", str(heads_dir), "--speculate", "always",
+            "--max-new-tokens", "6"]  # fmt: skip
     assert main(args) == 0
     captured = capsys.readouterr()
     assert captured.err.count("tokens/s") == 3 and "[conversation cleared]" in captured.err
@@ -110,7 +114,8 @@ def test_quiet_and_verbose_switches_work_on_every_command(tiny_llama, heads_dir,
     Given before or after the command name."""
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     monkeypatch.delenv("HEADSTART_VERBOSE", raising=False)
-    args = ["--target", str(tiny_llama), "--heads", str(heads_dir), "--prompt", "hi", "--max-new-tokens", "8"]
+    args = ["--target", str(tiny_llama), "--heads", str(heads_dir), "--speculate", "always", "--prompt", "hi",
+            "--max-new-tokens", "8"]  # fmt: skip
     quiet = ["-q", "generate", *args] if where == "before" else ["generate", "-q", *args]
     assert main(quiet) == 0
     captured = capsys.readouterr()

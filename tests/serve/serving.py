@@ -40,6 +40,10 @@ class Server:
         self.model = str(target)
         cmd = [sys.executable, "-m", "headstart", "serve", "--target", str(target), "--port", str(self.port),
                "--threads", "1", *(["--heads", str(heads)] if heads else ["--no-heads"]), *extra]  # fmt: skip
+        if (
+            heads and "--speculate" not in extra and "--tree" not in extra
+        ):  # the random heads, not calibration's verdict
+            cmd += ["--speculate", "always"]
         env = dict(os.environ, HEADSTART_CACHE=str(tmp / "cache"), TOKENIZERS_PARALLELISM="false")
         self.log = (tmp / f"serve-{self.port}.log").open("w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
