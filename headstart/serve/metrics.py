@@ -43,6 +43,7 @@ class Metrics:
         self.row_steps = 0  # verify forwards summed over rows
         self.committed = 0  # tokens they committed
         self.prefix_cached = 0  # prompt tokens taken from the prefix cache instead of prefilled
+        self.steps = Counter()  # decode steps by kind: speculative (a tree verified) or plain
         self.queue_depth = 0
         self.running = 0
         self.latency = Histogram()  # request seconds, arrival to last token
@@ -60,6 +61,13 @@ class Metrics:
             for name in set(names):
                 known = name in self.ignored_fields or len(self.ignored_fields) < MAX_FIELD_SERIES
                 self.ignored_fields[name if known else "(other)"] += 1
+
+    def stepped(self, steps: int, plain: int) -> None:
+        """A lane's decode step(s): `plain` of the `steps` decoded without a tree (past
+        --speculate-up-to, where a verify of every row's tree costs more than it saves)."""
+        with self.lock:
+            self.steps["plain"] += plain
+            self.steps["speculative"] += steps - plain
 
     def observe_wait(self, seconds: float) -> None:
         with self.lock:
@@ -97,6 +105,9 @@ class Metrics:
                 "# HELP headstart_prefix_cached_tokens_total prompt tokens copied from the prefix cache, not prefilled",
                 "# TYPE headstart_prefix_cached_tokens_total counter",
                 f"headstart_prefix_cached_tokens_total {self.prefix_cached}",
+                "# HELP headstart_decode_steps_total decode steps, speculative (a tree verified) or plain",
+                "# TYPE headstart_decode_steps_total counter",
+                *(f'headstart_decode_steps_total{{kind="{kind}"}} {self.steps[kind]}' for kind in ("plain", "speculative")),
                 "# HELP headstart_tau tokens committed per target forward, bonus token included",
                 "# TYPE headstart_tau gauge", f"headstart_tau {tau:.4f}",
                 "# TYPE headstart_queue_depth gauge", f"headstart_queue_depth {self.queue_depth}",

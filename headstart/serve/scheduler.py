@@ -147,7 +147,9 @@ class Scheduler:
             self._admit(admit)
             for warp, engine in list(self.lanes.items()):
                 try:
+                    plain, forwards = engine.plain_steps, engine.target_forwards
                     self._finish(engine.step())  # (an engine whose rows all left steps as a no-op)
+                    self.metrics.stepped(engine.target_forwards - forwards, engine.plain_steps - plain)
                 except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
                     log.exception("decode step failed: %s", err)
                     self._fail_lane(warp, err)

@@ -327,3 +327,26 @@ def test_a_client_s_paths_never_become_metric_labels(server):
         assert http("GET", f"{server.url}/v1/made-up-{i}")[0] == 404
     text = http("GET", f"{server.url}/metrics")[1]
     assert "made-up" not in text and "/v1/models/{id}" in text
+
+
+def test_metrics_count_speculative_and_plain_steps(server, tiny_llama, heads, tmp_path):
+    """/metrics says how many decode steps verified a tree and how many went plain (past
+    --speculate-up-to, or with the heads set aside)."""
+
+    def steps(srv: Server) -> dict[str, float]:
+        text = http("GET", f"{srv.url}/metrics")[1]
+        return {kind: float(next(line.split()[-1] for line in text.splitlines()
+                                 if line.startswith(f'headstart_decode_steps_total{{kind="{kind}"}}')))
+                for kind in ("plain", "speculative")}  # fmt: skip
+
+    before = steps(server)
+    server.client().completions.create(model=server.model, prompt="once", max_tokens=8, temperature=0)
+    after = steps(server)
+    assert after["speculative"] > before["speculative"] and after["plain"] == before["plain"]
+    plain = Server(tiny_llama, heads, tmp_path, "--speculate-up-to", "0")
+    try:
+        plain.client().completions.create(model=plain.model, prompt="once", max_tokens=8, temperature=0)
+        counted = steps(plain)
+        assert counted["plain"] > 0 and counted["speculative"] == 0
+    finally:
+        assert plain.stop() == 0, plain.output()
