@@ -1,0 +1,71 @@
+"""scripts/gpu/windows.py, the accumulating run's ledger: the next window's number, the verdict's
+bookkeeping, and the card of the shipped head saying how many windows, steps and tokens made it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu" / "windows.py"
+
+
+@pytest.fixture
+def windows(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("gpu_windows", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "LEDGER", tmp_path / "ledger.json")
+    shipped = tmp_path / "shipped"
+    shutil.copytree(ROOT / "headstart" / "default_heads" / "smollm2-eagle3", shipped,
+                    ignore=shutil.ignore_patterns("*.safetensors"))  # fmt: skip
+    monkeypatch.setattr(module, "SHIPPED", shipped)
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    return module
+
+
+def window(number: int, adopted: bool, start: float, end: float) -> dict:
+    return {"window": number, "date": "2026-11-28", "card": "NVIDIA H200", "steps": 100 * number,
+            "train_tokens": 1_000_000 * number, "adopted": adopted, "reference_tree": f"tau {number}",
+            "cpu_eval": {"window_head": {"eval/accept_len_est": end}, "start_head": {"eval/accept_len_est": start}}}  # fmt: skip
+
+
+def test_the_next_window_counts_the_ledger(windows, capsys):
+    windows.cmd_next(None)
+    assert capsys.readouterr().out.strip() == "1"
+    windows.LEDGER.write_text(
+        json.dumps({"windows": [window(1, True, 2.0, 2.1), window(2, False, 2.1, 2.1)]})
+    )
+    windows.cmd_next(None)
+    assert capsys.readouterr().out.strip() == "3"  # a window that lost still counts: its seed is spent
+
+
+def test_the_card_says_what_made_the_head(windows):
+    book = {
+        "windows": [window(1, True, 2.05, 2.22), window(2, False, 2.22, 2.21), window(3, True, 2.22, 2.32)]
+    }
+    windows.LEDGER.write_text(json.dumps(book))
+    windows.describe_lineage(book)
+    config = json.loads((windows.SHIPPED / "config.json").read_text())["training"]["lineage"]
+    assert (
+        config["summary"].startswith("2 GPU windows") and "400 steps, 4.0M train tokens" in config["summary"]
+    )
+    assert len(config["windows"]) == 3  # the origin and the two adopted windows
+    card = (windows.SHIPPED / "README.md").read_text()
+    assert card.count("## How it was made") == 1 and "window 3" in card and "window 2" not in card
+    windows.describe_lineage(book)  # again: the section is replaced, not repeated
+    assert (windows.SHIPPED / "README.md").read_text().count("## How it was made") == 1
+
+
+def test_next_runs_with_the_standard_library_alone(tmp_path):
+    """`next` runs on the bare GPU machine before anything is installed."""
+    out = subprocess.run(
+        [sys.executable, "-S", str(SCRIPT), "next"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert out.returncode == 0 and out.stdout.strip().isdigit(), out.stderr
