@@ -9,7 +9,7 @@ the engine already had. The verdict is cached per machine (CPU model and ISA, or
 thread count, target and heads, under the user's cache folder: the second run measures nothing.
 
 What it measures: plain decoding and a handful of trees (the stored one, chains of 1 and 2, one
-forked tree) on CALIBRATION prompts, interleaved prompt by prompt (headstart.bench.tune), greedy,
+forked tree) on CALIBRATION prompts, interleaved prompt by prompt (headstart.bench.timing), greedy,
 a short reply each. A tree is used only when it beats plain decoding by more than MARGIN: the
 verdict errs towards plain decoding, never more than the noise slower than it.
 cost: ~15-25 s on the 2-core CPU for SmolLM2 (3 prompts x 5 methods x 48 tokens, warm-ups
@@ -21,10 +21,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import platform
 import time
 from pathlib import Path
 from typing import Any
+
+from headstart.hardware import machine
 
 log = logging.getLogger(__name__)
 
@@ -32,36 +33,13 @@ MARGIN = 0.03
 """A tree must beat plain decoding by more than this share to be used."""
 PROMPTS = 3
 NEW_TOKENS = 48
-ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "sve", "asimd")
-
-
-def machine(device: str) -> str:
-    """What a decode's speed depends on besides the code: the GPU's name, or the CPU model with the
-    instruction sets the kernels use (the same model name can hide AMX or not on a VM)."""
-    if device.startswith("cuda"):
-        import torch
-
-        return f"cuda:{torch.cuda.get_device_name()}"
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                model = value.strip()
-            elif key.strip() in ("flags", "Features"):
-                flags = set(value.split())
-            if model and flags:
-                break
-    except OSError:
-        pass
-    return f"cpu:{model} [{' '.join(f for f in ISA_FLAGS if f in flags)}]"
 
 
 def cache_dir() -> Path:
     """`$HEADSTART_CALIBRATION_CACHE`, else the cache folder's `calibration/`."""
     import os
 
-    from headstart.target.gguf import cache_root
+    from headstart.targets.gguf import cache_root
 
     given = os.environ.get("HEADSTART_CALIBRATION_CACHE")
     return Path(given).expanduser() if given else cache_root() / "calibration"
@@ -94,14 +72,15 @@ def verdict_of(report: dict[str, Any]) -> str | None:
     return report["tree"] if over["speedup"] > 1 + MARGIN else None
 
 
-def calibrate(target: Any, heads_path: Path, stored_tree: str | None, greedy: bool) -> dict[str, Any]:
-    """Measure plain decoding against a few trees here; the verdict (cached by the caller)."""
+def calibrate(target: Any, heads: Any, stored_tree: str | None, greedy: bool) -> dict[str, Any]:
+    """Measure plain decoding against a few trees of `heads` here; the verdict (cached by the caller)."""
     import torch
 
-    from headstart.bench.tune import CALIBRATION_PROMPTS, forked, tune
+    from headstart.bench.timing import CALIBRATION_PROMPTS, measure_trees
+    from headstart.inference.decoder import SpeculativeDecoder
 
     candidates = list(
-        dict.fromkeys([*([stored_tree] if stored_tree else []), "chain:1", "chain:2", forked(2, 1)])
+        dict.fromkeys([*([stored_tree] if stored_tree else []), "chain:1", "chain:2", "[[0],[0,0],[1]]"])
     )
     if not greedy:  # sampling: a static tree's lookup branch cannot be verified exactly
         candidates = [c for c in candidates if "+lookup" not in c] or ["chain:1"]
@@ -111,7 +90,9 @@ def calibrate(target: Any, heads_path: Path, stored_tree: str | None, greedy: bo
         machine(str(target.device)), torch.get_num_threads(),
     )  # fmt: skip
     started = time.perf_counter()
-    report = tune(target, heads_path, list(CALIBRATION_PROMPTS[:PROMPTS]), NEW_TOKENS, candidates, prune=0.0)
+    decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
+    plain = SpeculativeDecoder(target, None)
+    report = measure_trees(target, decoders, list(CALIBRATION_PROMPTS[:PROMPTS]), NEW_TOKENS, 0.0, plain)
     tree = verdict_of(report)
     return {
         "tree": tree,
@@ -125,9 +106,8 @@ def calibrate(target: Any, heads_path: Path, stored_tree: str | None, greedy: bo
     }
 
 
-def decide(
-    target: Any, heads_path: Path, stored: dict[str, Any] | None, greedy: bool
-) -> tuple[str | None, str]:
+def decide(target: Any, heads: Any, heads_path: Path, stored: dict[str, Any] | None, greedy: bool
+           ) -> tuple[str | None, str]:  # fmt: skip
     """(the tree to decode with, or None for plain decoding; a one-line note saying why)."""
     import torch
 
@@ -143,7 +123,7 @@ def decide(
     except (OSError, ValueError):
         found = None
     if not isinstance(found, dict) or "tree" not in found:
-        found = calibrate(target, heads_path, (stored or {}).get("tree"), greedy)
+        found = calibrate(target, heads, (stored or {}).get("tree"), greedy)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(found, indent=1) + "\n")

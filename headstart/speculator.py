@@ -3,7 +3,7 @@ and `tune` all come through here, so heads are resolved and loaded once, the tre
 stored with them is read once, and a `--tree` value is parsed once into a TreeChoice.
 
     from headstart.speculator import load_speculator
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target("smollm2")
     speculator = load_speculator(target)            # the heads shipped for it, their tuned tree
@@ -121,7 +121,7 @@ def load_speculator(
                     f"warning: the tuned tree stored with {path} is not a tree ({err.what}): ignored"
                 )
                 stored = None
-        tree, note = decide(target, path, stored, greedy)
+        tree, note = decide(target, loaded, path, stored, greedy)
         if tree is None:
             logging.getLogger(__name__).warning("note: %s", note)
             return Speculator(target, None, path, None, compile=compile, note=note)

@@ -21,7 +21,7 @@ def user_tuned_file(heads_path: str | Path) -> Path:
     package, or a read-only directory) is kept: the user's cache, keyed by the heads' path."""
     import hashlib
 
-    from headstart.target.gguf import cache_root
+    from headstart.targets.gguf import cache_root
 
     key = hashlib.sha256(str(Path(heads_path).resolve()).encode()).hexdigest()[:16]
     return cache_root() / "tuned" / key / TUNED_FILE

@@ -102,7 +102,7 @@ def main() -> int:
     from headstart.bench.questions import load_questions
     from headstart.heads import load_heads
     from headstart.heads.defaults import default_heads
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.tuned import tree_for_run
 
     torch.set_num_threads(args.threads)

@@ -49,7 +49,7 @@ def main() -> int:
     from headstart.inference.batcher import EngineBatcher
     from headstart.inference.plain import SamplingConfig
     from headstart.inference.requests import Request
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     torch.set_num_threads(args.threads)
     target = load_target(args.target, dtype=args.dtype, device=args.device)

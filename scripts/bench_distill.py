@@ -51,7 +51,7 @@ def main() -> int:
 
     from headstart.distill import DistillConfig, load_distilled
     from headstart.distill.pipeline import run_distill
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     if args.threads:
         torch.set_num_threads(args.threads)

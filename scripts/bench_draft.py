@@ -43,7 +43,7 @@ def main() -> None:
     from headstart.heads import HeadSpec, build_head
     from headstart.inference import drafters
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(args.target)
     counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))

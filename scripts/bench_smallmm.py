@@ -4,7 +4,7 @@
 
 For each row count (a decode step's token, or a tree verify's nodes) and thread count, prints the
 time of all the target's linear layers for one forward (every decoder layer's projections and
-the lm_head, fp32): through `headstart/target/smallmm.c` and through `F.linear` (MKL). Kernel and
+the lm_head, fp32): through `headstart/targets/smallmm.c` and through `F.linear` (MKL). Kernel and
 MKL are timed interleaved, best of `--repeats`, so a noisy host moves both alike: compare the two
 columns of one run. The kernel's calibration (which row counts decoding gives it) is not used
 here: every row count is measured. MKL here is plain `F.linear`; past packing.MIN_ROWS rows the
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 
 def weights(target_spec: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(target_spec)
     return [
@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
 
-    from headstart.target.smallmm import small_matmul
+    from headstart.targets.smallmm import small_matmul
 
     kernel = small_matmul()
     if kernel is None:

@@ -147,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from headstart.bench.questions import load_questions
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(args.target, weights=False)  # tokenizer, chat template, HF directory
     questions = [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]

@@ -14,8 +14,8 @@ import argparse
 
 import torch
 
-from headstart.target import forward, load_target, new_cache
-from headstart.target.packing import PackedLinears, packed
+from headstart.targets import forward, load_target, new_cache
+from headstart.targets.packing import PackedLinears, packed
 
 
 def main() -> None:

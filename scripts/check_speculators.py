@@ -33,7 +33,7 @@ def features(args: argparse.Namespace, out: Path) -> None:
 
     from headstart.bench.questions import load_questions
     from headstart.heads import load_heads
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     config = json.loads((Path(args.export) / "config.json").read_text())
     if config.get("speculators_model_type") == "dflash":
@@ -71,7 +71,7 @@ def dflash_features(args: argparse.Namespace, out: Path, config: dict) -> None:
 
     from headstart.bench.questions import load_questions
     from headstart.heads import load_heads
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     aux = config["aux_hidden_state_layer_ids"]
     target = load_target(args.target)
@@ -223,7 +223,7 @@ def local_verifier(export: Path, target: str, into: Path) -> Path:
     """The export as speculators reads it here: speculators loads the verifier's embeddings and
     lm_head from `verifier.name_or_path`, which an export names portably (a Hub id) and this
     machine may not reach. A copy (links) whose config names the target's local folder instead."""
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     local = load_target(target).model.config._name_or_path
     config = json.loads((export / "config.json").read_text())

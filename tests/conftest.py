@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tests check the small-row kernel's numbers wherever decoders may take it (1-64 rows), whatever
-# row range calibration picks for speed on this CPU (tests/target/test_smallmm.py tests that).
+# row range calibration picks for speed on this CPU (tests/targets/test_smallmm.py tests that).
 os.environ.setdefault("HEADSTART_SMALLMM_ROWS", "64")
 # Calibration verdicts (headstart/calibration.py) of the tests' tiny heads go to a folder of this
 # session, never the user's cache (subprocesses inherit it).

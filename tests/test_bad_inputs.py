@@ -30,7 +30,7 @@ PROGRESS = re.compile(r"\d+%\|")  # a tqdm bar's line
 def work(tmp_path_factory, tiny_llama):
     """W: heads, a finished run, a finished bench, broken files of every kind (built once)."""
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     w = tmp_path_factory.mktemp("bad-inputs")
     target = load_target(str(tiny_llama))
@@ -372,7 +372,7 @@ def test_push_takes_an_export(work, tiny_llama, tmp_path, monkeypatch, capsys):
     """An engine-format export (what vLLM serves) is pushed with its own files."""
     import huggingface_hub
 
-    import headstart.target.hub as hub
+    import headstart.targets.hub as hub
 
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)  # the fake client below is the Hub
     out = tmp_path / "spec"

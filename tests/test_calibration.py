@@ -16,7 +16,7 @@ from headstart.cli import main
 @pytest.fixture(scope="module")
 def heads_dir(tiny_llama, tmp_path_factory):
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     path = tmp_path_factory.mktemp("calibration-heads") / "eagle"
@@ -76,7 +76,7 @@ def test_an_explicit_tree_or_always_skips_it(tiny_llama, heads_dir, cache, capsy
 def test_a_tune_stored_on_this_machine_is_trusted(tiny_llama, heads_dir, cache, tmp_path, capsys):
     import shutil
 
-    from headstart.calibration import machine
+    from headstart.hardware import machine
 
     mine = tmp_path / "heads"
     shutil.copytree(heads_dir, mine)

@@ -25,8 +25,8 @@ def test_info_json_on_tiny_target(tiny_llama, capsys):
     assert info["layers"] == 2 and info["hidden_size"] == 64 and info["vocab_size"] == 288
     assert info["chat_template"] is True and info["single_token_forward_ms"] > 0
     assert info["attention"] == "2 full_attention; tree-verifiable"
-    from headstart.target.mkl import mkl_packing_available
-    from headstart.target.smallmm import small_matmul
+    from headstart.targets.mkl import mkl_packing_available
+    from headstart.targets.smallmm import small_matmul
 
     if small_matmul() is not None:  # fp32 on CPU: the kernel, or MKL packs without a C compiler
         assert info["cpu_kernel"].startswith("small-row kernel")
@@ -38,7 +38,7 @@ def test_info_json_on_tiny_target(tiny_llama, capsys):
 def test_generate_json_matches_model_generate(tiny_llama, capsys):
     import torch
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     assert (
         main(
@@ -152,7 +152,7 @@ def test_info_names_windowed_and_unverifiable_layers(tiny_root):
     from tiny import FAMILIES, make_target_dir
 
     from headstart.commands.info import attention_summary
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     gemma = load_target(
         str(make_target_dir(tiny_root, "gemma3_text", seed=11, **FAMILIES["gemma3_text"])), weights=False

@@ -28,7 +28,7 @@ def _tree(root: Path) -> dict[str, bytes | None]:
 def inputs(tmp_path_factory, tiny_llama):
     """Heads, a finished distill and its pack, questions: made once, outside the fake home."""
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     w = tmp_path_factory.mktemp("safety-inputs")
     target = load_target(str(tiny_llama))

@@ -35,7 +35,7 @@ class Reached(Exception):
 def pool(tmp_path_factory, tiny_llama):
     """Existing paths for arguments to point at (heads, files, dirs), never written by a run."""
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     root = tmp_path_factory.mktemp("fuzz-pool")
     target = load_target(str(tiny_llama))
@@ -89,12 +89,12 @@ def command_lines(draw, root: Path, target_dir: Path):
 
 @pytest.fixture
 def stop_at_the_target(monkeypatch, tmp_path):
-    import headstart.target
+    import headstart.targets
 
     def reached(*args, **kwargs):
         raise Reached
 
-    monkeypatch.setattr(headstart.target, "load_target", reached)
+    monkeypatch.setattr(headstart.targets, "load_target", reached)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a Hub-looking id fails at once, no network
     monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)

@@ -18,7 +18,7 @@ from headstart.errors import HeadstartError
 @pytest.fixture(scope="module")
 def heads(tmp_path_factory, tiny_llama):
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     folder = tmp_path_factory.mktemp("rule") / "heads"
     target = load_target(str(tiny_llama))
@@ -186,7 +186,7 @@ def test_atomic_dir_names_the_path_on_an_os_error(tmp_path):
 def test_distill_writes_into_its_own_output_only(tiny_llama, tmp_path):
     from headstart.distill import DistillConfig
     from headstart.distill.pipeline import run_distill
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     source = tmp_path / "p.jsonl"

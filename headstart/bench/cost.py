@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from headstart.inference.cache import truncate
-from headstart.target import Target, forward, new_cache, tree_attention_mask
-from headstart.target.packing import PackedLinears, packed
+from headstart.targets import Target, forward, new_cache, tree_attention_mask
+from headstart.targets.packing import PackedLinears, packed
 
 
 @torch.no_grad()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from headstart.inference.plain import SamplingConfig
-from headstart.target import Target
+from headstart.targets import Target
 
 
 @dataclass

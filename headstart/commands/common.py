@@ -109,7 +109,7 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
 
 
 def load_target_from_args(args: argparse.Namespace) -> Any:
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     threads = getattr(args, "threads", 0) or 0
     check_threads(threads)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_output
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.tuned import stored_tune
 
     if args.heads is not None and not args.heads.strip():

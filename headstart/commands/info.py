@@ -19,9 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cpu_kernel_status(target: Any) -> str:
     """Which CPU matmul path headstart's decoders take for this target: the small-row kernel's
     library, MKL packs only, off (HEADSTART_PACKED=0 / HEADSTART_SMALLMM=0) or n/a (not fp32 CPU)."""
-    from headstart.target.mkl import mkl_packing_available
-    from headstart.target.packing import PackedLinears
-    from headstart.target.smallmm import small_matmul
+    from headstart.targets.mkl import mkl_packing_available
+    from headstart.targets.packing import PackedLinears
+    from headstart.targets.smallmm import small_matmul
 
     if PackedLinears.for_model(target.model) is None:
         return "off" if os.environ.get("HEADSTART_PACKED", "1") == "0" else "n/a"
@@ -29,8 +29,8 @@ def cpu_kernel_status(target: Any) -> str:
     if kernel is not None:
         from torch import nn
 
-        from headstart.target.blocks import BF16
-        from headstart.target.gguf_blocks import blocks_for
+        from headstart.targets.blocks import BF16
+        from headstart.targets.gguf_blocks import blocks_for
 
         linears = [m for m in target.model.modules() if isinstance(m, nn.Linear)]
         found = [b for b in map(blocks_for, linears) if b is not None]
@@ -49,7 +49,7 @@ def attention_summary(model: Any) -> str:
     """e.g. '15 sliding_attention (window 512) + 3 full_attention; tree-verifiable'."""
     from collections import Counter
 
-    from headstart.target.layer_kinds import layer_kinds
+    from headstart.targets.layer_kinds import layer_kinds
 
     kinds = layer_kinds(model)
     parts = [
@@ -69,7 +69,7 @@ def check_context(context: int, target: Any = None) -> None:
     (checked before the load for the sign, after it for the length: a 100k-token prefill on a
     CPU runs for many minutes before failing)."""
     from headstart.errors import HeadstartError
-    from headstart.target.latency import REPEATS
+    from headstart.targets.latency import REPEATS
 
     if context < 1:
         raise HeadstartError(f"--context must be >= 1, got {context}", "use e.g. --context 128")
@@ -82,7 +82,7 @@ def check_context(context: int, target: Any = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headstart.target.latency import single_token_latency_ms
+    from headstart.targets.latency import single_token_latency_ms
 
     check_context(args.context)
     target = load_target_from_args(args)

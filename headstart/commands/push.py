@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from huggingface_hub import HfApi
 
-    from headstart.target.hub import hub_host, hub_reachable
+    from headstart.targets.hub import hub_host, hub_reachable
 
     if not hub_reachable():  # huggingface_hub would retry each request five times, printing each
         raise HeadstartError(

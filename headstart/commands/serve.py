@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     args.compile = "off"
     target = load_target_from_args(args)
-    from headstart.target.exactness import check_no_processors
+    from headstart.targets.exactness import check_no_processors
 
     check_no_processors(target.model)  # served greedy replies are generate's, with or without heads
     if not target.chat.has_template:
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     decoding = Decoding(args, target)  # the heads and tree `generate` would take (the tuned one)
     speculator = decoding.speculator
     context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
-    from headstart.target.exactness import context_note, positions
+    from headstart.targets.exactness import context_note, positions
 
     limits = positions(target.model)
     note = context_note(limits, context)

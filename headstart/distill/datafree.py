@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from headstart.distill.config import DatafreeConfig
 from headstart.distill.replies import Sampling, generate_batch
 from headstart.errors import HeadstartError
-from headstart.target import Chat, Target
+from headstart.targets import Chat, Target
 
 SENTINEL = "\u2063HEADSTART_SENTINEL\u2063"
 PUNCTUATION = set(".,;:!?'\"()[]{}-_/\\%$&*+=<>@#`~|^\u2019\u201c\u201d\u2013\u2014")

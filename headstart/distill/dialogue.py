@@ -11,7 +11,7 @@ from headstart.distill.masks import assistant_spans, loss_mask
 from headstart.distill.plan import Item
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.requests import Reply, Request
-from headstart.target import Target
+from headstart.targets import Target
 
 
 @dataclass

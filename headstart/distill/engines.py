@@ -23,7 +23,7 @@ from typing import Any
 
 from headstart.distill.replies import Sampling, generate_batch
 from headstart.inference.requests import EngineStats, Reply, Request
-from headstart.target import Target
+from headstart.targets import Target
 
 ENGINES = ("headstart", "generate", "dataset", "openai")
 OnReply = Callable[[Request, Reply], Iterable[Request] | None]
@@ -114,10 +114,10 @@ def make_engine(name: str, target: Target, batch_size: int, endpoint: Any = None
     if name == "dataset":
         return DatasetEngine(target)
     from headstart.errors import HeadstartError
-    from headstart.target.layer_kinds import layer_kinds
+    from headstart.targets.layer_kinds import layer_kinds
 
     # The batcher moves cache columns between rows: full and sliding-window layers only (the
-    # window is applied by the mask over a cache that keeps every entry; target/layer_kinds.py).
+    # window is applied by the mask over a cache that keeps every entry; targets/layer_kinds.py).
     bad = layer_kinds(target.model).unsupported
     if bad:
         raise HeadstartError(

@@ -1,7 +1,7 @@
 """Offline features: the target's hidden states for each finished record, for offline head training.
 
 Layer names on disk: "layer<i>" for layer id i (the output of decoder layer i; see
-headstart.target.features for the convention) and "last" for `Features.last_hidden` (the lm_head
+headstart.targets.features for the convention) and "last" for `Features.last_hidden` (the lm_head
 input). Each record's tensors are (T, H) in fp16/bf16, T = len(input_ids).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.target import Target, eagle3_layer_ids, forward
+from headstart.targets import Target, eagle3_layer_ids, forward
 
 log = logging.getLogger(__name__)
 

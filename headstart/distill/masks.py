@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from headstart.errors import HeadstartError
-from headstart.target import Chat
+from headstart.targets import Chat
 
 
 def _check_prefix(full: list[int], prefix: list[int], what: str) -> None:

@@ -134,8 +134,8 @@ def _entry(path: Path) -> dict[str, Any]:
 
 def checked_pack(dst: str | Path) -> dict[str, Any]:
     """`verify` as training runs it: a file unchanged (path, size, mtime) since its sha256 was last
-    computed is not read again (headstart.target.gguf.file_sha256's memo)."""
-    from headstart.target.gguf import file_sha256
+    computed is not read again (headstart.targets.gguf.file_sha256's memo)."""
+    from headstart.targets.gguf import file_sha256
 
     return verify(dst, entry=lambda path: {"bytes": path.stat().st_size, "sha256": file_sha256(path)})
 

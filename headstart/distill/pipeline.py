@@ -30,7 +30,7 @@ from headstart.errors import HeadstartError, Interrupted
 from headstart.inference.requests import Reply, Request
 from headstart.interrupts import stop_signals_interrupt
 from headstart.outputs import check_output_dir
-from headstart.target import Target
+from headstart.targets import Target
 
 
 @dataclass
@@ -101,7 +101,7 @@ def run_distill(cfg: DistillConfig, target: Target | None = None, quiet: bool = 
         torch.set_num_threads(cfg.threads)
     check_output_dir(cfg.out, "--out")  # before the target loads
     if target is None:
-        from headstart.target import load_target
+        from headstart.targets import load_target
 
         # the openai engine's server runs the target: only its config and tokenizer are needed here
         weights = cfg.engine != "openai" or cfg.cache_features

@@ -19,7 +19,7 @@ from headstart.distill.shapes import Conversation, Skip, to_conversation
 from headstart.distill.sources import BadRow, read_rows
 from headstart.distill.store import DATAFREE_PROMPTS, DATAFREE_STATS, atomic_write_bytes
 from headstart.errors import HeadstartError
-from headstart.target import Target
+from headstart.targets import Target
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from headstart.target import Target
+from headstart.targets import Target
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,7 @@ def open_output(out: str | Path, meta: dict[str, Any]) -> None:
     `meta` holds `fingerprint`, `settings` (DistillConfig.identity()) and `feature_layers`; mixing
     records of two targets or two settings in one data set would silently poison training.
     """
-    from headstart.target import describe, fingerprint_mismatch
+    from headstart.targets import describe, fingerprint_mismatch
 
     out = Path(out)
     meta = json.loads(json.dumps({"format_version": FORMAT_VERSION, **meta}))  # tuples -> lists, as on disk

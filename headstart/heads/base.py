@@ -28,7 +28,7 @@ class DraftHead(Protocol):
     kind: str
     """A registered kind (headstart.heads.kinds)."""
     feature_layers: tuple[int, ...]
-    """Target layer ids (see headstart.target.features for the convention) this head reads;
+    """Target layer ids (see headstart.targets.features for the convention) this head reads;
     empty when it only needs `Features.last_hidden` (Medusa, EAGLE-1)."""
 
     def bind(self, target_model: Any) -> None:
@@ -60,7 +60,7 @@ class EagleLike(DraftHead, Protocol):
     ) -> torch.Tensor:
         """hidden (B, T, H) and next tokens input_ids (B, T) -> g (B, T, H), the guessed next features.
         attention_mask: None (causal over the cache + new tokens) or a 4D additive float mask
-        (B, 1, T, cached + T) as built by headstart.target.tree_attention_mask.
+        (B, 1, T, cached + T) as built by headstart.targets.tree_attention_mask.
         past_key_values: the head's own KV cache (`new_cache()`), grown by T entries."""
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.heads import kinds
 from headstart.heads.config import HeadConfig, HeadSpec
-from headstart.target.features import check_layer_ids, eagle3_layer_ids
+from headstart.targets.features import check_layer_ids, eagle3_layer_ids
 
 
 def head_class(kind: str, layout: str = "fc") -> type:

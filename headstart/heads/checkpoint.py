@@ -16,7 +16,7 @@ from huggingface_hub import ModelHubMixin
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
 from headstart.outputs import publish_dir
-from headstart.target.load import describe, fingerprint_mismatch
+from headstart.targets.load import describe, fingerprint_mismatch
 
 
 def check_fits(config: HeadConfig, target: Any) -> None:
@@ -77,7 +77,7 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
     how well it drafts. No local path: a target loaded from a folder is named by the folder."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    from headstart.target.gguf import hub_id
+    from headstart.targets.gguf import hub_id
 
     config = config.portable()
     target = config.target.get("name", "unknown")

@@ -48,8 +48,8 @@ class HeadSpec:
     """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
     feature_layers: list[int] | None = None
     """EAGLE-3: three target layer ids (low, middle, high); DFlash: one or more; None = the
-    EAGLE-3 reference's taps (headstart.target.eagle3_layer_ids), which are also speculators'
-    DFlash default. Ids follow headstart.target.features."""
+    EAGLE-3 reference's taps (headstart.targets.eagle3_layer_ids), which are also speculators'
+    DFlash default. Ids follow headstart.targets.features."""
     draft_vocab_size: int = 0
     """EAGLE-3, Medusa and DFlash: size N of the draft vocabulary (the N most frequent target
     tokens in the training data); 0 = the full target vocabulary. EAGLE-3 trains its own N-row
@@ -152,7 +152,7 @@ class HeadConfig:
     hidden_size: int
     vocab_size: int
     target: dict[str, Any]
-    """The target's fingerprint (headstart.target.load.fingerprint)."""
+    """The target's fingerprint (headstart.targets.load.fingerprint)."""
     target_config: dict[str, Any]
     """The target's transformers config (EAGLE heads build their decoder layer from it)."""
     num_heads: int = 1

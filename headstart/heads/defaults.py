@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headstart.target import EMBEDDED_NAME
+from headstart.targets import EMBEDDED_NAME
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent.parent / "default_heads"
 PREFERENCE = ("eagle3", "medusa")

@@ -34,7 +34,7 @@ from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig, HeadSpec
 from headstart.heads.layer import copy_alike, same_norm
 from headstart.heads.vocab import DraftVocab
-from headstart.target.features import cache_keyword, tree_attention_mask
+from headstart.targets.features import cache_keyword, tree_attention_mask
 
 DRAFT_ARCH = "qwen3"
 """The draft layers' transformers model type (the layer every DFlash runtime builds)."""
@@ -188,7 +188,7 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
         as the target's own there (keys too, but for Qwen3's per-head k_norm). Copies every parameter whose name and shape
         agree (attention and MLP projections; norms only where they compute alike: Gemma's 1 + w
         RMSNorm does not); returns the names it left at their fresh values."""
-        from headstart.target.features import decoder_layers
+        from headstart.targets.features import decoder_layers
 
         source = decoder_layers(target_model)
         deepest = max(self.feature_layers)

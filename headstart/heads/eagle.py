@@ -218,7 +218,7 @@ class Eagle3Head(Eagle3FcHead):
         layer d + 1 with the target's final norm and lm_head: an early exit, which training moves
         towards the next token's distribution. Returns the names left at their fresh values."""
         from headstart.heads.layer import EAGLE3_PROJECTIONS, copy_alike, same_norm
-        from headstart.target.features import decoder_layers
+        from headstart.targets.features import decoder_layers
 
         source, deepest = decoder_layers(target_model), max(self.feature_layers)
         layers = [self.midlayer.layer, *self.midlayer.more]

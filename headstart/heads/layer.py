@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from headstart.errors import HeadstartError
-from headstart.target.features import cache_keyword, decoder_layers, tree_attention_mask
+from headstart.targets.features import cache_keyword, decoder_layers, tree_attention_mask
 
 
 def one_layer_config(target_config: dict[str, Any], layers: int = 1) -> Any:

@@ -10,7 +10,7 @@ from torch import nn
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.vocab import DraftVocab
-from headstart.target.smallmm import linear
+from headstart.targets.smallmm import linear
 
 
 class ResBlock(nn.Module):

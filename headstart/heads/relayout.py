@@ -102,7 +102,7 @@ def sample_for_calibration(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(fused g_t, embed(x_{t+1})) over the given conversations' tokens, from the target itself.
     Cost: one target forward per conversation."""
-    from headstart.target.features import capture
+    from headstart.targets.features import capture
 
     fused, embeds = [], []
     embed = target.model.get_input_embeddings()

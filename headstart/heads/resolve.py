@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from headstart.errors import HeadstartError
-from headstart.target.load import HUB_ID
+from headstart.targets.load import HUB_ID
 
 
 def resolve_heads(spec: str | Path, flag: str = "--heads") -> Path:
@@ -27,7 +27,7 @@ def resolve_heads(spec: str | Path, flag: str = "--heads") -> Path:
         )
     from huggingface_hub import snapshot_download
 
-    from headstart.target.hub import hub_host, offline_unless_reachable
+    from headstart.targets.hub import hub_host, offline_unless_reachable
 
     with offline_unless_reachable() as online:
         try:

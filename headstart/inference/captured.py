@@ -13,7 +13,7 @@ a CUDA graph:
 * the cache: each attention layer's keys/values live in ONE preallocated (B, kv_heads, C, D)
   buffer that this object owns and reuses across calls (C: the capacity, rounded up to
   `CAPACITY_STEP` so prompts of different lengths share a graph). The growing cache of
-  target/growing_cache.py already keeps every layer's entries as a prefix view of such a
+  targets/growing_cache.py already keeps every layer's entries as a prefix view of such a
   buffer; eager prefill, commit (an index copy) and rollback (a shorter view) work unchanged;
 * the step writes its N new entries at columns [P, P + N) of the buffers (`index_copy_` at a
   position held in a device tensor, not a Python int) and attends over all C columns; a 4D mask
@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from headstart.target import Features
-from headstart.target.layer_kinds import decoder_layers
+from headstart.targets import Features
+from headstart.targets.layer_kinds import decoder_layers
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CAPACITY_STEP = 512
@@ -145,7 +145,7 @@ class CapturedVerify:
         self.model = model
         self.feature_layers = tuple(dict.fromkeys(int(i) for i in feature_layers))
         self.taps = _taps(model)
-        from headstart.target.features import cache_keyword
+        from headstart.targets.features import cache_keyword
 
         self.cache_kw = cache_keyword(type(model).forward)  # outside the graph (an lru_cache)
         mode = graph_mode(model, mode)
@@ -185,7 +185,7 @@ class CapturedVerify:
         allowed = torch.cat([visible[:, None, :].expand(batch, n, length), tree], dim=-1)
         mask = static_mask(allowed, size, keys[0].shape[-2], dtype)
         start = column(length, device)
-        from headstart.target.attention import grouped_query_attention
+        from headstart.targets.attention import grouped_query_attention
 
         with grouped_query_attention(self.model) if device.type == "cpu" else contextlib.nullcontext():
             step_begins(device)
@@ -280,7 +280,7 @@ def _graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tup
            tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: torch.Tensor,
            keys: list[torch.Tensor], values: list[torch.Tensor]) -> Any:  # fmt: skip
     """The verify forward that is compiled: every input explicit, nothing kept on an object."""
-    from headstart.target.layer_kinds import layer_masks
+    from headstart.targets.layer_kinds import layer_masks
 
     out = model(input_ids=tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
                 **{cache_kw: StaticKV(keys, values, start)}, use_cache=True)  # fmt: skip

@@ -32,10 +32,10 @@ from headstart.inference.stops import StopRule
 from headstart.inference.tree import TreeBuffers, build_tree
 from headstart.inference.tree_spec import TreeChoice, TreeSpec, choose_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
-from headstart.target import Features, Target, forward, new_cache, tree_attention_mask
-from headstart.target.exactness import check_no_processors, context_note, must_step_plainly, positions
-from headstart.target.layer_kinds import check_tree_verifiable
-from headstart.target.packing import PackedLinears, packed
+from headstart.targets import Features, Target, forward, new_cache, tree_attention_mask
+from headstart.targets.exactness import check_no_processors, context_note, must_step_plainly, positions
+from headstart.targets.layer_kinds import check_tree_verifiable
+from headstart.targets.packing import PackedLinears, packed
 
 ROOT_ONLY = build_tree([])
 """The tree of a plain step: the root, nothing drafted."""
@@ -64,13 +64,13 @@ class SpeculativeDecoder:
         self.feature_layers: tuple[int, ...] = tuple(probe.feature_layers)  # the target layers it reads
         choice = choose_tree(tree)
         self.lookup = choice.lookup
-        # positions a verify must not straddle or pass (target/exactness.py)
+        # positions a verify must not straddle or pass (targets/exactness.py)
         self.positions = positions(target.model)
         self.tree = choice.resolve(self.max_depth) if heads is not None else ROOT_ONLY
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
-        # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See target/packing.py.
+        # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See targets/packing.py.
         self.packed = PackedLinears.for_model(target.model)
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None

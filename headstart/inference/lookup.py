@@ -1,7 +1,7 @@
 """A prompt-lookup branch under the root of the heads' tree (`--tree chain:1+lookup:4`).
 
 Why: a verify forward of up to 8 tree nodes costs little more than one of 2 on a CPU with packed
-weights (target/packing.py), and copying from the context (code, quoted text, names, lists) is
+weights (targets/packing.py), and copying from the context (code, quoted text, names, lists) is
 what trained heads miss and prompt-lookup decoding gets for free. So each step also proposes the
 tokens that followed the most recent earlier occurrence of the context's last n-gram, as a chain
 under the root beside the heads' own drafts; the verify takes whichever path the target agrees

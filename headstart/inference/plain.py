@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from headstart.target import Target
+from headstart.targets import Target
 
 MIN_TEMPERATURE = 1e-5
 """The least temperature that samples (vLLM's threshold too): below it the server decodes
@@ -122,8 +122,8 @@ def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConf
     speculation gives. Same tokens as `plain_generate` (greedy; sampling draws from the same p)."""
     from headstart.inference.sampling import probabilities, sample
     from headstart.inference.stops import StopRule
-    from headstart.target import forward, new_cache
-    from headstart.target.packing import PackedLinears, packed
+    from headstart.targets import forward, new_cache
+    from headstart.targets.packing import PackedLinears, packed
 
     model = target.model
     generator = None

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from headstart.target import forward, new_cache, tree_attention_mask
+from headstart.targets import forward, new_cache, tree_attention_mask
 
 
 class SharedPrefix:
@@ -31,7 +31,7 @@ class SharedPrefix:
         self.layers = tuple(layers)
         self.ids: list[int] = []
         self.cache: Any = None
-        self.features: Any = None  # target/features.py's Features over `ids` (batch 1)
+        self.features: Any = None  # targets/features.py's Features over `ids` (batch 1)
         self.recent: list[int] | None = None  # the last prompt asked about: a lone newcomer's witness
 
     def pick(self, prompts: list[list[int]]) -> list[int]:

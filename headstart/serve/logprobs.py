@@ -45,7 +45,7 @@ def score(target: Any, ids: list[int], start: int, top: int) -> Scored:
     each position. The sequence runs through the target CHUNK positions at a time over a KV
     cache (each chunk a causal chain after the cached prefix, the decoder's verify mask), so the
     logits held at once are (CHUNK, vocabulary), not (positions, vocabulary)."""
-    from headstart.target import forward, new_cache, tree_attention_mask
+    from headstart.targets import forward, new_cache, tree_attention_mask
 
     first = max(start, 1)
     tokens = ids[start:]

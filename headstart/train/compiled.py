@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from headstart.target.features import Features, decoder_layers
+from headstart.targets.features import Features, decoder_layers
 
 
 def _features(decoder: torch.nn.Module, input_ids: torch.Tensor, layers: tuple[int, ...]) -> Any:
     """The target's decoder output (the lm_head's input) and the outputs of `layers` (layer id
-    i's output is hidden_states[i + 1], headstart.target.features' convention)."""
+    i's output is hidden_states[i + 1], headstart.targets.features' convention)."""
     out = decoder(input_ids=input_ids, output_hidden_states=True, use_cache=False)
     return out.last_hidden_state, [out.hidden_states[i + 1] for i in layers]
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.target.load import describe, fingerprint_mismatch
+from headstart.targets.load import describe, fingerprint_mismatch
 from headstart.train.config import DataConfig
 
 

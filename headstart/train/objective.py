@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from headstart.heads import kinds
-from headstart.target.features import Features, capture
+from headstart.targets.features import Features, capture
 from headstart.train.compiled import compiled_features
 from headstart.train.config import TrainConfig
 from headstart.train.losses import ahead

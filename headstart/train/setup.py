@@ -133,7 +133,7 @@ def launcher_world_size() -> int:
 def plan(cfg: TrainConfig, device: str = "cpu", data: TrainData | None = None, target: Any = None) -> Plan:
     """Load the target and the data and check that everything fits; no forward pass."""
     from headstart.logs import quiet_transformers
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     # the start-up's stages and their times in one line once both are done (an error stays one
     # line); a start that hangs shows where by its interrupt line or `kill -USR1` (headstart/cli.py)

@@ -131,7 +131,7 @@ def section_shape8b(args: argparse.Namespace, report: Report) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from headstart.inference.captured import CapturedVerify
-    from headstart.target import forward, new_cache
+    from headstart.targets import forward, new_cache
 
     if report.left() < 120:
         report.log("shape8b: skipped (time)")
@@ -186,7 +186,7 @@ def _verify_times(args: argparse.Namespace, report: Report, model: Any, cache: A
     import torch
 
     from headstart.inference import cache as kv
-    from headstart.target import forward, tree_attention_mask
+    from headstart.targets import forward, tree_attention_mask
 
     device = args.device
     visible = torch.ones(1, prefix, dtype=torch.bool, device=device)
@@ -240,7 +240,7 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     from headstart.bench.questions import load_questions
     from headstart.heads.build import load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.tuned import tuned_tree
 
     # warm-ups cost: on an H200 (2026-11-26) 190 s for all eight methods, the captured ones

@@ -33,7 +33,7 @@ set -euo pipefail
 QUESTIONS=${1:-../shared/data/eval/mt_bench/question.jsonl}
 PY=${PY:-.venv/bin/python}
 mkdir -p .gpu/wheels
-GGUF=$($PY -c "from headstart.target.gguf import embedded_gguf_path; print(embedded_gguf_path())")
+GGUF=$($PY -c "from headstart.targets.gguf import embedded_gguf_path; print(embedded_gguf_path())")
 head -n 40 "$QUESTIONS" > .gpu/questions.jsonl
 # only what the image lacks (KINDS.md lists its packages; pytest, accelerate and psutil are there),
 # for its Python 3.12; datasets at our version (load_distilled, train), with its two pure needs

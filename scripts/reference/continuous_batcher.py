@@ -7,7 +7,7 @@ on the one decoding engine (headstart/inference/batcher.py's EngineBatcher, the 
 the engine is measured against it on a GPU, where this loop's throughput was tuned.
 
 A decode step is ONE target forward over every live row (one new token each): on a CPU the
-small-row kernel reads the weights once for up to 64 rows (target/smallmm.py), on a GPU the batch
+small-row kernel reads the weights once for up to 64 rows (targets/smallmm.py), on a GPU the batch
 fills the device. Rows live in *slots*; the KV cache is one (B, kv_heads, S, D) tensor per layer
 whose S columns are shared storage, not positions:
 
@@ -42,7 +42,7 @@ from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.requests import EngineStats, Reply, Request
 from headstart.inference.sampling import probabilities
-from headstart.target import Target, forward, new_cache, tree_attention_mask
+from headstart.targets import Target, forward, new_cache, tree_attention_mask
 
 
 @dataclass
@@ -73,7 +73,7 @@ class ContinuousBatcher:
         min_shared_prefix: int = 8,
         prefill_overhead: int | None = None,
     ) -> None:
-        from headstart.target.packing import PackedLinears
+        from headstart.targets.packing import PackedLinears
 
         if max_batch < 1:
             from headstart.errors import HeadstartError
@@ -164,7 +164,7 @@ class ContinuousBatcher:
         self, tokens: torch.Tensor, slots: list[_Slot | None], cache: Any, valid: torch.Tensor
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Feed every slot its newest token (dead slots feed a harmless one, masked to themselves)."""
-        from headstart.target.packing import packed
+        from headstart.targets.packing import packed
 
         start = time.perf_counter()
         batch = len(slots)

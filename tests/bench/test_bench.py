@@ -153,7 +153,7 @@ def test_turn_two_prompt_holds_the_method_s_own_answer(tiny_llama, tmp_path):
     from headstart.bench.questions import Question
     from headstart.bench.runner import run_bench
     from headstart.commands.bench import turn_prompt
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     eos = target.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -216,7 +216,7 @@ def test_unknown_baseline(tiny_llama, tmp_path):
 
 def test_verify_cost_curve_keeps_context_fixed(tiny_llama):
     from headstart.bench.cost import verify_cost_ms
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     costs = verify_cost_ms(target, node_counts=(1, 4, 16), context=32, repeats=2)
@@ -226,7 +226,7 @@ def test_verify_cost_curve_keeps_context_fixed(tiny_llama):
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kind):
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     heads_dir = tmp_path / f"{kind}-heads"

@@ -59,7 +59,7 @@ def test_paired_gap_separates_a_real_gap_from_noise():
 
 def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys, slow_plain):
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     heads = tmp_path / "heads"
@@ -168,7 +168,7 @@ def test_tune_never_stores_a_tree_slower_than_plain_decoding(tiny_llama, tmp_pat
     """Random heads on a tiny target cost more than they save (real timings): the best tree is
     reported, not stored, and a tree stored before is kept as it was."""
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     heads = tmp_path / "heads"
     build_head(HeadSpec(kind="eagle"), load_target(str(tiny_llama))).save_pretrained(heads)

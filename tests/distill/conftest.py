@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def distill_target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

@@ -7,7 +7,7 @@ import pytest
 from headstart.distill import DatafreeConfig, load_distilled, read_meta
 from headstart.distill.datafree import PromptStats, dedupe_key, reject_reason, user_turn_prefix, write_prompts
 from headstart.errors import HeadstartError
-from headstart.target import Chat
+from headstart.targets import Chat
 
 
 def test_user_turn_prefix_is_cut_at_the_user_content():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headstart.distill.masks import encode_conversation
-from headstart.target import Chat
+from headstart.targets import Chat
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},
@@ -65,7 +65,7 @@ def test_mask_without_an_end_of_turn_id_keeps_the_whole_turn():
 
 @pytest.mark.slow
 def test_mask_on_smollm2_real_template():
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target("smollm2")
     ids, mask = _check(target.tokenizer, target.eos_token_ids)

@@ -189,7 +189,7 @@ def test_a_failed_rename_leaves_no_visible_shard(distill_target, make_cfg, tmp_p
 def test_output_of_another_target_or_settings_is_refused(distill_target, make_cfg, tmp_path):
     from tiny import make_target_dir
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     source = _write(tmp_path / "p.jsonl", [{"prompt": "hi"}] * 3)
     run_distill(make_cfg(prompts=source, num=1), target=distill_target, quiet=True)
@@ -275,7 +275,7 @@ def test_byte_order_mark_and_a_non_utf8_line(distill_target, make_cfg, tmp_path)
 def test_cached_features_match_a_direct_forward(distill_target, make_cfg, tmp_path):
     import torch
 
-    from headstart.target import forward
+    from headstart.targets import forward
 
     source = _write(
         tmp_path / "p.jsonl", [{"prompt": "hi"}, {"prompt": "a longer question here"}, {"prompt": "third"}]

@@ -11,13 +11,13 @@ def tiny_qwen2(tiny_root):
 
 @pytest.fixture(scope="session")
 def llama_target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 
 
 @pytest.fixture(scope="session")
 def qwen2_target(tiny_qwen2):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_qwen2))

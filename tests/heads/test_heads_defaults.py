@@ -35,7 +35,7 @@ def test_shipped_heads_load_onto_smollm2_and_decode_exactly():
 
     from headstart.heads import load_heads
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target("smollm2")
     ids = target.chat.user_prompt_ids("Name three primary colours.")

@@ -155,7 +155,7 @@ def test_a_draft_vocabulary_export_loads_into_the_target_at_another_dtype(llama_
     """The exported lm_head rows are the target's rounded to the export's dtype: a target loaded in
     bf16 or float16 reads them back (equal within the coarser rounding), and a d2t of the wrong
     length is one line."""
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     head = _trained_like(llama_target, vocab=60)
     for dtype in ("float32", "bfloat16"):

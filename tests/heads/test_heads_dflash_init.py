@@ -9,8 +9,8 @@ import torch
 
 from headstart.errors import HeadstartError
 from headstart.heads import HeadSpec, build_head
-from headstart.target import capture, load_target
-from headstart.target.features import decoder_layers
+from headstart.targets import capture, load_target
+from headstart.targets.features import decoder_layers
 from tests.tiny import FAMILIES, make_target_dir
 
 

@@ -10,7 +10,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.heads import DraftHead, EagleLike, HeadSpec, MedusaLike, build_head
 from headstart.heads.config import HeadConfig
-from headstart.target import capture, tree_attention_mask
+from headstart.targets import capture, tree_attention_mask
 
 
 @pytest.fixture(params=["llama", "qwen2"])

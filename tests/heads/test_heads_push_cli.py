@@ -15,7 +15,7 @@ from headstart.heads.defaults import shipped_heads
 @pytest.fixture(autouse=True)
 def hub_up(monkeypatch):
     """The fake client stands in for a reachable Hub (the probe itself is tested below)."""
-    import headstart.target.hub as hub
+    import headstart.targets.hub as hub
 
     monkeypatch.setattr(hub, "hub_reachable", lambda timeout=3.0: True)
 
@@ -142,7 +142,7 @@ def test_push_without_a_network_is_one_line_at_once(monkeypatch, capsys):
     """A real probe of an endpoint nothing listens on: refused at once, no retries."""
     import time
 
-    import headstart.target.hub as hub
+    import headstart.targets.hub as hub
 
     monkeypatch.undo()
     monkeypatch.setattr(hub, "hub_host", lambda: ("127.0.0.1", 9))  # discard port: nothing listens

@@ -21,7 +21,7 @@ from tiny import make_target_dir
 
 from headstart.heads import HeadSpec, build_head
 from headstart.heads.formats import export_heads
-from headstart.target import load_target
+from headstart.targets import load_target
 
 SPECULATORS = os.environ.get("HEADSTART_SPECULATORS_PYTHON")
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_speculators.py"

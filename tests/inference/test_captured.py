@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from headstart.heads import HeadSpec, build_head
 from headstart.inference.captured import CapturedVerify, wants_capture
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.target import load_target
+from headstart.targets import load_target
 
 PROMPTS = ["hello there, how are you doing today?", "a", "Write a poem about the sea and the sky"]
 FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]

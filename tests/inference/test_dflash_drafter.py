@@ -9,7 +9,7 @@ import torch
 from headstart.heads import HeadSpec, build_head
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.drafters.dflash import DFlashDrafter
-from headstart.target import capture, load_target
+from headstart.targets import capture, load_target
 
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a"]
 

@@ -13,7 +13,7 @@ from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.engine import Engine, Job
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.stops import StopRule
-from headstart.target import load_target
+from headstart.targets import load_target
 
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a", "Write a poem about the sea",
            "count from one to twenty, slowly please, and then say the alphabet"]  # fmt: skip

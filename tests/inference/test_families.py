@@ -16,8 +16,8 @@ from tiny import FAMILIES, FC_LAYOUT, SLIDING_FAMILIES, WINDOW, make_target_dir
 from headstart.errors import HeadstartError
 from headstart.heads import HeadSpec, build_head
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.target import load_target
-from headstart.target.layer_kinds import SLIDING, layer_kinds
+from headstart.targets import load_target
+from headstart.targets.layer_kinds import SLIDING, layer_kinds
 
 PROMPTS = ["hello there, how are you doing today?", "a", "Write a poem about the sea and the sky"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headstart.cli import main
-from headstart.target import load_target
+from headstart.targets import load_target
 
 
 @pytest.fixture(scope="module")

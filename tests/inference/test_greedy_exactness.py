@@ -11,9 +11,9 @@ from random_heads import RandomEagle, RandomMedusa
 from scripted import ScriptedDrafter
 
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.target import load_target
-from headstart.target.mkl import mkl_packing_available
-from headstart.target.smallmm import small_matmul
+from headstart.targets import load_target
+from headstart.targets.mkl import mkl_packing_available
+from headstart.targets.smallmm import small_matmul
 
 # the exactness suite runs on every device: "cuda" (bf16, the `--dtype auto` default there) only
 # where one exists, marked gpu (deselected by default: `pytest -m gpu` on a GPU machine)
@@ -105,7 +105,7 @@ def _real_heads(kind: str, target):
 def test_greedy_matches_generate(request, target, prompts, kind, tree, device):
     target = on_device(request, target, device)
     decoder = SpeculativeDecoder(target, make_heads(kind, target), tree=tree)
-    # on CPU the verify runs through the small-row kernel (1-64 rows; target/smallmm.py) where it
+    # on CPU the verify runs through the small-row kernel (1-64 rows; targets/smallmm.py) where it
     # built, else MKL-packed linears (test below); elsewhere through the plain linears
     packs = device == "cpu" and (mkl_packing_available() or small_matmul() is not None)
     assert (decoder.packed is not None) == packs
@@ -126,7 +126,7 @@ def test_heads_saved_in_bf16_draft_from_their_bf16_rows(target, prompts, kind, t
     """Heads stored in bf16 and decoded in fp32 on a CPU read their bf16 rows (half the memory):
     the same drafts bit for bit (the same steps accepted), and generate's tokens."""
     from headstart.heads import load_heads_for_inference
-    from headstart.target import gguf_blocks
+    from headstart.targets import gguf_blocks
 
     kernel = small_matmul()
     monkeypatch.setattr(kernel, "block_rows", kernel.max_rows)

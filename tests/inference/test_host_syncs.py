@@ -14,7 +14,7 @@ from random_heads import RandomEagle, RandomMedusa
 
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.prompts import Prompts
-from headstart.target import load_target
+from headstart.targets import load_target
 
 TREES = ["static", "dynamic:depth=4,top_k=3,total_tokens=10", "chain:3", "chain:1+lookup:4"]
 PROMPTS = ["hello there", "What is the capital of France? Answer briefly.", "a"]

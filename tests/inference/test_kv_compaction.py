@@ -8,7 +8,7 @@ import torch
 
 from headstart.inference import cache as kv
 from headstart.inference.tree import build_tree
-from headstart.target import forward, load_target, new_cache, tree_attention_mask
+from headstart.targets import forward, load_target, new_cache, tree_attention_mask
 
 
 @pytest.fixture(params=["dynamic", "growing"])
@@ -16,7 +16,7 @@ def make_cache(request, tiny_llama):
     """transformers' DynamicCache, and ours whose layers append in place (new_cache)."""
     from transformers import DynamicCache
 
-    from headstart.target.growing_cache import growing_cache
+    from headstart.targets.growing_cache import growing_cache
 
     if request.param == "dynamic":
         return DynamicCache
@@ -52,7 +52,7 @@ def test_keep_entries_in_place_path_and_the_next_update(make_cache):
 
 
 def test_growing_layers_append_in_place_and_survive_row_selection(tiny_llama):
-    from headstart.target.growing_cache import growing_cache
+    from headstart.targets.growing_cache import growing_cache
 
     cache = growing_cache(load_target(str(tiny_llama)).model.config)
     keys = torch.arange(2 * 5, dtype=torch.float32).reshape(2, 1, 5, 1)
@@ -124,9 +124,9 @@ def test_the_cache_is_preallocated_once_for_the_whole_generation(tiny_llama, tre
     once and never moves (commit = index copy into it, rollback = a shorter view)."""
     from random_heads import RandomEagle
 
-    import headstart.target.growing_cache as growing
+    import headstart.targets.growing_cache as growing
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     buffers = set()
     real = growing._append

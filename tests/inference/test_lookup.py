@@ -12,7 +12,7 @@ from headstart.inference.draft_tree import DraftTree
 from headstart.inference.lookup import Lookup, extend_with_lookup, split_lookup
 from headstart.inference.tree import build_tree, chain
 from headstart.inference.verify import accept_greedy
-from headstart.target import load_target
+from headstart.targets import load_target
 
 
 def test_propose_takes_the_latest_longest_match():

@@ -14,7 +14,7 @@ from headstart.inference.engine import Engine, Job
 from headstart.inference.pending import PendingObservations
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.stops import StopRule
-from headstart.target import load_target
+from headstart.targets import load_target
 from tests.tiny import FAMILIES, make_target_dir
 
 LENGTHS = (30, 5, 24)  # the second row leaves during the plain steps

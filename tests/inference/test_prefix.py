@@ -12,7 +12,7 @@ from headstart.inference.batcher import EngineBatcher
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import common_prefix
 from headstart.inference.requests import Request
-from headstart.target import load_target
+from headstart.targets import load_target
 from tests.tiny import FAMILIES, make_target_dir
 
 CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

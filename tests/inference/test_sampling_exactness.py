@@ -18,8 +18,8 @@ from tiny import make_tokenizer
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import probabilities
-from headstart.target import Chat, Target
-from headstart.target.layer_kinds import layer_kinds
+from headstart.targets import Chat, Target
+from headstart.targets.layer_kinds import layer_kinds
 
 VOCAB = 12
 ALPHA = 1e-3

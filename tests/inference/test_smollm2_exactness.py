@@ -34,7 +34,7 @@ def trained_heads(kind: str) -> Path | None:
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target("smollm2")
 

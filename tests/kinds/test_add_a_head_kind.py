@@ -27,7 +27,7 @@ def test_a_registered_kind_builds_saves_loads_and_decodes_exactly(toy_registered
     from headstart.heads import HeadSpec, build_head, load_heads_for_inference
     from headstart.inference.decoder import SpeculativeDecoder
     from headstart.inference.plain import SamplingConfig
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     head = build_head(HeadSpec(kind="toy"), target)
@@ -54,7 +54,7 @@ def test_a_registered_kind_trains_through_the_one_loop(toy_registered, tiny_llam
 
     from headstart.config import load_config
     from headstart.heads import load_heads
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.train.config import TrainConfig
     from headstart.train.data import TrainData
     from headstart.train.loop import train

@@ -10,7 +10,7 @@ from serving import Server
 @pytest.fixture(scope="session")
 def heads(tmp_path_factory, tiny_llama):
     from headstart.heads import HeadSpec, build_head
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     folder = tmp_path_factory.mktemp("serve-heads") / "eagle3"

@@ -11,7 +11,7 @@ from headstart.serve.logprobs import Pieces, chat_logprobs, completion_logprobs,
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

@@ -28,7 +28,7 @@ def plain_server(tiny_llama, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

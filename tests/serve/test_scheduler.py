@@ -18,7 +18,7 @@ from headstart.serve.scheduler import QueueFull, Scheduler, Ticket  # noqa: E402
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

@@ -295,7 +295,7 @@ def test_a_plain_server_prefills_a_shared_opening_once_and_replies_as_generate(t
     """Without heads, requests that open alike (a chat template's system turn, here a long common
     instruction) reuse one prefill of the opening, also one request at a time, and each greedy
     reply is still transformers' `generate`'s (`generate --no-heads`)."""
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     srv = Server(tiny_llama, None, tmp_path, "--max-batch", "4")

@@ -12,7 +12,7 @@ from headstart.serve.text import TextStream
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama)).tokenizer
 

@@ -158,7 +158,7 @@ def test_a_body_not_sent_as_json_is_one_clear_line(server, content_type):
 
 
 def test_tools_tool_calls_and_tool_results_render_through_the_template(tools_server, tools_target):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tools_target))
     reply = tools_server.client().chat.completions.create(model=tools_server.model, messages=CALL, tools=TOOLS,

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_data import self_distilled  # noqa: E402
 
 from headstart.config import load_config  # noqa: E402
-from headstart.target import load_target  # noqa: E402
+from headstart.targets import load_target  # noqa: E402
 from headstart.train.config import TrainConfig  # noqa: E402
 from headstart.train.loop import train  # noqa: E402
 

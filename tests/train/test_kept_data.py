@@ -38,7 +38,7 @@ def test_every_source_matches_its_manifest_and_the_totals_add_up():
 
 
 def test_it_was_distilled_from_the_embedded_target():
-    from headstart.target.gguf import embedded_gguf_path
+    from headstart.targets.gguf import embedded_gguf_path
 
     digest = hashlib.sha256(embedded_gguf_path().read_bytes()).hexdigest()
     for source in SOURCES:

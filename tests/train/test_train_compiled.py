@@ -13,7 +13,7 @@ from test_train_objective import _objective
 from test_train_plan import _items, _loss_and_grads
 
 from headstart.errors import HeadstartError
-from headstart.target.features import capture
+from headstart.targets.features import capture
 from headstart.train.compiled import compiled_features
 from headstart.train.data import collate
 from headstart.train.objective import Objective
@@ -25,7 +25,7 @@ def target(tiny_root):
     """4 layers: the taps [0, 1, 2] leave out the last one (see the refusal below)."""
     from tiny import make_target_dir
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(make_target_dir(tiny_root, "llama", seed=49, num_hidden_layers=4)))
 

@@ -81,7 +81,7 @@ def twin(distilled, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["eagle3", "dflash"])
 @pytest.mark.parametrize("mode", ["online", "offline"])
 def test_train_from_distilled_dir(distilled, tiny_llama, tmp_path, mode, kind, capsys):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     head_spec = {"kind": kind, "draft_vocab_size": 64} | ({"block_size": 4} if kind == "dflash" else {})
     recipe = _recipe(tmp_path, tiny_llama, distilled, head=head_spec)
@@ -136,7 +136,7 @@ def test_train_joins_several_distilled_dirs(distilled, twin, tiny_llama, tmp_pat
 
 def test_eval_path_is_held_out_only_and_max_records_cuts_training_data(distilled, twin, tiny_llama, tmp_path):
     from headstart.config import load_config
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.train.config import TrainConfig
     from headstart.train.setup import plan
 

@@ -18,7 +18,7 @@ from headstart.train.setup import plan
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 
@@ -32,7 +32,7 @@ def _cfg(target, *extra):
 
 
 def test_data_from_another_target_names_both(target, tiny_root):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     other = load_target(str(make_target_dir(tiny_root, "qwen2")))
     with pytest.raises(HeadstartError) as err:

@@ -8,7 +8,7 @@ from test_train_loop import _cfg
 from tiny import FAMILIES, FC_LAYOUT, make_target_dir
 from tiny_data import self_distilled
 
-from headstart.target import load_target
+from headstart.targets import load_target
 from headstart.train.loop import train
 
 

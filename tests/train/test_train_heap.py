@@ -47,7 +47,7 @@ def test_trim_is_a_no_op_off_linux(monkeypatch):
 
 
 def test_the_cpu_loop_trims_every_heap_trim_every_optimizer_steps(tiny_llama, tmp_path, monkeypatch):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     calls = []

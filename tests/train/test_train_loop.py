@@ -48,7 +48,7 @@ def _cfg(target_dir, out, *extra):
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 
@@ -89,7 +89,7 @@ def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_p
 def test_medusa2_trains_lora_jointly_after_warmup(tiny_root, tmp_path):
     from tiny import make_target_dir
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     fresh = load_target(str(make_target_dir(tiny_root, "llama", seed=3)))  # peft edits the model in place
     before = {n: p.clone() for n, p in fresh.model.named_parameters()}

@@ -9,7 +9,7 @@ from tiny_data import self_distilled
 
 from headstart.config import load_config
 from headstart.errors import HeadstartError
-from headstart.target.features import Features
+from headstart.targets.features import Features
 from headstart.train.config import TrainConfig
 from headstart.train.data import collate
 from headstart.train.objective import Objective
@@ -18,7 +18,7 @@ from headstart.train.setup import make_head, plan
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

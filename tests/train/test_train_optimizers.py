@@ -80,7 +80,7 @@ def test_a_resumed_muon_run_ends_where_one_run_ends(tiny_llama, tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_data import self_distilled
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.train.loop import train
 
     target = load_target(str(tiny_llama))

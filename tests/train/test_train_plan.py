@@ -15,7 +15,7 @@ from headstart.train.plan import round_up, ttt_plan
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 

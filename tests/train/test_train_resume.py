@@ -79,7 +79,7 @@ def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path):
     from tiny_data import self_distilled
 
     from headstart.config import load_config
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.train.config import TrainConfig
     from headstart.train.loop import train
 

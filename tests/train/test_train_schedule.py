@@ -98,7 +98,7 @@ def test_a_budgeted_wsd_run_ends_with_its_decay_done(tiny_llama, tmp_path):
     sys.path.insert(0, str(Path(__file__).parent))
     from tiny_data import self_distilled
 
-    from headstart.target import load_target
+    from headstart.targets import load_target
     from headstart.train.loop import train
 
     target = load_target(str(tiny_llama))

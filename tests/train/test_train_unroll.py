@@ -13,7 +13,7 @@ from headstart.train.objective import unroll, unroll_scored
 
 @pytest.fixture(scope="module")
 def target(tiny_llama):
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     return load_target(str(tiny_llama))
 
@@ -94,7 +94,7 @@ def test_sparse_unroll_equals_the_full_unroll_where_steps_score(target, layout, 
 def test_sparse_unroll_equals_the_full_unroll_on_every_family(tiny_root, family):
     """Prompt positions only cache keys and values (the MLP is skipped where the layer is
     Llama-style pre-norm, the whole layer runs elsewhere): the same outputs on every family."""
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     target = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
     full, sparse, positions, valid = sparse_and_full(target, "fc" if family in FC_LAYOUT else "reference")

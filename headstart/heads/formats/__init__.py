@@ -175,7 +175,7 @@ def default_verifier(config: Any) -> str:
     """The target as a serving engine names it: its Hub id (the embedded GGUF is a Q4_1
     quantisation of SmolLM2-135M-Instruct: served with the original weights), else the name of
     its local folder or file (never the machine's path: pass --verifier to name its Hub id)."""
-    from headstart.target.gguf import hub_id
+    from headstart.targets.gguf import hub_id
 
     return hub_id(config.target) or Path(str(config.target.get("name"))).name
 

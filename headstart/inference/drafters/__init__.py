@@ -23,7 +23,7 @@ class Drafter(Protocol):
     """The contract every drafter keeps (the engine and the decoder call nothing else)."""
 
     feature_layers: tuple[int, ...]
-    """Target layers it reads (headstart.target.features ids); () for the last hidden state only."""
+    """Target layers it reads (headstart.targets.features ids); () for the last hidden state only."""
     max_depth: int | None
     """How deep it can draft (Medusa: its number of heads); None: any depth."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headstart.target.packing import PackedLinears
+from headstart.targets.packing import PackedLinears
 
 
 def packers(heads: Any) -> list[PackedLinears]:

@@ -28,7 +28,7 @@ from headstart.inference.drafters.common import (
     packers,
     stack_visible,
 )
-from headstart.target.packing import packed
+from headstart.targets.packing import packed
 
 
 class DFlashDrafter(PerDepthLogits):
@@ -131,7 +131,7 @@ class CapturedDFlash:
         self.fallbacks = 0
 
     def new_cache(self, reserve: int) -> Any:
-        from headstart.target.growing_cache import growing_cache
+        from headstart.targets.growing_cache import growing_cache
 
         cache = growing_cache(self.heads.layer_config, reserve)
         self.buffers.adopt(cache)

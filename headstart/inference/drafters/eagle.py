@@ -23,7 +23,7 @@ from headstart.inference.captured import (
     step_begins,
 )
 from headstart.inference.drafters.common import in_target_vocab, module_device, packers, stack_visible
-from headstart.target.packing import packed
+from headstart.targets.packing import packed
 
 
 class EagleDrafter:
@@ -186,7 +186,7 @@ class CapturedHead:
     def new_cache(self, reserve: int) -> Any:
         """The head's cache for one generation: `reserve` entries (rounded up), zeroed, in the
         pool's buffers when they fit."""
-        from headstart.target.growing_cache import growing_cache
+        from headstart.targets.growing_cache import growing_cache
 
         cache = growing_cache(self.heads.midlayer.config, reserve)
         self.buffers.adopt(cache)

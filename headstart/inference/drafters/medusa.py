@@ -10,7 +10,7 @@ import torch
 
 from headstart.inference.captured import allow_graphs, graph_mode, own, step_begins
 from headstart.inference.drafters.common import PerDepthLogits, in_target_vocab, module_device, packers
-from headstart.target.packing import packed
+from headstart.targets.packing import packed
 
 
 class MedusaDrafter(PerDepthLogits):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from headstart.target.features import Features
+from headstart.targets.features import Features
 from headstart.train import losses
 from headstart.train.compiled import compiled
 from headstart.train.fused import fused_ttt_loss

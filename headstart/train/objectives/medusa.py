@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from headstart.target.features import Features
+from headstart.targets.features import Features
 from headstart.train import losses
 from headstart.train.losses import ahead
 from headstart.train.objective import shared_counts

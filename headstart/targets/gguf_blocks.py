@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from headstart.target.blocks import BF16, Q4_1, Q8_0, BlockWeight, dequantise
+from headstart.targets.blocks import BF16, Q4_1, Q8_0, BlockWeight, dequantise
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def usable() -> bool:
     reads them for at least one row count (else keeping them would only cost memory)."""
     if os.environ.get("HEADSTART_GGUF_BLOCKS", "1") == "0":
         return False
-    from headstart.target.smallmm import small_matmul
+    from headstart.targets.smallmm import small_matmul
 
     kernel = small_matmul()
     return kernel is not None and kernel.block_rows > 0

@@ -1,4 +1,4 @@
-"""What of a target's own generate a verify must also reproduce (headstart/target/exactness.py):
+"""What of a target's own generate a verify must also reproduce (headstart/targets/exactness.py):
 generation_config processors, longrope's switch, a learned position table's end; and stop strings
 that begin in the prompt (as transformers' StopStringCriteria matches them)."""
 
@@ -19,7 +19,7 @@ from scripted import ScriptedDrafter  # noqa: E402
 
 from headstart.errors import HeadstartError  # noqa: E402
 from headstart.inference.decoder import SpeculativeDecoder  # noqa: E402
-from headstart.target import load_target  # noqa: E402
+from headstart.targets import load_target  # noqa: E402
 
 
 def reference(target, ids, new, **kwargs):
@@ -131,7 +131,7 @@ def test_only_processors_generate_would_build_are_refused():
     """transformers builds a processor for a count above 0 or a non-empty collection only."""
     from types import SimpleNamespace
 
-    from headstart.target.exactness import unapplied_processors
+    from headstart.targets.exactness import unapplied_processors
 
     def found(**config):
         return unapplied_processors(SimpleNamespace(generation_config=SimpleNamespace(**config)))

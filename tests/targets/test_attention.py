@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import headstart.target.attention as attention
-from headstart.target import forward, load_target, new_cache, tree_attention_mask
+import headstart.targets.attention as attention
+from headstart.targets import forward, load_target, new_cache, tree_attention_mask
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from headstart.target.features import cache_keyword, new_cache
-from headstart.target.load import Target
+from headstart.targets.features import cache_keyword, new_cache
+from headstart.targets.load import Target
 
 REPEATS = 22
 """Tokens decoded after the prefill: 2 warm-up + 20 timed (the context must hold them too)."""
@@ -19,11 +19,11 @@ def single_token_latency_ms(
     target: Target, context: int = 128, repeats: int = REPEATS - 2, kernels: bool = False
 ) -> float:
     """Median wall time of one cached 1-token forward after a `context`-token prefill.
-    kernels: through headstart's CPU decode kernels (target/packing.py), as the decoders run it;
+    kernels: through headstart's CPU decode kernels (targets/packing.py), as the decoders run it;
     else transformers' own forward, as `generate` runs it."""
     import contextlib
 
-    from headstart.target.packing import PackedLinears, packed
+    from headstart.targets.packing import PackedLinears, packed
 
     model = target.model
     decode = (lambda: packed([PackedLinears.for_model(model)], 1)) if kernels else contextlib.nullcontext

@@ -10,7 +10,7 @@ for every layer); its own caches and masks are built from that list. headstart r
   last W visible keys" is exactly transformers' `kv_idx > q_idx - W` at batch 1, and stays right
   for left-padded rows and for caches whose columns the batcher moved around.
 
-The cache keeps every entry of a windowed layer (headstart.target.growing_cache): the window is
+The cache keeps every entry of a windowed layer (headstart.targets.growing_cache): the window is
 enforced by the mask, so committing the accepted path and dropping rejected nodes works the same
 for every layer. Cost: a windowed layer holds the whole context instead of W entries.
 

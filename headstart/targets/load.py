@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
-from headstart.target.chat import Chat
-from headstart.target.gguf import EMBEDDED_NAME, converted_dir, embedded_gguf_path, file_sha256
+from headstart.targets.chat import Chat
+from headstart.targets.gguf import EMBEDDED_NAME, converted_dir, embedded_gguf_path, file_sha256
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -232,7 +232,7 @@ def load_target(
     with libraries_to_stderr():  # a library's notice on stdout would break a command's --json
         if resolve_spec(spec)[0] != "hub":
             return _load(spec, dtype, device, revision, template, chat_template, weights)
-        from headstart.target.hub import hub_host, offline_unless_reachable
+        from headstart.targets.hub import hub_host, offline_unless_reachable
 
         with offline_unless_reachable() as online:
             try:
@@ -294,7 +294,7 @@ def _attach_blocks(model: Any, gguf_path: Path, converted: Path) -> None:
     """An optimisation: anything going wrong in it leaves the fp32 weights in charge, in one line."""
     import logging
 
-    from headstart.target.gguf_blocks import attach
+    from headstart.targets.gguf_blocks import attach
 
     try:
         attach(model, gguf_path, converted)

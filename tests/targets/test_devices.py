@@ -8,8 +8,8 @@ import torch
 
 from headstart.cli import build_parser
 from headstart.errors import HeadstartError
-from headstart.target import load_target
-from headstart.target.load import _device, _torch_dtype
+from headstart.targets import load_target
+from headstart.targets.load import _device, _torch_dtype
 
 
 def test_auto_dtype_is_bf16_on_cuda_and_fp32_on_cpu():

@@ -1,4 +1,4 @@
-"""A GGUF target's linears keep the file's Q4_1/Q8_0 blocks (target/gguf_blocks.py) for the CPU
+"""A GGUF target's linears keep the file's Q4_1/Q8_0 blocks (targets/gguf_blocks.py) for the CPU
 decode kernel: found by name (llama's permuted q/k rows matched back), attached only where they
 dequantise to exactly the weight, kept beside the converted model, and decoding reads them with
 the very same bits as the fp32 weights."""
@@ -14,9 +14,9 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from headstart.target import gguf_blocks
-from headstart.target.packing import PackedLinears
-from headstart.target.smallmm import small_matmul
+from headstart.targets import gguf_blocks
+from headstart.targets.packing import PackedLinears
+from headstart.targets.smallmm import small_matmul
 from tests.tiny import make_target_dir
 
 Q4_1, Q8_0 = gguf.GGMLQuantizationType.Q4_1, gguf.GGMLQuantizationType.Q8_0
@@ -150,7 +150,7 @@ def test_detach_and_a_failing_attach_leave_the_fp32_weights(quantised, monkeypat
     gguf_blocks.attach(model, path)
     gguf_blocks.detach(model)
     assert all(gguf_blocks.blocks_for(m) is None for m in _linears(model))
-    from headstart.target import load
+    from headstart.targets import load
 
     monkeypatch.setattr(gguf_blocks, "attach", lambda *a: (_ for _ in ()).throw(KeyError("no tensor map")))
     load._attach_blocks(model, path, path.parent)  # a warning, not a failed load
@@ -225,7 +225,7 @@ def test_a_target_stored_in_bf16_decodes_from_its_bf16_rows_with_generate_s_toke
     once decoding starts every linear reads its bf16 rows, and greedy decoding still equals
     transformers' generate."""
     from headstart.inference.decoder import SpeculativeDecoder
-    from headstart.target import load_target
+    from headstart.targets import load_target
 
     model = _rounded_to_bf16(AutoModelForCausalLM.from_pretrained(make_target_dir(tmp_path)))
     source = tmp_path / "bf16-checkpoint"

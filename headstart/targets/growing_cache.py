@@ -108,7 +108,7 @@ def growing_cache(config: Any, reserve: int = 0) -> Any:
     """DynamicCache(config) with its full-attention AND sliding-window layers appending in place
     and keeping every entry: a windowed layer that dropped its oldest entries itself would break
     the tree surgery (entries moved by index); the window is the mask's job instead (see
-    headstart.target.layer_kinds). Other special layers are left as transformers made them."""
+    headstart.targets.layer_kinds). Other special layers are left as transformers made them."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)

@@ -88,7 +88,7 @@ def _register() -> bool:
 
 def _attention_configs(model: nn.Module) -> list[Any]:
     """The distinct config objects the target's attention modules read `_attn_implementation` from."""
-    from headstart.target.layer_kinds import decoder_layers
+    from headstart.targets.layer_kinds import decoder_layers
 
     configs: dict[int, Any] = {id(model.config): model.config}
     for layer in decoder_layers(model):

@@ -7,7 +7,7 @@ import torch
 from tiny import make_target_dir
 
 from headstart.errors import HeadstartError
-from headstart.target import capture, forward, load_target, new_cache, resolve_spec, tree_attention_mask
+from headstart.targets import capture, forward, load_target, new_cache, resolve_spec, tree_attention_mask
 
 FAMILIES = ["llama", "qwen2", "mistral", "gemma"]
 
@@ -143,7 +143,7 @@ def test_fingerprint_follows_the_weights_not_the_path(tiny_llama, tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from headstart.target.load import fingerprint_mismatch
+    from headstart.targets.load import fingerprint_mismatch
 
     original = load_target(str(tiny_llama)).fingerprint
     copy = shutil.copytree(tiny_llama, tmp_path / "elsewhere")
@@ -197,7 +197,7 @@ def test_layer_kinds_read_both_transformers_shapes(monkeypatch, shared_kwargs):
     import transformers.cache_utils as cache_utils
     from transformers import Gemma3TextConfig
 
-    from headstart.target.layer_kinds import SLIDING, read_layer_kinds
+    from headstart.targets.layer_kinds import SLIDING, read_layer_kinds
 
     kinds = ["sliding_attention", "full_attention", "sliding_attention"]
     window = {"sliding_window": 64}

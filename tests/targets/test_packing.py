@@ -6,15 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from headstart.target.packing import PackedLinears, mkl_packing_available, packed_rows
-from headstart.target.smallmm import small_matmul
+from headstart.targets.packing import PackedLinears, mkl_packing_available, packed_rows
+from headstart.targets.smallmm import small_matmul
 
 pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL")
 
 
 @pytest.fixture(autouse=True)
 def mkl_packs_only(monkeypatch):
-    """These tests are about MKL's packs: keep the small-row kernel (tests/target/test_smallmm.py),
+    """These tests are about MKL's packs: keep the small-row kernel (tests/targets/test_smallmm.py),
     which takes 1-64 rows first, out of the way."""
     monkeypatch.setenv("HEADSTART_SMALLMM", "0")
     small_matmul.cache_clear()

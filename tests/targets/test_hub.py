@@ -8,7 +8,7 @@ import pytest
 from tiny import make_target_dir
 
 from headstart.errors import HeadstartError
-from headstart.target import load_target, resolve_spec
+from headstart.targets import load_target, resolve_spec
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from headstart.errors import HeadstartError
-from headstart.target.layer_kinds import decoder_layers
+from headstart.targets.layer_kinds import decoder_layers
 
 
 @dataclass
@@ -70,11 +70,11 @@ def output_cache(out: Any) -> Any:
 
 def new_cache(model: nn.Module, reserve: int = 0) -> Any:
     """An empty KV cache for the target: a transformers DynamicCache whose attention layers, full
-    and sliding-window alike, keep every entry and append in place (headstart.target.growing_cache;
-    no whole-cache copy per forward; windows are applied by the mask, see target/layer_kinds.py).
+    and sliding-window alike, keep every entry and append in place (headstart.targets.growing_cache;
+    no whole-cache copy per forward; windows are applied by the mask, see targets/layer_kinds.py).
     `reserve` entries are allocated up front (the decoder: prompt + new tokens + one tree), so the
     buffers never move: commit is an index copy into them, rollback a shorter view."""
-    from headstart.target.growing_cache import growing_cache
+    from headstart.targets.growing_cache import growing_cache
 
     return growing_cache(model.config, reserve)
 
@@ -119,7 +119,7 @@ def forward(
     Runs under no_grad: the target is frozen. For training with gradients through the target
     (Medusa-2) use `capture` with `grad=True`.
     """
-    from headstart.target.attention import grouped_query_attention
+    from headstart.targets.attention import grouped_query_attention
 
     with grouped_query_attention(model):  # CPU: no KV copies for masked multi-token queries
         return capture(
@@ -145,7 +145,7 @@ def capture(
     logits_to_keep: int = 0,
 ) -> Features:
     """Like `forward`, optionally with autograd enabled (`grad=True`)."""
-    from headstart.target.layer_kinds import layer_masks
+    from headstart.targets.layer_kinds import layer_masks
 
     check_layer_ids(model, layers)
     attention_mask = layer_masks(model, attention_mask)  # per-kind masks for windowed layers

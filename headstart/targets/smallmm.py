@@ -40,7 +40,7 @@ counts where it is not slower (a contiguous range 1..R, cached per machine besid
 
 Exactness: each output element is the same chain of fused multiply-adds whatever the row count
 (up to `MAX_ROWS`) and the thread count, so a tree verify's matmuls equal sequential decoding's
-bit for bit (tests/target/test_smallmm.py). Against MKL (transformers' `generate`) results differ
+bit for bit (tests/targets/test_smallmm.py). Against MKL (transformers' `generate`) results differ
 by summation order only (~1e-6 relative), as MKL's own 8-row and 1-row paths already do.
 Inference only: there is no backward.
 """
@@ -88,7 +88,7 @@ class SmallMatmul:
         self._fn.restype = None
         pointer, long = ctypes.c_void_p, ctypes.c_long
         self._fn.argtypes = [pointer, long, pointer, pointer, pointer, long, long, long, long, ctypes.c_int]
-        # the same product from a GGUF target's quantised blocks (target/gguf_blocks.py), same bits
+        # the same product from a GGUF target's quantised blocks (targets/gguf_blocks.py), same bits
         self._blocks_fn = lib.headstart_small_matmul_blocks
         self._blocks_fn.restype = None
         self._blocks_fn.argtypes = [pointer, long, ctypes.c_int, pointer, pointer, pointer, pointer, pointer,
@@ -216,7 +216,7 @@ def _cpu_signature() -> str:
 
 
 def _cache_dir() -> Path:
-    from headstart.target.gguf import cache_root
+    from headstart.targets.gguf import cache_root
 
     return cache_root() / "kernels"
 
@@ -227,7 +227,7 @@ def build(cache_dir: Path | None = None) -> Path:
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set $CC, or install gcc or clang)")
-    source = resources.files("headstart.target").joinpath(SOURCE).read_bytes()
+    source = resources.files("headstart.targets").joinpath(SOURCE).read_bytes()
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=False).stdout
     where = cache_dir or _cache_dir()
     where.mkdir(parents=True, exist_ok=True)
@@ -342,7 +342,7 @@ def best_pair(mine: Callable[[], object], other: Callable[[], object], reps: int
 
 
 def _measure_rows(kernel: SmallMatmul) -> int:
-    from headstart.target.mkl import MIN_ROWS, mkl_packing_available, packed_rows
+    from headstart.targets.mkl import MIN_ROWS, mkl_packing_available, packed_rows
 
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randn(n, 576, generator=generator) for n in (1536, 8192)]
@@ -403,7 +403,7 @@ def _measure_block_rows(kernel: SmallMatmul) -> int:
     """Synthetic Q4_1 (MLP projections) and Q8_0 (a vocabulary) weights shaped as SmolLM2's, ~80 MB
     of them in fp32: more than a CPU's last-level cache, as a decoder's weights are (a weight that
     stays cached would favour the fp32 side)."""
-    from headstart.target.blocks import Q4_1, Q8_0, BlockWeight, dequantise
+    from headstart.targets.blocks import Q4_1, Q8_0, BlockWeight, dequantise
 
     generator = torch.Generator().manual_seed(0)
     weights = []

@@ -88,7 +88,7 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 def check_complete(path: Path) -> None:
     """One line when the file is shorter than its header says (cut off in a download or copy)."""
-    from headstart.target.gguf_header import data_bytes_needed
+    from headstart.targets.gguf_header import data_bytes_needed
 
     try:
         needed = data_bytes_needed(path)

@@ -5,8 +5,8 @@
 logits, the lm_head input and chosen layers (see `features` for the layer-id convention).
 """
 
-from headstart.target.chat import Chat
-from headstart.target.features import (
+from headstart.targets.chat import Chat
+from headstart.targets.features import (
     Features,
     capture,
     check_layer_ids,
@@ -16,8 +16,8 @@ from headstart.target.features import (
     new_cache,
     tree_attention_mask,
 )
-from headstart.target.gguf import EMBEDDED_NAME, EMBEDDED_PIP, cache_root, embedded_gguf_path
-from headstart.target.load import (
+from headstart.targets.gguf import EMBEDDED_NAME, EMBEDDED_PIP, cache_root, embedded_gguf_path
+from headstart.targets.load import (
     Target,
     describe,
     eos_token_ids,

@@ -43,10 +43,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headstart.target.gguf_blocks import attach_bf16, blocks_for, generation
-from headstart.target.mkl import MIN_ROWS, mkl_packing_available, packed_rows
-from headstart.target.smallmm import MAX_ROWS as SMALL_MAX_ROWS
-from headstart.target.smallmm import SmallMatmul, small_matmul
+from headstart.targets.gguf_blocks import attach_bf16, blocks_for, generation
+from headstart.targets.mkl import MIN_ROWS, mkl_packing_available, packed_rows
+from headstart.targets.smallmm import MAX_ROWS as SMALL_MAX_ROWS
+from headstart.targets.smallmm import SmallMatmul, small_matmul
 
 MAX_ROWS = 256  # past this a plain gemm amortises its packing; a pack would only cost memory
 _SHARED: weakref.WeakKeyDictionary[nn.Module, PackedLinears] = weakref.WeakKeyDictionary()

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headstart.target import packing, smallmm
-from headstart.target.packing import PackedLinears
-from headstart.target.smallmm import MAX_ROWS, build, small_matmul
+from headstart.targets import packing, smallmm
+from headstart.targets.packing import PackedLinears
+from headstart.targets.smallmm import MAX_ROWS, build, small_matmul
 
 needs_kernel = pytest.mark.skipif(small_matmul() is None, reason="no C compiler: the kernel did not build")
 
@@ -264,8 +264,8 @@ def _gguf_blocks(kind: int, outer: int, inner: int, seed: int):
     import gguf
     import numpy as np
 
-    from headstart.target.blocks import Q4_1, BlockWeight
-    from headstart.target.gguf_blocks import repack
+    from headstart.targets.blocks import Q4_1, BlockWeight
+    from headstart.targets.gguf_blocks import repack
 
     qtype = gguf.GGMLQuantizationType.Q4_1 if kind == Q4_1 else gguf.GGMLQuantizationType.Q8_0
     w = np.random.default_rng(seed).standard_normal((outer, inner)).astype(np.float32)
@@ -304,7 +304,7 @@ def test_bf16_rows_give_the_fp32_weights_bits(inner, outer):
     """bf16 rows of a weight whose values are all bf16 (a head shipped in bf16) are the fp32 kernel
     on that weight bit for bit, at every row and thread count, any K (a vector body and a tail),
     special values included (signed zeros, subnormals, infinities)."""
-    from headstart.target.blocks import BF16, BlockWeight, dequantise
+    from headstart.targets.blocks import BF16, BlockWeight, dequantise
 
     torch.manual_seed(inner * outer)
     dense = torch.randn(outer, inner)
@@ -363,7 +363,7 @@ def test_linear_takes_the_kernel_only_where_it_can(monkeypatch):
     """`smallmm.linear` (a matmul against a tensor that is no module's weight, e.g. Medusa's
     draft-vocabulary rows): the kernel's bits for fp32 CPU inputs of up to max_rows rows outside
     autograd; F.linear (with its gradient) for anything else."""
-    from headstart.target.smallmm import linear
+    from headstart.targets.smallmm import linear
 
     kernel = small_matmul()
     used = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.target import capture, eagle3_layer_ids, forward, load_target, new_cache, tree_attention_mask
+from headstart.targets import capture, eagle3_layer_ids, forward, load_target, new_cache, tree_attention_mask
 
 pytestmark = pytest.mark.slow
 
@@ -62,12 +62,12 @@ def test_tree_forward_matches_sequential_on_smollm2(smollm2):
 def test_every_linear_reads_the_gguf_blocks_with_the_same_bits(smollm2, monkeypatch):
     """The embedded Q4_1 GGUF: all 210 layer weights (Q4_1, q/k rows matched back from GGUF's
     rope order) and the tied lm_head (Q8_0 embeddings) keep their blocks, and decode forwards that
-    read them equal ones that read the fp32 weights bit for bit (target/gguf_blocks.py)."""
+    read them equal ones that read the fp32 weights bit for bit (targets/gguf_blocks.py)."""
     from torch import nn
 
-    from headstart.target.gguf_blocks import blocks_for
-    from headstart.target.packing import PackedLinears
-    from headstart.target.smallmm import small_matmul
+    from headstart.targets.gguf_blocks import blocks_for
+    from headstart.targets.packing import PackedLinears
+    from headstart.targets.smallmm import small_matmul
 
     kernel = small_matmul()
     if kernel is None:

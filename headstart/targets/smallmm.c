@@ -1,6 +1,6 @@
 /* headstart small-row fp32 matmul: y = x @ w.T (+ b) for a handful of rows of x.
  *
- * Built on first use by headstart/target/smallmm.py with the system C compiler
+ * Built on first use by headstart/targets/smallmm.py with the system C compiler
  * (-O3 -march=native -ffp-contract=fast [-fopenmp]) and called through ctypes.
  *
  * Why: decoding multiplies 1-64 rows by every weight matrix of the model. That is memory-bound
@@ -54,7 +54,7 @@ static inline vf madd(vf acc, vf x, vf w) {
     return (vf)_mm512_fmadd_ps((__m512)x, (__m512)w, (__m512)acc);
 #elif LANES == 8 && defined(__FMA__)
     return (vf)_mm256_fmadd_ps((__m256)x, (__m256)w, (__m256)acc);
-#else /* no FMA unit (or not x86): the compiler's contraction; tests/target/test_smallmm.py checks */
+#else /* no FMA unit (or not x86): the compiler's contraction; tests/targets/test_smallmm.py checks */
     return acc + x * w;
 #endif
 }
@@ -160,7 +160,7 @@ void headstart_small_matmul(const float *x, long ldx, const float *w, const floa
  * weight instead of 4, and a decode step is a pass over the weights. Each thread dequantises 4
  * weight rows into a buffer it keeps in L1/L2 and runs the fp32 block above on it, so every output
  * is the same fused multiply-add chain over the same fp32 weights as the fp32 entry point: the
- * results are equal bit for bit (tests/target/test_smallmm.py). d * q is exact in fp32 (an fp16
+ * results are equal bit for bit (tests/targets/test_smallmm.py). d * q is exact in fp32 (an fp16
  * d has 11 significant bits and q at most 8), so fma(q, d, m) rounds once where gguf-py's
  * (d * q) + m also rounds once: the same fp32 weight. Layout (repacked by smallmm.py): Q4_1 nibbles
  * (N, K/2) bytes, block j of a row holding element i in the low nibble of byte i and i + 16 in the
