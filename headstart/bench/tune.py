@@ -38,13 +38,16 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     # a prompt-lookup branch beside the small trees: verified in the same forward, it pays where
     # the output copies from the context (code, quotes, lists)
     looked = [f"{base}+lookup:{k}" for base in ("chain:1", "chain:2", forked(2, 1)) for k in (2, 4)]
-    if kind == "medusa":
+    from headstart.heads import kinds
+
+    trees = kinds.get(kind).trees if kind in kinds.KINDS else "dynamic"  # a drafter object: autoregressive
+    if trees == "static":
         return chains + forks + looked + ["static"]
     dynamic = [
         f"dynamic:depth={d},top_k={k},total_tokens={n}"
         for d, k, n in ((3, 2, 4), (4, 2, 6), (4, 4, 8), (5, 4, 10), (6, 4, 12), (6, 8, 24), (8, 8, 48))
     ]
-    if kind == "dflash":  # one block drafts every depth at once: deeper trees cost no extra draft pass
+    if trees == "block":  # one block drafts every depth at once: deeper trees cost no extra draft pass
         dynamic += [f"dynamic:depth={d},top_k={k},total_tokens={n}" for d, k, n in ((8, 2, 12), (10, 4, 20))]
     # small dynamic trees with a lookup branch: exact under sampling too (unlike static + lookup)
     looked += [f"{dynamic[i]}+lookup:4" for i in (0, 1)]

@@ -40,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kind",
         default=None,
-        choices=["eagle3", "medusa"],
-        help="which shipped heads (default: by format); not with a heads directory",
+        help="which shipped heads, by kind (default: the first shipped kind the --format takes); not with a "
+        "heads directory",
     )
     parser.add_argument(
         "--verifier",
@@ -67,6 +67,7 @@ def recorded_target(path: object) -> str:
 def run(args: argparse.Namespace) -> int:
     from headstart.commands.common import quiet_transformers
     from headstart.heads import kinds, load_heads
+    from headstart.heads.config import HeadConfig
     from headstart.heads.defaults import shipped_heads
     from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
@@ -84,19 +85,27 @@ def run(args: argparse.Namespace) -> int:
     if args.heads:
         path = resolve_heads(args.heads, flag="heads directory")
     else:
-        kind = args.kind or ("medusa" if args.format == "medusa" else "eagle3")
+        target = args.target or "smollm2"
+        shipped = {HeadConfig.read(folder).kind: folder for folder in shipped_heads(target).values()}
+        kind = args.kind or next((k for k in shipped if args.format in kinds.get(k).formats), None)
+        if kind is None:
+            raise HeadstartError(
+                f"no shipped heads for target '{target}' can be written as --format {args.format}",
+                "pass a heads directory or Hub id",
+            )
+        if kind not in shipped:
+            raise HeadstartError(
+                f"no shipped {kind} heads for target '{target}'"
+                + (f" (shipped: {', '.join(shipped)})" if shipped else ""),
+                f"use --kind {' or '.join(shipped)}" if shipped else "pass a heads directory or Hub id",
+            )
         formats = kinds.get(kind).formats
         if args.format not in formats:
             raise HeadstartError(
                 f"{kind} heads cannot be written as --format {args.format}",
                 f"use --format {' or '.join(formats)}, or another --kind",
             )
-        target = args.target or "smollm2"
-        path = shipped_heads(target).get(f"smollm2-{kind}")  # type: ignore[assignment]
-        if path is None:
-            raise HeadstartError(
-                f"no shipped {kind} heads for target '{target}'", "pass a heads directory or Hub id"
-            )
+        path = shipped[kind]
     target_spec = args.target or recorded_target(path)
     # before anything loads: an output that would destroy files or cannot be written is refused
     output = check_output(

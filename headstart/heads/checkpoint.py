@@ -114,7 +114,7 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
         + (
             f", block {config.block_size} (one forward drafts {config.block_size - 1} tokens), mask token "
             f"{config.mask_token_id}"
-            if config.kind == "dflash"
+            if config.block_size  # a block drafter's (DFlash); 0 for the others
             else ""
         ),  # fmt: skip
         f"- training data: {train.pop('data', 'not recorded')}",
@@ -162,6 +162,14 @@ class HeadCheckpoint(
 
     config: HeadConfig
     layout = "fc"
+    options: tuple[str, ...] = ("num_layers",)
+    """The kind-specific head.* options (HeadSpec.KIND_OPTIONS) this class takes; a recipe that
+    sets another to a non-default value is refused in one line naming it."""
+
+    @classmethod
+    def check_config(cls, config: HeadConfig) -> None:
+        """A kind's own checks of a saved config (DFlash: its block and mask token); none here."""
+
     """HeadConfig.layout of the checkpoints this class reads."""
 
     def save_pretrained(self, path: str | Path, **kwargs: Any) -> Path:  # type: ignore[override]

@@ -14,7 +14,6 @@ from headstart.heads import kinds
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
-DFLASH_LAYERS = 1
 """DFlash draft layers by default (head.num_layers); chosen by measurement on SmolLM2, see the README."""
 """Upper bound on a checkpoint's num_heads and num_layers (Medusa uses ~3-5 heads of 1-2 layers):
 a damaged config must not build a million modules before its weights are compared."""
@@ -24,14 +23,14 @@ a damaged config must not build a million modules before its weights are compare
 class HeadSpec:
     """The head to train, as written in a recipe's `head:` section."""
 
-    kind: str = "medusa"
+    kind: str = kinds.DEFAULT
     """A registered head kind (headstart.heads.kinds): medusa (Medusa-1/2), eagle (EAGLE-1/2),
     eagle3, or dflash (a block drafter: one forward drafts block_size - 1 tokens)."""
     num_heads: int = 3
     """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
     num_layers: int | None = None
     """Medusa: residual blocks `x + SiLU(Linear(x))` per head (default 1). DFlash: draft decoder
-    layers (default DFLASH_LAYERS). EAGLE-3 (reference layout): draft decoder layers (default 1;
+    layers (default 1). EAGLE-3 (reference layout): draft decoder layers (default 1;
     the first reads the token and the feature, the others are plain decoder layers, as in
     speculators); more than 1 stays in headstart's own format (export refuses it)."""
     block_size: int = 16
@@ -78,7 +77,7 @@ class HeadSpec:
         if self.num_heads < 1:
             raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
         if self.num_layers is None:
-            self.num_layers = DFLASH_LAYERS if self.kind == "dflash" else 1
+            self.num_layers = 1
         if not 2 <= self.block_size <= 64:
             raise HeadstartError(
                 f"head.block_size must be in 2..64, got {self.block_size}", "set head.block_size=16"
@@ -110,20 +109,28 @@ class HeadSpec:
             raise HeadstartError(
                 f"unknown head.draft_layer '{self.draft_layer}'", "use head.draft_layer=target (or qwen3)"
             )
-        eagle3_only = [
-            n for n, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target")) if on
-        ]
-        if self.kind == "eagle3" and self.num_layers > 1:
-            eagle3_only.append("num_layers")
-        if eagle3_only and (self.kind != "eagle3" or self.layout != "reference"):
+        kind = kinds.get(self.kind)
+        takes = kind.head_class(self.layout if self.layout in kind.heads else "fc").options
+        given = [name for name, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target"),
+                                       ("num_layers", self.num_layers > 1)) if on and name not in takes]  # fmt: skip
+        if given:
+            owners = [f"{k.name} ({layout} layout)" for k in kinds.KINDS.values() for layout in k.heads
+                      if given[0] in k.head_class(layout).options]  # fmt: skip
             raise HeadstartError(
-                f"head.{eagle3_only[0]} is an option of EAGLE-3 heads in the reference layout, not of this "
+                f"head.{given[0]} is an option of {' and '.join(owners) or 'no'} heads, not of this "
                 f"{self.kind} head ({self.layout} layout)",
-                f"drop head.{eagle3_only[0]}, or set head.kind=eagle3 head.layout=reference",
+                f"drop head.{given[0]}" + (f", or use a {owners[0]} head" if owners else ""),
             )
-        if self.feature_layers is not None and self.kind == "dflash" and not self.feature_layers:
+        least, most = kind.taps or (0, 0)
+        if (
+            self.feature_layers is not None
+            and kind.taps
+            and not least <= len(self.feature_layers) <= (most or 10**6)
+        ):
+            count = f"{least}" if least == most else f"at least {least}"
             raise HeadstartError(
-                "head.feature_layers must name at least one target layer for dflash",
+                f"head.feature_layers must name {count} target layer{'s' if (most or 2) > 1 else ''} for "
+                f"{self.kind}, got {self.feature_layers}",
                 "set head.feature_layers=[1,14,26] or leave it unset for the default taps",
             )
         if self.feature_layers is not None and list(self.feature_layers) != sorted(set(self.feature_layers)):
@@ -132,11 +139,6 @@ class HeadSpec:
             raise HeadstartError(
                 f"head.feature_layers must be increasing, without repeats, got {self.feature_layers}",
                 f"set head.feature_layers={sorted(set(self.feature_layers))}",
-            )
-        if self.feature_layers is not None and self.kind == "eagle3" and len(self.feature_layers) != 3:
-            raise HeadstartError(
-                f"head.feature_layers must name 3 layers for eagle3, got {self.feature_layers}",
-                "set head.feature_layers=[1,14,26] or leave it unset for the default taps",
             )
 
 
@@ -194,19 +196,13 @@ class HeadConfig:
             raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
         if not self.draft_vocab_size:
             self.draft_vocab_size = self.vocab_size
-        if self.kind == "dflash" and not (
-            self.block_size >= 2 and self.feature_layers and 0 <= self.mask_token_id < self.vocab_size
-        ):
-            raise HeadstartError(
-                f"a dflash head needs block_size >= 2, feature layers and a mask token in the vocabulary "
-                f"(got {self.block_size}, {self.feature_layers}, {self.mask_token_id})",
-                "rebuild the head from a recipe with head.kind=dflash",
-            )
-        if self.layout not in ("reference", "fc") or (self.layout == "reference" and self.kind != "eagle3"):
+        kind = kinds.get(self.kind)
+        if self.layout not in kind.heads:
             raise HeadstartError(
                 f"head layout '{self.layout}' is not valid for a {self.kind} head",
-                "only eagle3 heads have the reference layout; others use fc",
+                f"{self.kind} heads have the {' or '.join(kind.heads)} layout",
             )
+        kind.head_class(self.layout).check_config(self)
 
     def portable(self) -> HeadConfig:
         """This config as it may leave the machine (export, push): a target loaded from a local
@@ -286,9 +282,11 @@ class HeadConfig:
                 f"feature_layers {layers} in {file} name layers the {depth}-layer target does not have",
                 "restore the file from the run that wrote it",
             )
-        if values["kind"] == "eagle3" and len(layers) != 3:
+        taps = kinds.get(values["kind"]).taps if values.get("kind") in kinds.KINDS else None
+        if taps and not taps[0] <= len(layers) <= (taps[1] or 10**6):
             raise HeadstartError(
-                f"feature_layers in {file} must name the 3 target layers an eagle3 head reads, got {layers}",
+                f"feature_layers in {file} must name the target layers a {values['kind']} head reads "
+                f"({taps[0]}{'' if taps[1] == taps[0] else ' or more'}), got {layers}",
                 "restore the file from the run that wrote it (e.g. feature_layers: [1, 14, 26])",
             )
         return cls(**values)

@@ -12,8 +12,8 @@ from pathlib import Path
 from headstart.targets import EMBEDDED_NAME
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent.parent / "default_heads"
-PREFERENCE = ("eagle3", "medusa")
-"""Order of preference: the first shipped kind is what `generate` uses by default."""
+PREFERENCE = ("smollm2-eagle3", "smollm2-medusa")
+"""The shipped heads' folders in order of preference: the first is what `generate` uses by default."""
 
 
 def shipped_heads(target_spec: str) -> dict[str, Path]:
@@ -21,10 +21,10 @@ def shipped_heads(target_spec: str) -> dict[str, Path]:
     if target_spec != EMBEDDED_NAME:
         return {}
     found = {}
-    for kind in PREFERENCE:
-        path = DEFAULT_HEADS_DIR / f"smollm2-{kind}"
+    for name in PREFERENCE:
+        path = DEFAULT_HEADS_DIR / name
         if (path / "config.json").is_file():
-            found[f"smollm2-{kind}"] = path
+            found[name] = path
     return found
 
 

@@ -120,6 +120,17 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
     lm_head of its own (the speculators export writes those rows out, with d2t/t2d, as speculators
     saves a reduced vocabulary)."""
 
+    @classmethod
+    def check_config(cls, config: HeadConfig) -> None:
+        if not (
+            config.block_size >= 2 and config.feature_layers and 0 <= config.mask_token_id < config.vocab_size
+        ):
+            raise HeadstartError(
+                f"a dflash head needs block_size >= 2, feature layers and a mask token in the vocabulary "
+                f"(got {config.block_size}, {config.feature_layers}, {config.mask_token_id})",
+                "rebuild the head from a recipe with head.kind=dflash",
+            )
+
     kind = "dflash"
 
     @staticmethod

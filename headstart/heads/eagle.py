@@ -126,6 +126,8 @@ class Eagle3FcHead(DraftVocab, EagleHead):
     EAGLE-1 path, then its own norm and lm_head over a draft vocabulary of Vd tokens, with d2t
     (target_id = i + d2t[i]) and t2d (bool, V) maps."""
 
+    options: tuple[str, ...] = ()  # one draft layer, no norms on the taps
+
     kind = "eagle3"
 
     @staticmethod
@@ -178,6 +180,7 @@ class Eagle3Head(Eagle3FcHead):
     token embeddings; otherwise the target's are bound, frozen and not saved."""
 
     layout = "reference"
+    options: tuple[str, ...] = ("num_layers", "fc_norm", "draft_layer")
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:

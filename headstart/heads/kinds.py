@@ -38,6 +38,17 @@ class HeadKind:
     """It reads tapped target layers (head.feature_layers), not only the last hidden state."""
     metric_step: str = "step"
     """What its per-depth metrics are named by: `step` (an unrolled step) or `head` (Medusa's k)."""
+    taps: tuple[int, int | None] | None = None
+    """How many target layers head.feature_layers must name, (least, most or None): EAGLE-3 3,
+    DFlash 1 or more; None: the kind reads no tapped layers."""
+    trees: str = "dynamic"
+    """The trees `headstart tune` tries: `static` (fixed-depth heads: chains, forked and the
+    default static tree), `dynamic` (autoregressive drafters: EAGLE-2's dynamic trees too) or
+    `block` (one forward drafts every depth: deeper dynamic trees cost no extra draft pass)."""
+    joint_lora: bool = False
+    """It can train the target jointly through LoRA adapters (Medusa-2)."""
+    free_on_init: tuple[str, ...] = ()
+    """Shape fields a warm start (init_from) may change: the head is rebuilt around them."""
 
     def head_class(self, layout: str = "fc") -> type:
         if layout not in self.heads:
@@ -48,6 +59,8 @@ class HeadKind:
 
 
 KINDS: dict[str, HeadKind] = {}
+DEFAULT = "medusa"
+"""The kind a recipe's `head:` section gets when it names none."""
 
 
 def register(kind: HeadKind) -> HeadKind:
@@ -73,7 +86,7 @@ def load(ref: str) -> Any:
     return getattr(importlib.import_module(module), attribute)
 
 
-register(HeadKind("medusa", {"fc": "headstart.heads.medusa:MedusaHeads"}, "headstart.inference.drafters.medusa:MedusaDrafter", "headstart.train.objectives.medusa:medusa_loss", "Medusa-1 (per-head CE)", ("medusa", "headstart"), metric_step="head"))  # fmt: skip
+register(HeadKind("medusa", {"fc": "headstart.heads.medusa:MedusaHeads"}, "headstart.inference.drafters.medusa:MedusaDrafter", "headstart.train.objectives.medusa:medusa_loss", "Medusa-1 (per-head CE)", ("medusa", "headstart"), metric_step="head", trees="static", joint_lora=True, free_on_init=("draft_vocab_size",)))  # fmt: skip
 register(HeadKind("eagle", {"fc": "headstart.heads.eagle:EagleHead"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle1_loss", "EAGLE-1 (SmoothL1 features + CE)"))  # fmt: skip
-register(HeadKind("eagle3", {"fc": "headstart.heads.eagle:Eagle3FcHead", "reference": "headstart.heads.eagle:Eagle3Head"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle3_loss", "EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)", ("speculators", "eagle", "headstart"), reads_layers=True))  # fmt: skip
-register(HeadKind("dflash", {"fc": "headstart.heads.dflash:DFlashHead"}, "headstart.inference.drafters.dflash:DFlashDrafter", "headstart.train.objectives.dflash:dflash_loss", "DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, {cfg.loss.dflash_labels} CE, slot decay)", ("speculators", "dflash", "headstart"), reads_layers=True))  # fmt: skip
+register(HeadKind("eagle3", {"fc": "headstart.heads.eagle:Eagle3FcHead", "reference": "headstart.heads.eagle:Eagle3Head"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle3_loss", "EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)", ("speculators", "eagle", "headstart"), reads_layers=True, taps=(3, 3)))  # fmt: skip
+register(HeadKind("dflash", {"fc": "headstart.heads.dflash:DFlashHead"}, "headstart.inference.drafters.dflash:DFlashDrafter", "headstart.train.objectives.dflash:dflash_loss", "DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, {cfg.loss.dflash_labels} CE, slot decay)", ("speculators", "dflash", "headstart"), reads_layers=True, taps=(1, None), trees="block"))  # fmt: skip

@@ -323,10 +323,13 @@ class TrainConfig:
             raise HeadstartError(f"max_steps must be >= 0, got {self.max_steps}", "set max_steps=1000")
         if self.keep_last < 1:
             raise HeadstartError("keep_last must be >= 1", "set keep_last=2")
-        if self.lora.enabled and self.head.kind != "medusa":
+        from headstart.heads import kinds
+
+        if self.lora.enabled and not kinds.get(self.head.kind).joint_lora:
+            joint = [k.name for k in kinds.KINDS.values() if k.joint_lora]
             raise HeadstartError(
-                f"lora.enabled (Medusa-2) needs head.kind=medusa, not {self.head.kind}",
-                "set head.kind=medusa",
+                f"lora.enabled (joint training through LoRA, Medusa-2) is not an option of {self.head.kind} heads",
+                f"set head.kind={' or '.join(joint)}" if joint else "drop lora.enabled",
             )
         if self.lora.enabled and self.data.mode == "offline":
             raise HeadstartError(

@@ -223,8 +223,11 @@ def initial_head(p: Plan) -> Any:
     saved = load_heads(path, p.target) if foreign else None
     wanted = head_config(p.cfg.head, p.target)
     found = saved.config if saved is not None else HeadConfig.read(path)
-    free: tuple[str, ...] = ("draft_vocab_size",) if wanted.kind == "medusa" else ()
-    relayout = wanted.kind == found.kind == "eagle3" and (wanted.layout, found.layout) == ("reference", "fc")
+    from headstart.heads import kinds
+
+    free: tuple[str, ...] = kinds.get(wanted.kind).free_on_init
+    # a warm start from the older layout of the same kind (headstart.heads.relayout: EAGLE-3's)
+    relayout = wanted.kind == found.kind and (wanted.layout, found.layout) == ("reference", "fc")
     if relayout:  # a warm start from the older layout (headstart.heads.relayout)
         free = ("layout", "input_norms")
     diff = [f"{k}: recipe {getattr(wanted, k)!r}, heads {getattr(found, k)!r}" for k in SHAPE_FIELDS

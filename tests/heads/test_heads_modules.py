@@ -148,7 +148,7 @@ def test_head_spec_that_does_not_fit_the_target_fails_before_compute(llama_targe
         build_head(HeadSpec(kind="eagle3", draft_vocab_size=10), llama_target)
     with pytest.raises(HeadstartError, match="not used by eagle"):
         build_head(HeadSpec(kind="eagle", draft_vocab_size=10), llama_target)
-    with pytest.raises(HeadstartError, match="3 layers"):
+    with pytest.raises(HeadstartError, match="must name 3 target layers for eagle3"):
         HeadSpec(kind="eagle3", feature_layers=[0, 1])
 
 

@@ -79,7 +79,7 @@ def test_recipe_errors(tmp_path):
     recipe.write_text("head:\n  kind: medusa\n  num_head: 3\n")
     with pytest.raises(HeadstartError, match="did you mean 'num_heads'"):
         load_config(TrainConfig, recipe)
-    with pytest.raises(HeadstartError, match="needs head.kind=medusa"):
+    with pytest.raises(HeadstartError, match="not an option of eagle3 heads .fix: set head.kind=medusa"):
         load_config(TrainConfig, None, ["head.kind=eagle3", "lora.enabled=true"])
     with pytest.raises(HeadstartError, match="cannot use cached features"):
         load_config(TrainConfig, None, ["lora.enabled=true", "data.mode=offline"])
