@@ -22,10 +22,11 @@
 # collection. The decode check runs until docs/results/bench/ holds a complete CUDA decode report
 # (>= 10 timed questions, every output identical to generate's); DECODE=off skips it, DECODE=on
 # forces it. On the H200 (2026-11-28) its GGUF load took 38 s and the five warm-ups 154 s (the
-# captured ones 34-52 s: compiles), so 270 s timed 2 questions; METHODS without plain_eager
-# (5 s a question) times twice as many. Seed = the window's number (the ledger's count + 1):
-# each window shuffles the data anew.
-# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, TRAIN_ARGS (more recipe overrides),
+# captured ones 34-52 s: compiles), so 270 s timed 2 questions; METHODS now leaves plain_eager
+# out (5 s a question), and DECODE_DTYPE=float32 (the default) asks first whether the captured
+# path is exact where rounding cannot flip a near-tie. Seed = the window's number (the ledger's
+# count + 1): each window shuffles the data anew.
+# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, DECODE_DTYPE, TRAIN_ARGS (more recipe overrides),
 # DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
 #   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on \
@@ -36,7 +37,11 @@ DEVICE=${DEVICE:-cuda}
 CALL_S=${CALL_S:-560}
 DECODE_S=${DECODE_S:-270}
 COLLECT_S=${COLLECT_S:-45}
-METHODS=${METHODS:-generate,plain_eager,plain_captured,eagle3_captured,eagle3ref_captured}
+# no plain_eager (5 s of each question on the H200: 24 tok/s, measured 2026-11-28): twice the questions
+METHODS=${METHODS:-generate,plain_captured,eagle3_captured,eagle3ref_captured}
+# fp32 first: in bf16 every captured method left generate's tokens (2026-11-28); fp32 tells rounding
+# (near-ties flipping between kernels) from a bug, and is what the exactness promise is checked in
+DECODE_DTYPE=${DECODE_DTYPE:-float32}
 RECIPE=recipes/smollm2-eagle3-windows-gpu.yaml
 RUN=runs/window-eagle3
 source "$(dirname "$0")/common.sh"
@@ -66,7 +71,7 @@ device() {
   # 1. the decode check, cut at DECODE_S whatever it is doing (its JSON is rewritten per question)
   if decode_wanted; then
     timeout -k 10 "$DECODE_S" python3 scripts/gpu/check.py --out "$OUT" --sections smollm2 --target "$target" \
-      --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" "${dry[@]}" > runs/decode.log 2>&1 \
+      --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" --dtype "$DECODE_DTYPE" "${dry[@]}" > runs/decode.log 2>&1 \
       || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
     grep -E "question|warm-up|FAILED|stopped|skipped" runs/decode.log | tail -n 12 || true
   fi
