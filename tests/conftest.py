@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +18,11 @@ os.environ.setdefault("HEADSTART_SMALLMM_ROWS", "64")
 os.environ.setdefault("HEADSTART_CALIBRATION_CACHE", tempfile.mkdtemp(prefix="headstart-test-calibration-"))
 
 from tiny import make_target_dir  # noqa: E402
+
+# A suite started in the background of a non-interactive shell (nohup, `cmd &`) inherits SIGINT
+# ignored, and Python then keeps it ignored: the tests of Ctrl-C handling would fail there only.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
