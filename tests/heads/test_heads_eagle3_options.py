@@ -106,7 +106,10 @@ def test_formats_refuse_an_option_they_cannot_hold_in_one_line(llama_target, tmp
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["head.kind=medusa", "head.fc_norm=true"], r"head.fc_norm is an option of eagle3 \(reference layout\) heads"),
+        (
+            ["head.kind=medusa", "head.fc_norm=true"],
+            r"head.fc_norm is an option of eagle3 \(reference layout\) heads",
+        ),
         (["head.kind=eagle3", "head.layout=fc", "head.num_layers=2"], "head.num_layers is an option"),
         (["head.kind=eagle3", "head.draft_layer=gemma"], "must be one of"),
         (["head.kind=dflash", "head.draft_layer=qwen3"], "head.draft_layer is an option"),
