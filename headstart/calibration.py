@@ -8,7 +8,7 @@ headstart's own plain decoding with the tree tuned elsewhere; the user got a slo
 the engine already had. The verdict is cached per machine (CPU model and ISA, or GPU name),
 thread count, target and heads, under the user's cache folder: the second run measures nothing.
 
-What it measures: plain decoding and a handful of trees (the stored one, chains of 1 and 2, one
+What it measures: plain decoding (the lean loop a set-aside run decodes with) and a handful of trees (the stored one, chains of 1 and 2, one
 forked tree) on CALIBRATION prompts, interleaved prompt by prompt (headstart.bench.timing), greedy,
 a short reply each. A tree is used only when it beats plain decoding by more than MARGIN: the
 verdict errs towards plain decoding, never more than the noise slower than it.
@@ -76,7 +76,7 @@ def calibrate(target: Any, heads: Any, stored_tree: str | None, greedy: bool) ->
     """Measure plain decoding against a few trees of `heads` here; the verdict (cached by the caller)."""
     import torch
 
-    from headstart.bench.timing import CALIBRATION_PROMPTS, measure_trees
+    from headstart.bench.timing import CALIBRATION_PROMPTS, LeanPlain, measure_trees
     from headstart.inference.decoder import SpeculativeDecoder
 
     candidates = list(
@@ -91,7 +91,7 @@ def calibrate(target: Any, heads: Any, stored_tree: str | None, greedy: bool) ->
     )  # fmt: skip
     started = time.perf_counter()
     decoders = {spec: SpeculativeDecoder(target, heads, tree=spec) for spec in candidates}
-    plain = SpeculativeDecoder(target, None)
+    plain = LeanPlain(target)
     report = measure_trees(target, decoders, list(CALIBRATION_PROMPTS[:PROMPTS]), NEW_TOKENS, 0.0, plain)
     tree = verdict_of(report)
     return {

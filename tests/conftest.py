@@ -39,18 +39,17 @@ def tiny_llama(tiny_root) -> Path:
 
 @pytest.fixture
 def slow_plain(monkeypatch):
-    """Plain decoding (a decoder without heads) timed 1 s slower a call, so that random heads on a
-    tiny model beat it and `headstart tune` stores their best tree (tune refuses to store a tree
-    slower than plain decoding: tests/bench/test_tune.py shows that with real timings)."""
-    import headstart.inference.decoder as decoder
-    import headstart.speculator as speculator
+    """Plain decoding (the timing's reference, bench.timing.LeanPlain) timed 1 s slower a call, so
+    that random heads on a tiny model beat it and `headstart tune` stores their best tree (tune
+    refuses to store a tree slower than plain decoding: tests/bench/test_tune.py shows that with
+    real timings), and calibration keeps it."""
+    from headstart.bench import timing
 
-    class Slower(decoder.SpeculativeDecoder):
-        def generate(self, *args, **kwargs):
-            result = super().generate(*args, **kwargs)
-            if self.heads is None:
-                result.stats.wall_s += 1.0
-            return result
+    faster = timing.LeanPlain.generate
 
-    monkeypatch.setattr(decoder, "SpeculativeDecoder", Slower)
-    monkeypatch.setattr(speculator, "SpeculativeDecoder", Slower)
+    def slower(self, *args, **kwargs):
+        result = faster(self, *args, **kwargs)
+        result.stats.wall_s += 1.0
+        return result
+
+    monkeypatch.setattr(timing.LeanPlain, "generate", slower)

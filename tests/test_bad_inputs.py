@@ -320,7 +320,8 @@ def test_chat_reports_a_bad_message_and_goes_on(work, tiny_llama, capsys, monkey
 def test_generate_json_gives_each_prompt_its_own_figures(work, tiny_llama, capsys):
     """Two prompts of one batch that stop at different lengths: each object's stats are its own,
     and the batch's figures are labelled as such."""
-    base = ["generate", "--target", str(tiny_llama), "--heads", str(work / "heads-eagle3"), "--json", "--raw"]
+    base = ["generate", "--target", str(tiny_llama), "--heads", str(work / "heads-eagle3"), "--speculate", "always",
+            "--json", "--raw"]  # fmt: skip
     capsys.readouterr()
     assert main([*base, "--prompt", "abc", "--max-new-tokens", "12"]) == 0
     text = json.loads(capsys.readouterr().out)["text"]

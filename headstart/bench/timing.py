@@ -22,6 +22,24 @@ CALIBRATION_PROMPTS = (
 )
 
 
+class LeanPlain:
+    """headstart's leanest plain loop (inference.plain.cached_generate: its forward and kernels,
+    no tree bookkeeping) with a decoder's `generate` face, the reference of the timing: the plain decoding a
+    set-aside run gets, so the verdict compares the heads with what the user gets without them
+    (the engine's own plain steps ran ~10% slower on 2026-11-28's CPU)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def generate(self, prompts: list[list[int]], sampling: Any = None) -> Any:
+        from types import SimpleNamespace
+
+        from headstart.inference.plain import cached_generate
+
+        result = cached_generate(self.target, prompts[0], sampling)
+        return SimpleNamespace(stats=SimpleNamespace(new_tokens=result.new_tokens, wall_s=result.wall_s))
+
+
 def measure_trees(target: Any, decoders: dict[str, Any], prompts: list[str], max_new_tokens: int, prune: float,
                   plain: Any = None) -> dict[str, Any]:  # fmt: skip
     """The tuning report of `decoders` (tree text -> decoder of the same heads) on `prompts`, with

@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from headstart.bench.timing import CALIBRATION_PROMPTS, _survivors, measure_trees, paired_gap  # noqa: F401
+from headstart.bench.timing import CALIBRATION_PROMPTS, LeanPlain, _survivors, measure_trees, paired_gap  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ def tune(
     speculator = load_speculator(target, heads_path, "static")  # loaded once; every candidate's tree below
     candidates = candidates or candidate_trees(speculator.heads.kind, speculator.decoder.max_depth)
     decoders = {spec: speculator.new_decoder(tree=spec) for spec in candidates}
-    # plain decoding (no drafts) runs every prompt too: whether the heads pay at all on this hardware
-    plain = load_speculator(target, plain=True).decoder
+    # plain decoding (headstart's lean loop, no drafts) runs every prompt too: whether the heads pay
+    # at all on this hardware, against the plain decoding a run without them gets
+    plain = LeanPlain(target)
     return measure_trees(target, decoders, prompts, max_new_tokens, prune, plain)

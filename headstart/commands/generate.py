@@ -123,11 +123,11 @@ class Decoding:
                                           greedy=self.sampling.greedy, typical=args.typical, compile=capture,
                                           calibrate=getattr(args, "speculate", "auto") == "auto")  # fmt: skip
         self.heads = self.speculator.heads
-        # plain decoding runs transformers' generate unless compiled (the same captured verify), or
-        # unless calibration set the heads aside: then headstart's own plain decoding, the one it
-        # measured them against
-        plain_engine = capture or bool(self.speculator.note)
-        self.decoder = self.speculator.decoder if self.heads is not None or plain_engine else None
+        # plain decoding runs transformers' generate (the reference) unless compiled (the same
+        # captured verify); when calibration set the heads aside, headstart's own lean plain loop
+        # (inference.plain.cached_generate), the one it measured them against
+        self.lean = bool(self.speculator.note) and not capture
+        self.decoder = self.speculator.decoder if self.heads is not None or capture else None
 
     @property
     def mode(self) -> str:
@@ -142,7 +142,7 @@ class Decoding:
                                         truncate_prompt=self.args.truncate_prompt)  # fmt: skip
             whole = out.stats.as_dict()
             return [(ids, out.stats.row_dict(i) | {"batch": whole}) for i, ids in enumerate(out.token_ids)]
-        from headstart.inference.plain import plain_generate
+        from headstart.inference.plain import cached_generate, plain_generate
         from headstart.inference.prompts import prepare_prompts
 
         limit = getattr(self.target.config, "max_position_embeddings", None)
@@ -151,7 +151,8 @@ class Decoding:
             prompt = prepare_prompts(
                 [ids], None, 0, self.sampling.max_new_tokens, limit, self.args.truncate_prompt, "cpu"
             )
-            result = plain_generate(
+            loop = cached_generate if self.lean else plain_generate
+            result = loop(
                 self.target, prompt.ids[0].tolist(), self.sampling, streamer=streamer, stop_strings=stops
             )
             stats = {"new_tokens": result.new_tokens, "tau": 1.0, "tokens_per_s": round(result.tokens_per_s, 2),

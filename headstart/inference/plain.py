@@ -115,11 +115,14 @@ def plain_generate(
 
 
 @torch.no_grad()
-def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConfig) -> GenerationResult:
+def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConfig, streamer: Any = None,
+                    stop_strings: tuple[str, ...] = ()) -> GenerationResult:  # fmt: skip
     """Plain decoding (one token per target forward) through headstart's own forward: the growing
-    KV cache and the small-row CPU kernels the speculative decoder's verify uses, no drafts.
-    `bench --baselines plain` runs it so that a report separates what those kernels give from what
-    speculation gives. Same tokens as `plain_generate` (greedy; sampling draws from the same p)."""
+    KV cache and the small-row CPU kernels the speculative decoder's verify uses, no drafts, no
+    tree bookkeeping (the leanest loop: what calibration measures heads against, and what
+    `generate` runs when they do not pay). `bench --baselines plain` runs it so that a report
+    separates what those kernels give from what speculation gives. Same tokens as `plain_generate`
+    (greedy; sampling draws from the same p); `streamer` gets each token, `stop_strings` end it."""
     from headstart.inference.sampling import probabilities, sample
     from headstart.inference.stops import StopRule
     from headstart.targets import forward, new_cache
@@ -129,7 +132,8 @@ def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConf
     generator = None
     if sampling.seed is not None:
         generator = torch.Generator(device=target.device).manual_seed(sampling.seed)
-    rule = StopRule(sampling.max_new_tokens, frozenset(target.eos_token_ids))
+    rule = StopRule(sampling.max_new_tokens, frozenset(target.eos_token_ids), tuple(stop_strings),
+                    target.tokenizer if stop_strings else None)  # fmt: skip
     packer = PackedLinears.for_model(model)
     ids = torch.tensor([input_ids], device=target.device)  # (1, T)
     start = time.perf_counter()
@@ -139,7 +143,11 @@ def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConf
     forwards = 1
     while True:
         token = logits.argmax(-1) if sampling.greedy else sample(probabilities(logits, sampling), generator)
-        if rule.take(emitted, token.tolist()):  # one host sync per token, as generate's
+        before = len(emitted)
+        done = rule.take(emitted, token.tolist(), input_ids)  # one host sync per token, as generate's
+        if streamer is not None and len(emitted) > before:
+            streamer.put(torch.tensor(emitted[before:]))
+        if done:
             break
         position = torch.tensor([[len(input_ids) + len(emitted) - 1]], device=target.device)
         with packed([packer], 1):
@@ -148,4 +156,6 @@ def cached_generate(target: Target, input_ids: list[int], sampling: SamplingConf
             ]
         forwards += 1
     wall = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
     return GenerationResult(token_ids=emitted, new_tokens=len(emitted), target_forwards=forwards, wall_s=wall)
