@@ -18,8 +18,7 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.inference.drafting import DynamicTree
-from headstart.inference.tree_spec import TreeChoice, choose_tree
+from headstart.inference.trees.spec import TreeChoice, choose_tree
 
 
 @dataclass
@@ -43,8 +42,8 @@ class Speculator:
         the speculator's for this one. `greedy=False` (a sampling lane) drops a static tree's lookup
         branch: exact acceptance cannot mix a static tree's drawn drafts with looked-up tokens."""
         choice = self.tree if tree is None else choose_tree(tree)
-        if not greedy and choice is not None and not isinstance(choice.tree, DynamicTree):
-            choice = choice.without_lookup()
+        if not greedy and choice is not None:
+            choice = choice.for_sampling()
         return SpeculativeDecoder(self.target, self.heads, tree=choice, typical=self.typical,
                                   compile=self.compile)  # fmt: skip
 
@@ -125,7 +124,7 @@ def load_speculator(
         if tree is None:
             logging.getLogger(__name__).warning("note: %s", note)
             return Speculator(target, None, path, None, compile=compile, note=note)
-        return Speculator(target, loaded, path, choose_tree(tree) if greedy else choose_tree(tree).without_lookup(),
+        return Speculator(target, loaded, path, choose_tree(tree) if greedy else choose_tree(tree).for_sampling(),
                           compile=compile)  # fmt: skip
     if loaded is not None:
         choice = tree_for_run(choice, path, str(target.device), torch.get_num_threads(), greedy)

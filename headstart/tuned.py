@@ -10,7 +10,7 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.heads.files import TUNED_FILE
-from headstart.inference.tree_spec import TreeChoice, choose_tree
+from headstart.inference.trees.spec import TreeChoice, choose_tree
 from headstart.io import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def tree_for_run(
     except HeadstartError as err:
         log.warning(f"warning: the tuned tree stored with {heads_path} is not a tree ({err.what}): ignored")
         return None
-    return choice if greedy else choice.without_lookup()
+    return choice if greedy else choice.for_sampling()
 
 
 def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:

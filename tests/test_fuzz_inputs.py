@@ -277,8 +277,8 @@ tree_parts = st.sampled_from(["chain:", "dynamic", "dynamic:", "depth=", "top_k=
 )
 def test_tree_specs(spec, max_depth):
     """--tree: a tree, or one line naming what is wrong with the spec."""
-    from headstart.inference.lookup import split_lookup
-    from headstart.inference.tree_spec import parse_tree
+    from headstart.inference.trees.lookup import split_lookup
+    from headstart.inference.trees.spec import parse_tree
 
     try:
         base, _ = split_lookup(spec)

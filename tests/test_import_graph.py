@@ -122,3 +122,22 @@ def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):
     assert edges["headstart.sub.a"] == {"headstart.sub.b"} and edges["headstart.sub.b"] == {"headstart.sub.a"}
     assert edges["headstart.c"] == set()  # type-checking imports never run
     assert cycles(edges) == [["headstart.sub.a", "headstart.sub.b"]]
+
+
+def test_no_module_asks_which_kind_of_tree_it_holds():
+    """Outside headstart/inference/trees/, trees are used through their protocol: no isinstance
+    on a tree class (each such switch was a place a new tree kind had to be added)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if "inference/trees/" in path.as_posix():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", "") == "isinstance"
+                and len(node.args) == 2
+            ):
+                named = ast.unparse(node.args[1])
+                if "TreeBuffers" in named or "DynamicTree" in named:
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found

@@ -65,8 +65,8 @@ def check_generation_args(args: argparse.Namespace) -> None:
                                  f"drop {' or '.join(given)}, or --no-heads")  # fmt: skip
     tree = getattr(args, "tree", None)
     if tree:  # its syntax before the target loads (the heads' depth is checked once they load)
-        from headstart.inference.lookup import split_lookup
-        from headstart.inference.tree_spec import parse_tree
+        from headstart.inference.trees.lookup import split_lookup
+        from headstart.inference.trees.spec import parse_tree
 
         base, _ = split_lookup(tree)
         if base:

@@ -12,10 +12,10 @@ verify (acceptance rules), cache (KV compaction), stops, prompts, decoder (the l
 """
 
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.inference.drafting import DynamicTree
 from headstart.inference.plain import SamplingConfig, plain_generate
 from headstart.inference.results import DecodeStats, GenerateOutput
-from headstart.inference.tree import TreeBuffers, build_tree, default_tree
+from headstart.inference.trees import DynamicTree
+from headstart.inference.trees.static import TreeBuffers, build_tree, default_tree
 
 __all__ = [
     "DecodeStats",

@@ -20,17 +20,17 @@ import torch
 
 from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
-from headstart.inference.draft_tree import DraftTree
 from headstart.inference.drafters import make_drafter
-from headstart.inference.drafting import DynamicTree, draft_dynamic, draft_static
-from headstart.inference.lookup import extend_with_lookup
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import Prompts, prepare_prompts
 from headstart.inference.results import DecodeState, GenerateOutput
 from headstart.inference.sampling import Generator, probabilities, sample
 from headstart.inference.stops import StopRule
-from headstart.inference.tree import TreeBuffers, build_tree
-from headstart.inference.tree_spec import TreeChoice, TreeSpec, choose_tree
+from headstart.inference.trees import draft_static
+from headstart.inference.trees.draft import DraftTree
+from headstart.inference.trees.lookup import extend_with_lookup
+from headstart.inference.trees.spec import TreeChoice, TreeSpec, choose_tree
+from headstart.inference.trees.static import build_tree
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.targets import Features, Target, forward, new_cache, tree_attention_mask
 from headstart.targets.exactness import check_no_processors, context_note, must_step_plainly, positions
@@ -86,9 +86,8 @@ class SpeculativeDecoder:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
         pool, before the cut), plus the verify's margin."""
         block = int(getattr(self.heads, "block_size", 0) or 0)  # DFlash: the block after the context
-        if isinstance(self.tree, DynamicTree):
-            return self.tree.pool(self.max_depth) + self.verify_width() + block
-        return 2 * self.verify_width() + block
+        lookup = self.lookup.tokens if self.lookup is not None else 0
+        return self.tree.draft_nodes(self.max_depth, lookup) + self.verify_width() + block
 
     def must_step_plainly(self, lengths: list[int]) -> bool:
         """A plain step (the root alone) where a verify of this tree at these row lengths could
@@ -97,11 +96,7 @@ class SpeculativeDecoder:
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
-        if isinstance(self.tree, DynamicTree):
-            nodes = self.tree.total_tokens + 1
-        else:
-            nodes = self.tree.size if isinstance(self.tree, TreeBuffers) else 64
-        return nodes + (self.lookup.tokens if self.lookup is not None else 0)
+        return self.tree.verify_bound() + (self.lookup.tokens if self.lookup is not None else 0)
 
     # ---- steps -------------------------------------------------------------------------------
     def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any,
@@ -162,10 +157,7 @@ class SpeculativeDecoder:
         observer: the drafter, or the engine's pending observations until it next drafts)."""
         if plain:
             return draft_static(ROOT_ONLY, drafter, state.root, sampling, self.generator)
-        if isinstance(self.tree, DynamicTree):
-            tree = draft_dynamic(self.tree, drafter, state.root, sampling, self.max_depth)
-        else:
-            tree = draft_static(self.tree, drafter, state.root, sampling, self.generator)
+        tree = self.tree.draft(drafter, state.root, sampling, self.generator, self.max_depth)
         if self.lookup is None or contexts is None:
             return tree
         return extend_with_lookup(tree, *self.lookup.propose_rows(contexts, state.root.device))
@@ -231,17 +223,13 @@ class SpeculativeDecoder:
     # ---- the loop ----------------------------------------------------------------------------
     def _tree_depth(self) -> int | None:
         """How many levels the tree drafts (a dynamic tree: its depth, cut to the heads')."""
-        if isinstance(self.tree, DynamicTree):
-            return min(self.tree.depth, self.max_depth) if self.max_depth else self.tree.depth
-        return self.tree.max_depth
+        return self.tree.levels(self.max_depth)
 
     @property
     def verify_nodes(self) -> int:
         """Tree nodes in one row's verify forward (root and any lookup branch included)."""
         extra = self.lookup.tokens if self.lookup else 0
-        if isinstance(self.tree, DynamicTree):
-            return 1 + self.tree.kept(self.max_depth) + extra
-        return self.tree.size + extra
+        return self.tree.verify_nodes(self.max_depth) + extra
 
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if sampling.greedy:
@@ -296,7 +284,7 @@ class SpeculativeDecoder:
             raise HeadstartError(
                 "streaming needs a single prompt", "drop the streamer or decode one prompt at a time"
             )
-        if self.lookup and not sampling.greedy and not isinstance(self.tree, DynamicTree):
+        if self.lookup and not sampling.greedy and not self.tree.samples_with_lookup:
             raise HeadstartError(
                 "a lookup branch with sampling needs a dynamic tree (a static tree's drafts are drawn "
                 "from the draft distribution, and exact acceptance cannot mix those with looked-up tokens)",

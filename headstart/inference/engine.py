@@ -26,7 +26,6 @@ import torch
 
 from headstart.inference import cache as kv
 from headstart.inference.drafters import Drafter, make_drafter
-from headstart.inference.drafting import static_plan
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.pending import PendingObservations
 from headstart.inference.plain import SamplingConfig
@@ -35,7 +34,6 @@ from headstart.inference.prompts import prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats
 from headstart.inference.sampling import RowGenerators
 from headstart.inference.stops import StopRule
-from headstart.inference.tree import TreeBuffers
 
 
 @dataclass
@@ -105,8 +103,7 @@ class Engine:
         self.target_forwards = 0
         self.prefills = 0
         self.plain_steps = 0
-        if isinstance(decoder.tree, TreeBuffers):  # the tree's device buffers, built once
-            static_plan(decoder.tree, decoder.target.device)
+        decoder.tree.prepare(decoder.target.device)  # what the tree builds once per device
 
     @property
     def live(self) -> int:

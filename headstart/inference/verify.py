@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from headstart.inference.draft_tree import DraftTree, path_to
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import Generator, probabilities, sample, uniform, warp_logits
+from headstart.inference.trees.draft import DraftTree, path_to
 
 
 @dataclass

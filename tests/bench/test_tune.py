@@ -10,8 +10,8 @@ import pytest
 from headstart.bench.tune import _survivors, candidate_trees, forked, paired_gap
 from headstart.cli import main
 from headstart.heads.files import TUNED_FILE
-from headstart.inference.lookup import split_lookup
-from headstart.inference.tree_spec import parse_tree
+from headstart.inference.trees.lookup import split_lookup
+from headstart.inference.trees.spec import parse_tree
 from headstart.tuned import tree_for_run, tuned_elsewhere, tuned_tree
 
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from chisq import chisquare_pvalue
 
-from headstart.inference.draft_tree import DraftTree
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import order_without_replacement, probabilities
-from headstart.inference.tree import build_tree
+from headstart.inference.trees.draft import DraftTree
+from headstart.inference.trees.static import build_tree
 from headstart.inference.verify import accept_greedy, accept_sampling, accept_typical
 
 V = 6

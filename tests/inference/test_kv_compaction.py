@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from headstart.inference import cache as kv
-from headstart.inference.tree import build_tree
+from headstart.inference.trees.static import build_tree
 from headstart.targets import forward, load_target, new_cache, tree_attention_mask
 
 

@@ -8,9 +8,9 @@ from random_heads import RandomEagle
 
 from headstart.errors import HeadstartError
 from headstart.inference.decoder import SpeculativeDecoder
-from headstart.inference.draft_tree import DraftTree
-from headstart.inference.lookup import Lookup, extend_with_lookup, split_lookup
-from headstart.inference.tree import build_tree, chain
+from headstart.inference.trees.draft import DraftTree
+from headstart.inference.trees.lookup import Lookup, extend_with_lookup, split_lookup
+from headstart.inference.trees.static import build_tree, chain
 from headstart.inference.verify import accept_greedy
 from headstart.targets import load_target
 

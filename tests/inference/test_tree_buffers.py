@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.inference.draft_tree import children_from_parents, path_to
-from headstart.inference.drafting import DynamicTree
-from headstart.inference.tree import DEFAULT_PATHS, build_tree, chain, default_tree
-from headstart.inference.tree_spec import parse_tree
+from headstart.inference.trees import DynamicTree
+from headstart.inference.trees.draft import children_from_parents, path_to
+from headstart.inference.trees.spec import parse_tree
+from headstart.inference.trees.static import DEFAULT_PATHS, build_tree, chain, default_tree
 
 
 def test_build_tree_buffers():
@@ -114,7 +114,7 @@ def test_huge_trees_are_refused(spec, message):
 
 
 def test_huge_lookup_branches_are_refused():
-    from headstart.inference.lookup import split_lookup
+    from headstart.inference.trees.lookup import split_lookup
 
     assert split_lookup("chain:1+lookup:64")[1].tokens == 64
     with pytest.raises(HeadstartError, match="1 to 64 looked-up tokens"):

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.inference.draft_tree import DraftTree
+from headstart.inference.trees.draft import DraftTree
 
 SUFFIX = "+lookup:"
 
@@ -38,7 +38,7 @@ class Lookup:
     min_ngram: int = 1
 
     def __post_init__(self) -> None:
-        from headstart.inference.tree import MAX_LOOKUP_TOKENS
+        from headstart.inference.trees.static import MAX_LOOKUP_TOKENS
 
         if not 1 <= self.tokens <= MAX_LOOKUP_TOKENS or not 1 <= self.min_ngram <= self.max_ngram:
             raise HeadstartError(

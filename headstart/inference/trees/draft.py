@@ -7,10 +7,12 @@ so the ancestors of a node in increasing index order are its root-to-node path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from headstart.inference.tree import TreeBuffers
+if TYPE_CHECKING:  # an annotation only: static.py builds DraftTrees
+    from headstart.inference.trees.static import TreeBuffers
 
 
 @dataclass
@@ -50,7 +52,7 @@ class DraftTree:
         max_depth: int | None = None,
     ) -> DraftTree:
         """`buffers`: the tree's parents/depths/visible/children already on the tokens' device
-        (drafting.static_plan), so no host-to-device copy happens per step; `max_depth` the
+        (trees.static.static_plan), so no host-to-device copy happens per step; `max_depth` the
         tree's depth, known on the host (else read from the CPU buffers)."""
         batch, device = tokens.shape[0], tokens.device
         if buffers is None:

@@ -6,7 +6,7 @@ chain:4                                  a single top-1 path of 4 drafts
 tree.json                                a file with a JSON list of paths, or {"paths": [...]}
 dynamic                                  EAGLE-2 dynamic tree with default sizes
 dynamic:depth=4,top_k=4,total_tokens=12  EAGLE-2 with explicit sizes
-<any of these>+lookup:4                  plus a prompt-lookup branch of 4 tokens (inference/lookup.py;
+<any of these>+lookup:4                  plus a prompt-lookup branch of 4 tokens (inference/trees/lookup.py;
                                          split off by the decoder before `parse_tree`)
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from headstart.errors import HeadstartError
-from headstart.inference.drafting import DynamicTree
-from headstart.inference.lookup import SUFFIX, Lookup, split_lookup
-from headstart.inference.tree import TreeBuffers, build_tree, chain, check_tree_size, default_tree
+from headstart.inference.trees.dynamic import DynamicTree
+from headstart.inference.trees.lookup import SUFFIX, Lookup, split_lookup
+from headstart.inference.trees.static import TreeBuffers, build_tree, chain, check_tree_size, default_tree
 
 TreeSpec = TreeBuffers | DynamicTree
 
@@ -116,11 +116,18 @@ class TreeChoice:
         return parse_tree(self.tree, max_depth)
 
     def without_lookup(self) -> TreeChoice:
-        """The same tree without its lookup branch (sampling cannot mix a static tree's drawn
-        drafts with looked-up tokens)."""
+        """The same tree without its lookup branch."""
         if self.lookup is None:
             return self
         return TreeChoice(self.text.partition(SUFFIX)[0] or "static", self.tree, None)
+
+    def for_sampling(self) -> TreeChoice:
+        """The tree a sampling lane decodes with: a lookup branch stays only where the tree's
+        drafts are one-point proposals (a dynamic tree); a static tree's children are drawn from
+        q, and exact acceptance cannot mix those with looked-up tokens (the one place this rule
+        is applied: the speculator's lanes, a tuned tree, a calibrated one)."""
+        tree = self.tree
+        return self if tree is not None and tree.samples_with_lookup else self.without_lookup()
 
 
 def choose_tree(spec: str | TreeChoice | TreeSpec | None) -> TreeChoice:

@@ -1,10 +1,8 @@
-"""Drafting a token tree with a drafter: static (fixed index paths) or dynamic (EAGLE-2).
+"""EAGLE-2's dynamic tree: its shape (`DynamicTree`) and its drafting (`draft_dynamic`).
 
-Candidates under a node: greedy decoding takes the draft's top-k. Sampling with a static tree
-DRAWS the children without replacement from the warped draft distribution q (recorded in
-`DraftTree.draft_probs`, so acceptance can use q exactly). A dynamic tree's shape depends on the
-draft's scores, which would bias draws kept by score, so its children are the deterministic
-top-k and acceptance treats each as a one-point proposal (still exact).
+A dynamic tree's shape depends on the draft's scores, which would bias draws kept by score, so its
+children are the deterministic top-k and acceptance treats each as a one-point proposal (still
+exact, also with a lookup branch beside it under sampling).
 """
 
 from __future__ import annotations
@@ -15,10 +13,9 @@ from typing import Any
 import torch
 
 from headstart.errors import HeadstartError
-from headstart.inference.draft_tree import DraftTree, children_from_parents
 from headstart.inference.plain import SamplingConfig
-from headstart.inference.sampling import Generator, order_without_replacement, probabilities, warp_logits
-from headstart.inference.tree import TreeBuffers
+from headstart.inference.sampling import warp_logits
+from headstart.inference.trees.draft import DraftTree, children_from_parents
 
 
 @dataclass(frozen=True)
@@ -42,8 +39,28 @@ class DynamicTree:
         """Drafted nodes kept for the verify (root excluded)."""
         return min(self.total_tokens, self.pool(max_depth) - 1)
 
+    # ---- the Tree protocol (headstart.inference.trees) ----
+    samples_with_lookup = True
+    """Its children are deterministic top-k (one-point proposals): a lookup branch stays exact."""
+
+    def verify_nodes(self, max_depth: int | None) -> int:
+        return 1 + self.kept(max_depth)
+
+    def verify_bound(self) -> int:
+        return self.total_tokens + 1
+
+    def draft_nodes(self, max_depth: int | None, lookup: int) -> int:
+        return self.pool(max_depth)
+
+    def prepare(self, device: torch.device) -> None:
+        """Nothing: its shape is drafted each step."""
+
+    def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
+              max_depth: int | None) -> DraftTree:  # fmt: skip
+        return draft_dynamic(self, drafter, root, sampling, max_depth)
+
     def __post_init__(self) -> None:
-        from headstart.inference.tree import MAX_TOP_K, MAX_TREE_DEPTH, MAX_TREE_NODES
+        from headstart.inference.trees.static import MAX_TOP_K, MAX_TREE_DEPTH, MAX_TREE_NODES
 
         bounds = {"depth": MAX_TREE_DEPTH, "top_k": MAX_TOP_K, "total_tokens": MAX_TREE_NODES}
         for name, most in bounds.items():
@@ -52,87 +69,6 @@ class DynamicTree:
                     f"dynamic tree {name} must be in 1..{most}, got {getattr(self, name)}",
                     "e.g. --tree dynamic:depth=6,top_k=10,total_tokens=60",
                 )
-
-
-@dataclass(frozen=True)
-class StaticPlan:
-    """A static tree's per-level drafting plan with its buffers on one device, built once: the
-    draft loop then reads no data-dependent widths and copies nothing host-to-device per step."""
-
-    tree: TreeBuffers
-    buffers: dict[str, torch.Tensor]  # parents, depths, visible, children on the device
-    levels: tuple[tuple[torch.Tensor, torch.Tensor, int], ...]
-    """Per depth: (frontier node ids (m,), their children's node ids (m, C), C = the widest
-    frontier node's child count; a missing child points at a scratch column n)."""
-    expanding: tuple[torch.Tensor | None, ...]  # per depth: the next frontier on the device (None: done)
-    max_depth: int
-
-
-_PLANS: dict[tuple[int, str], StaticPlan] = {}
-
-
-def static_plan(tree: TreeBuffers, device: torch.device) -> StaticPlan:
-    """The plan of `tree` on `device`, cached (trees are frozen; the plan keeps its tree alive, so
-    the id key is never reused while cached)."""
-    key = (id(tree), str(device))
-    plan = _PLANS.get(key)
-    if plan is not None and plan.tree is tree:
-        return plan
-    buffers = {name: getattr(tree, name).to(device) for name in ("parents", "depths", "visible", "children")}
-    levels, expanding = [], []
-    frontier = torch.zeros(1, dtype=torch.long)
-    for depth in range(tree.max_depth):
-        kids = tree.children[frontier]  # (m, C) on the host, once
-        width = int((kids >= 0).sum(-1).max())
-        slots = kids[:, :width]
-        into = torch.where(slots >= 0, slots, tree.size)
-        levels.append((frontier.to(device), into.to(device), width))
-        frontier = tree.expanding(depth + 1)
-        expanding.append(frontier.to(device) if frontier.numel() else None)
-        if frontier.numel() == 0:
-            break
-    plan = StaticPlan(tree, buffers, tuple(levels), tuple(expanding), tree.max_depth)
-    if len(_PLANS) > 64:  # many decoders in one process (tests): keep the cache bounded
-        _PLANS.clear()
-    _PLANS[key] = plan
-    return plan
-
-
-def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
-                 generator: Generator = None) -> DraftTree:  # fmt: skip
-    """Fill a static tree level by level; each level's frontier is one batched drafter call.
-    Shapes come from the tree (StaticPlan), never from the drafted data: no host sync."""
-    batch, n, device = root.shape[0], tree.size, root.device
-    plan = static_plan(tree, device)
-    # column n is scratch: padded child slots (-1 in the plan) write there, since a boolean index
-    # would read its count back from the device
-    tokens = torch.zeros(batch, n + 1, dtype=torch.long, device=device)
-    tokens[:, 0] = root
-    valid = torch.ones(batch, n + 1, dtype=torch.bool, device=device)
-    visible = plan.buffers["visible"].expand(batch, n, n)
-    parents = plan.buffers["parents"]
-    draft_probs = None
-    # a root-only tree (a plain step) asks the drafter for nothing (EAGLE-3's root logits are a
-    # draft lm_head per row and a scatter to the target vocabulary)
-    logits = drafter.root_logits()[:, None] if plan.levels else None  # (B, 1, V)
-    for depth, (frontier, into, width) in enumerate(plan.levels):
-        if sampling.greedy:
-            cand = logits.topk(width, dim=-1).indices  # (B, m, C)
-            ok = torch.ones_like(cand, dtype=torch.bool)
-        else:
-            q = probabilities(logits, sampling)  # (B, m, V)
-            if draft_probs is None:
-                draft_probs = q.new_zeros(batch, n, q.shape[-1])
-            draft_probs[:, frontier] = q
-            cand, ok = order_without_replacement(q, width, generator)
-        tokens[:, into] = cand  # (B, m, C)
-        valid[:, into] = ok
-        nxt = plan.expanding[depth]
-        if nxt is None:
-            break
-        nodes = nxt.expand(batch, -1)
-        logits = drafter.expand(nodes, parents[nxt].expand(batch, -1), tokens[:, nxt], depth + 1, visible)
-    return DraftTree.from_static(tree, tokens[:, :n], valid[:, :n], draft_probs, plan.buffers, plan.max_depth)
 
 
 def draft_dynamic(
