@@ -63,8 +63,9 @@ class Speculator:
                 + (", compiled" if self.compile else "")
                 + (", the heads do not pay on this machine" if self.note else "")
             )
+        drafts = getattr(self.heads, "describe", None) or f"{self.heads.kind} heads"
         return (
-            f"{self.heads.kind} heads, tree {self.tree.text if self.tree else 'static'}"
+            f"{drafts}, tree {self.tree.text if self.tree else 'static'}"
             + (", compiled" if self.compile else "")
             + (", typical acceptance (LOSSY)" if self.typical else "")
         )
@@ -80,6 +81,8 @@ def load_speculator(
     typical: bool = False,
     compile: bool = False,
     calibrate: bool = False,
+    draft_model: str | None = None,
+    draft_larger_ok: bool = False,
 ) -> Speculator:
     """Assemble decoding for `target`.
 
@@ -91,8 +94,14 @@ def load_speculator(
     cannot mix a static tree's drawn drafts with looked-up tokens). `calibrate=True` (the CLI's
     `--speculate auto`): without an explicit tree, unless the stored tune was measured on this
     machine, measure once whether the heads beat plain decoding here, and decode plainly when they
-    do not (headstart/calibration.py)."""
+    do not (headstart/calibration.py). `draft_model`: draft with a separate model or early-exit:K
+    instead of heads (headstart/drafts.py; `draft_larger_ok`: a draft not smaller than the target
+    is tried with a warning), with --tree or the draft models' default chain."""
     import torch
+
+    if draft_model is not None:
+        return _draft_speculator(target, draft_model, tree, heads, plain, greedy, typical, compile,
+                                 draft_larger_ok)  # fmt: skip
 
     from headstart.tuned import tree_for_run
 
@@ -129,6 +138,24 @@ def load_speculator(
     if loaded is not None:
         choice = tree_for_run(choice, path, str(target.device), torch.get_num_threads(), greedy)
     return Speculator(target, loaded, path, choice, typical=typical, compile=compile)
+
+
+def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, heads: Any, plain: bool,
+                      greedy: bool, typical: bool, compile: bool, larger_ok: bool) -> Speculator:  # fmt: skip
+    """A speculator drafting with a draft model (headstart/drafts.py) in place of heads."""
+    from headstart.drafts import DEFAULT_TREE, load_draft_model
+
+    if heads is not None or plain:
+        raise HeadstartError(
+            "--draft-model drafts in place of heads: it cannot be combined with "
+            + ("--heads" if heads is not None else "--no-heads"),
+            "pass one of them",
+        )
+    choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
+    if not greedy:
+        choice = choice.for_sampling()
+    draft = load_draft_model(spec, target, allow_larger=larger_ok)
+    return Speculator(target, draft, None, choice, typical=typical, compile=compile)
 
 
 def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | None]:

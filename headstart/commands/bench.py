@@ -28,6 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the heads shipped for the embedded smollm2 target",
     )
     parser.add_argument(
+        "--draft-model",
+        action="append",
+        default=[],
+        metavar="[LABEL=]MODEL",
+        help="a draft model to measure as draft:LABEL beside the heads (repeatable): anything --target "
+        "takes with the target's tokenizer, or early-exit:K (the target's first K layers); tree chain:4 "
+        "unless --tree",
+    )
+    parser.add_argument(
         "--questions",
         default=None,
         help="JSONL (MT-bench/Spec-Bench turns, HumanEval prompt, prompt/text) or a name: mt_bench, humaneval",
@@ -83,6 +92,11 @@ def _baselines(spec: str) -> list[str]:
     if unknown:
         raise HeadstartError(f"unknown baseline(s) {unknown}", f"choose from {','.join(BASELINES)}")
     return ["vanilla"] + [n for n in names if n != "vanilla"]
+
+
+def _drafts(args: argparse.Namespace) -> dict[str, str]:
+    """{"draft:LABEL": model} of the --draft-model values."""
+    return {f"draft:{label}": spec for label, spec in map(_label, args.draft_model)}
 
 
 def _label(spec: str) -> tuple[str, str]:
@@ -183,7 +197,9 @@ def nothing_to_resume(args: argparse.Namespace) -> int:
              [f"{label}={path}" for label, path in shipped_heads(args.target).items()]}  # fmt: skip
     asked = {"target": args.target, "questions": args.questions, "turns": args.turns, "shard": args.shard,
              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
-             "heads": heads, "methods": [*_baselines(args.baselines), *heads]}  # fmt: skip
+             "heads": heads, "methods": [*_baselines(args.baselines), *heads, *_drafts(args)]}  # fmt: skip
+    if _drafts(args):
+        asked["drafts"] = _drafts(args)
     from headstart.provenance import portable
 
     # (a report from before a key was kept says nothing about it; reports keep paths portable)
@@ -227,6 +243,7 @@ def merge_run(args: argparse.Namespace) -> int:
     check_output(out, "--output", owned=lambda path: bench_output(path) == "merge", command="bench --merge",
                  inputs=folders, can_overwrite=False)  # fmt: skip
     measuring = [flag for flag, given in (("--questions", args.questions), ("--heads", args.heads),
+                 ("--draft-model", args.draft_model),
                  ("--limit", args.limit is not None), ("--shard", args.shard), ("--resume", args.resume),
                  ("--tree", args.tree)) if given]  # fmt: skip
     if measuring:
@@ -336,6 +353,12 @@ def run(args: argparse.Namespace) -> int:
         speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy)
         methods[f"headstart:{label}"] = bench_methods.speculative(speculator.decoder, sampling)
         trees[f"headstart:{label}"] = speculator.tree.text if speculator.tree else "static"
+    heads_methods = list(methods)[len(baselines) :]
+    drafts = _drafts(args)
+    for name, spec in drafts.items():
+        speculator = load_speculator(target, tree=args.tree, greedy=sampling.greedy, draft_model=spec)
+        methods[name] = bench_methods.speculative(speculator.decoder, sampling)
+        trees[name] = speculator.tree.text if speculator.tree else "static"
     prompt = turn_prompt(target, args.max_new_tokens)
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement
@@ -351,9 +374,8 @@ def run(args: argparse.Namespace) -> int:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "heads": {
-            name: spec for name, spec in zip(list(methods)[len(baselines) :], heads_specs, strict=True)
-        },
+        "heads": {name: spec for name, spec in zip(heads_methods, heads_specs, strict=True)},
+        **({"drafts": drafts} if drafts else {}),
         "trees": trees,
         "methods": list(methods),
         "limit": args.limit,

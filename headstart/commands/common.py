@@ -57,8 +57,12 @@ def check_generation_args(args: argparse.Namespace) -> None:
     heads = getattr(args, "heads", None)
     if heads is not None and not heads.strip():
         raise HeadstartError("--heads is empty", "pass a heads directory or Hub id, or --no-heads")
+    draft = getattr(args, "draft_model", None)
+    if draft is not None and heads is not None:
+        raise HeadstartError("--draft-model drafts in place of heads: --heads would be ignored",
+                             "pass --heads or --draft-model, not both")  # fmt: skip
     if getattr(args, "no_heads", False):
-        given = [flag for flag, value in (("--heads", heads), ("--tree", getattr(args, "tree", None)),
+        given = [flag for flag, value in (("--heads", heads), ("--draft-model", draft), ("--tree", getattr(args, "tree", None)),
                                           ("--typical", getattr(args, "typical", False))) if value]  # fmt: skip
         if given:
             raise HeadstartError(f"--no-heads decodes without drafts: {', '.join(given)} would be ignored",

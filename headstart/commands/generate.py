@@ -35,6 +35,18 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
     group.add_argument(
+        "--draft-model",
+        default=None,
+        help="draft with a separate model in place of heads: anything --target takes (a smaller model "
+        "with the target's tokenizer), or early-exit:K (the target's own first K layers, no training); "
+        "tree chain:4 unless --tree",
+    )
+    group.add_argument(
+        "--draft-larger-ok",
+        action="store_true",
+        help="try a --draft-model that is not smaller than the target",
+    )
+    group.add_argument(
         "--speculate",
         choices=("auto", "always"),
         default="auto",
@@ -121,7 +133,9 @@ class Decoding:
         capture = wants_capture(getattr(args, "compile", "off"), target.device)
         self.speculator = load_speculator(target, args.heads, args.tree, plain=args.no_heads,
                                           greedy=self.sampling.greedy, typical=args.typical, compile=capture,
-                                          calibrate=getattr(args, "speculate", "auto") == "auto")  # fmt: skip
+                                          calibrate=getattr(args, "speculate", "auto") == "auto",
+                                          draft_model=getattr(args, "draft_model", None),
+                                          draft_larger_ok=getattr(args, "draft_larger_ok", False))  # fmt: skip
         self.heads = self.speculator.heads
         # plain decoding runs transformers' generate (the reference) unless compiled (the same
         # captured verify); when calibration set the heads aside, headstart's own lean plain loop

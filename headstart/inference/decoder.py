@@ -22,7 +22,7 @@ from headstart.errors import HeadstartError
 from headstart.inference import cache as kv
 from headstart.inference.drafters import make_drafter
 from headstart.inference.plain import SamplingConfig
-from headstart.inference.prompts import Prompts, prepare_prompts
+from headstart.inference.prompts import PrefillAborted, Prompts, prefill_chunk, prepare_prompts
 from headstart.inference.results import DecodeState, GenerateOutput
 from headstart.inference.sampling import Generator, probabilities, sample
 from headstart.inference.stops import StopRule
@@ -100,11 +100,13 @@ class SpeculativeDecoder:
 
     # ---- steps -------------------------------------------------------------------------------
     def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any,
-                prefix: tuple[Any, int] | None = None) -> DecodeState:  # fmt: skip
+                prefix: tuple[Any, int] | None = None, abort: Any = None) -> DecodeState:  # fmt: skip
         """`prefix`: (a SharedPrefix, n) whose first n tokens every prompt opens with and `prompts`
         holds the rest of: the cache starts with its entries per row and the forward runs only
         the rest; the drafter observes the whole prompt, the prefix's features from its kept
-        ones (uncaptured: a captured verify adopts a cache of its own making)."""
+        ones (uncaptured: a captured verify adopts a cache of its own making). `abort`: asked
+        between chunks of a long prompt (a server: every client left, or the grace period ran
+        out); True raises PrefillAborted."""
         model = self.target.model
         ids, valid = prompts.ids, prompts.valid  # (B, T): after the prefix, left-padded
         steps = ids.shape[1]
@@ -132,8 +134,11 @@ class SpeculativeDecoder:
         if self.captured_head is not None:
             drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
         kv.check_tree_compatible(cache)
-        feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                        layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip
+        if abort is not None and steps > prefill_chunk(ids.device):
+            feats = self._chunked_prefill(ids, valid, before, positions, cache, drafter.feature_layers, abort)
+        else:
+            feats = forward(model, ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                            layers=drafter.feature_layers, logits_to_keep=1)  # fmt: skip
         root = self._choose(feats.logits[:, -1], sampling)  # (B,)
         visible = torch.cat([before, valid], 1)
         seen = valid  # the positions the drafter observes
@@ -146,8 +151,38 @@ class SpeculativeDecoder:
             lead = shared + steps - valid.sum(1)  # last token is followed by the row's first own one
             next_tokens[:, shared - 1] = ids.gather(1, lead[:, None])[:, 0]
         last = torch.full_like(root, ids.shape[1] - 1)
+        if hasattr(drafter, "start"):  # a drafter reading tokens (a draft model): the one token
+            # that never comes as a next token, each row's first (the prefix's, or after padding)
+            first = ids[:, 0] if seen is visible else ids.gather(1, (steps - valid.sum(1))[:, None])[:, 0]
+            drafter.start(first)
         drafter.observe(feats.last_hidden, feats.layers, next_tokens, positions, seen, last)
         return DecodeState(cache, visible, visible.sum(1), root, list(range(ids.shape[0])))
+
+    def _chunked_prefill(self, ids: torch.Tensor, valid: torch.Tensor, before: torch.Tensor,
+                         positions: torch.Tensor, cache: Any, layers: tuple[int, ...], abort: Any) -> Features:  # fmt: skip
+        """The prefill's forward in chunks of `prefill_chunk` prompt tokens over the growing cache,
+        `abort()` asked before each: a prompt of 600 tokens held a CPU core 4-7 s after its client
+        had left, and a server's --grace waited on it. Each chunk sees the cache (the prefix, the
+        earlier chunks) and itself causally, padding hidden, as one forward would."""
+        steps, size = ids.shape[1], prefill_chunk(ids.device)
+        parts = []
+        for start in range(0, steps, size):
+            if abort():
+                raise PrefillAborted
+            end = min(start + size, steps)
+            n = end - start
+            causal = torch.ones(n, n, dtype=torch.bool, device=ids.device).tril()
+            eye = torch.eye(n, dtype=torch.bool, device=ids.device)
+            sees = (causal[None] & valid[:, None, start:end]) | eye
+            mask = tree_attention_mask(torch.cat([before, valid[:, :start]], 1), sees, self.target.dtype)
+            parts.append(forward(self.target.model, ids[:, start:end], attention_mask=mask,
+                                 position_ids=positions[:, start:end], past_key_values=cache, layers=layers,
+                                 logits_to_keep=1))  # fmt: skip
+        return Features(
+            logits=parts[-1].logits,
+            last_hidden=torch.cat([part.last_hidden for part in parts], 1),
+            layers={i: torch.cat([part.layers[i] for part in parts], 1) for i in parts[0].layers},
+        )
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
               contexts: list[list[int]] | None = None, plain: bool = False) -> DraftTree:  # fmt: skip

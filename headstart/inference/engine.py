@@ -30,7 +30,7 @@ from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
 from headstart.inference.pending import PendingObservations
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
-from headstart.inference.prompts import prepare_prompts
+from headstart.inference.prompts import PrefillAborted, prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats
 from headstart.inference.sampling import RowGenerators
 from headstart.inference.stops import StopRule
@@ -65,8 +65,12 @@ class Engine:
 
     def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False,
                  speculate_up_to: int | None = None, shared_prefix: int = 0,
-                 prefill_tokens: int | None = None, prefix: SharedPrefix | None = None) -> None:  # fmt: skip
+                 prefill_tokens: int | None = None, prefix: SharedPrefix | None = None,
+                 abortable: bool = False) -> None:  # fmt: skip
         self.decoder = decoder
+        # a server's engine: a long prompt prefills in chunks, stopped once all its clients left
+        # (or the grace period ended); `generate` has no one to leave and prefills in one forward
+        self.abortable = abortable
         # Newcomers are prefilled in groups of like length (inference/grouping.py), each of at most
         # this many padded tokens when given (a bound on a prefill's memory); None: no bound
         self.prefill_tokens = prefill_tokens
@@ -164,7 +168,14 @@ class Engine:
         generators = self._generators(jobs)
         decoder.generator = generators
         start = time.perf_counter()
-        state = decoder.prefill(prompts, self.sampling, drafter, (self.prefix, shared) if shared else None)
+        abort = (lambda: all(job.cancelled for job in jobs)) if self.abortable else None
+        try:
+            state = decoder.prefill(prompts, self.sampling, drafter, (self.prefix, shared) if shared else None,
+                                    abort=abort)  # fmt: skip
+        except PrefillAborted:
+            for job in jobs:
+                job.finish = "cancelled"
+            return jobs
         self.prefix_reused += shared * len(jobs)
         self.target_forwards += 1
         self.prefills += 1

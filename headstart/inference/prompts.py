@@ -79,3 +79,14 @@ def prepare_prompts(
         valid[b, width - len(row) :] = True
     unpadded = all(len(r) == width for r in rows)
     return Prompts(ids.to(device), valid.to(device), ids, valid, unpadded)
+
+
+class PrefillAborted(Exception):
+    """A chunked prefill stopped because its `abort()` said so (nothing of it is kept)."""
+
+
+def prefill_chunk(device: Any) -> int:
+    """Prompt tokens per chunk of an abortable prefill: ~0.3 s of SmolLM2 on 2 CPU cores (2.4 ms
+    a token), so a departed client or a server's shutdown waits at most that long; on a GPU a
+    forward is launch-bound up to thousands of tokens, and chunks would only add launches."""
+    return 128 if str(device).startswith("cpu") else 2048

@@ -204,7 +204,7 @@ class Scheduler:
                         decoder.target, self.prefix_cache, layers=decoder.feature_layers
                     )
                 engine = Engine(decoder, sampling, row_seeds=temperature > 0, speculate_up_to=limit,
-                                prefix=self.prefix)  # fmt: skip
+                                prefix=self.prefix, abortable=True)  # fmt: skip
                 self.lanes[warp] = engine
             for ticket in group:
                 self.tickets[id(ticket.job)] = ticket

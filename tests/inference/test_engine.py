@@ -30,6 +30,10 @@ def heads_of(kind: str, target):
         return RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
     if kind == "eagle3":
         return RandomEagle(target.model, draft_vocab=100, layers=(0, 1))
+    if kind == "early-exit":  # a draft model (headstart/drafts.py): the target's first layer
+        from headstart.drafts import early_exit
+
+        return early_exit(target, 1)
     if kind == "dflash":
         return build_head(
             HeadSpec(kind="dflash", block_size=5, draft_vocab_size=100), target, token_counts=counts
@@ -44,7 +48,7 @@ def alone(target, heads, tree, ids, max_new):
     return out.token_ids[0]
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle3", "dflash", "none"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle3", "dflash", "early-exit", "none"])
 @pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8", "chain:2+lookup:3"])
 def test_requests_joining_and_leaving_get_their_greedy_output(target, kind, tree):
     heads = heads_of(kind, target)
@@ -185,7 +189,7 @@ def test_a_big_batch_steps_plainly_and_a_small_one_speculates(target):
         assert job.emitted == alone(target, None, None, ids, n)
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "dflash", "none"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "early-exit", "none"])
 def test_newcomers_of_mixed_lengths_prefill_in_length_groups(target, kind):
     """A wave of one long and several short prompts is cut into length groups (padding the short
     ones to the long one costs more than another forward); every reply is still its greedy one."""
@@ -217,3 +221,60 @@ def test_a_seeded_batch_drawn_over_several_prefills_does_not_repeat_its_draws(ta
     assert engine.prefills == 4
     firsts = {(jobs[i].emitted[0], jobs[i + 1].emitted[0]) for i in range(0, 8, 2)}
     assert len(firsts) > 1, firsts
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash", "early-exit", "none"])
+def test_a_chunked_prefill_gives_the_same_replies(target, kind, monkeypatch):
+    """A server's engine (abortable) prefills long prompts in chunks over the growing cache; the
+    replies are the ones a one-forward prefill gives, padded groups and drafters' features too."""
+    from headstart.inference import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "prefill_chunk", lambda device: 8)
+    heads = heads_of(kind, target)
+    tree = "static" if heads is not None else None
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    calls = []
+    forward = decoder_module.forward
+    monkeypatch.setattr(
+        decoder_module, "forward", lambda *a, **k: calls.append(a[1].shape[1]) or forward(*a, **k)
+    )
+    engine = Engine(
+        SpeculativeDecoder(target, heads, tree=tree), SamplingConfig(max_new_tokens=64), abortable=True
+    )
+    jobs = [Job(key=i, prompt=p, rule=StopRule(12)) for i, p in enumerate(prompts)]
+    engine.add(jobs)
+    while engine.live:
+        engine.step()
+    assert max(calls) <= 8 + 1 + 16  # chunks of 8 (verifies: a tree's nodes)
+    for i, job in enumerate(jobs):
+        assert job.emitted == alone(target, heads, tree, prompts[i], 12), (kind, i)
+
+
+def test_a_prefill_stops_when_its_clients_leave(target, monkeypatch):
+    """Every client of a prefilling group leaves after its first chunk: the prefill stops there,
+    the jobs end 'cancelled', and the engine goes on with the next requests."""
+    from headstart.inference import decoder as decoder_module
+
+    monkeypatch.setattr(decoder_module, "prefill_chunk", lambda device: 8)
+    engine = Engine(SpeculativeDecoder(target, heads_of("eagle3", target), tree="static"),
+                    SamplingConfig(max_new_tokens=64), abortable=True)  # fmt: skip
+    long = target.chat.user_prompt_ids(PROMPTS[4])
+    leaving = Job(key=0, prompt=long, rule=StopRule(12))
+    chunks = []
+    forward = decoder_module.forward
+
+    def counted(*args, **kwargs):
+        chunks.append(args[1].shape[1])
+        leaving.cancelled = True  # the client disconnects while its first chunk runs
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_module, "forward", counted)
+    done = engine.add([leaving])
+    assert done == [leaving] and leaving.finish == "cancelled" and not leaving.emitted
+    assert chunks == [8] and len(long) > 16 and not engine.live
+    monkeypatch.setattr(decoder_module, "forward", forward)
+    staying = Job(key=1, prompt=long, rule=StopRule(12))
+    engine.add([staying])
+    while engine.live:
+        engine.step()
+    assert staying.emitted == alone(target, heads_of("eagle3", target), "static", long, 12)

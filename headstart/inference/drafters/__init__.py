@@ -5,7 +5,9 @@ A drafter sees the target's features of every newly committed position (`observe
 draft logits of the root's children (`root_logits`), and expands frontier nodes of the tree
 being drafted (`expand`), all batched over rows and frontier nodes. Logits are always over the
 TARGET vocabulary: an EAGLE-3 draft vocabulary is mapped back through `draft_to_target` (d2t),
-non-draft tokens get -inf.
+non-draft tokens get -inf. A drafter that reads committed tokens rather than the target's features
+(a draft model) also has `start(first_tokens)`: the prefill hands it each row's first token, the
+one that never comes as a next token.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Draft
         return PlainDrafter()
     if isinstance(heads, Drafter):
         return heads
-    drafter = kinds.load(kinds.get(getattr(heads, "kind", "?")).drafter)
+    # a draft model (headstart.drafts) names its drafter itself: it is not a head kind
+    ref = getattr(heads, "drafter_ref", None) or kinds.get(getattr(heads, "kind", "?")).drafter
+    drafter = kinds.load(ref)
     return drafter(heads, vocab_size=vocab_size, depth=depth)
 
 

@@ -1,0 +1,192 @@
+"""Draft models (headstart/drafts.py): a separate causal LM and the target's own early exit draft
+for the one tree verifier. Greedy output equals the target's `generate` token for token (every
+family of the suite, batched with left padding, chains and trees); sampling keeps the target's
+distribution (the chi-square test of test_sampling_exactness); bad pairs are refused in one line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_greedy_exactness import PROMPTS, reference
+from test_sampling_exactness import ALPHA, CONFIGS, run_check, small_vocab_target
+from tiny import FAMILIES, make_target_dir
+
+from headstart.drafts import DraftModel, early_exit, load_draft_model
+from headstart.errors import HeadstartError
+from headstart.inference.decoder import SpeculativeDecoder
+from headstart.inference.drafters.draft_model import DraftModelDrafter
+from headstart.inference.plain import SamplingConfig
+from headstart.speculator import load_speculator
+from headstart.targets import load_target
+
+TREES = [
+    "chain:3",
+    "[[0],[1],[0,0],[0,1],[0,0,0]]",
+    "dynamic:depth=3,top_k=2,total_tokens=6",
+    "chain:2+lookup:3",
+]
+
+
+@pytest.fixture(scope="module")
+def target(tiny_llama):
+    return load_target(str(tiny_llama))
+
+
+@pytest.fixture(scope="module")
+def sibling(tiny_root, target, tiny_llama):
+    """A separate model directory sharing the target's tokenizer: the target cut to its first layer
+    and saved (what a truncated, later fine-tuned, copy starts as), so its drafts get accepted."""
+    from transformers import AutoTokenizer
+
+    path = tiny_root / "sibling-1-layer"
+    if not (path / "config.json").is_file():
+        early_exit(target, 1).model.save_pretrained(path)
+        AutoTokenizer.from_pretrained(str(tiny_llama)).save_pretrained(path)
+    return path
+
+
+def _check_greedy(target, draft, tree: str, max_new: int = 24) -> SpeculativeDecoder:
+    decoder = SpeculativeDecoder(target, draft, tree=tree)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    out = decoder.generate(prompts, max_new_tokens=max_new, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, max_new, eos=False)
+    assert out.stats.tau > 1.0  # drafts were accepted: the speculative path ran
+    return decoder
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_separate_draft_model_is_exact(target, sibling, tree):
+    _check_greedy(target, load_draft_model(str(sibling), target), tree)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_early_exit_is_exact(target, tree):
+    _check_greedy(target, early_exit(target, 1), tree)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_early_exit_is_exact_on_every_family(tiny_root, family):
+    """Every family of the suite (sliding windows, MoE, softcaps, no-RoPE layers): its first layer
+    as the draft, batched, greedy, identical to generate."""
+    target = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+    draft = early_exit(target, 1)
+    assert len(draft.model.get_decoder().layers) == 1 and draft.model.config.num_hidden_layers == 1
+    assert target.model.config.num_hidden_layers > 1  # the target is untouched
+    decoder = SpeculativeDecoder(target, draft, tree="chain:3")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
+    out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, 16, eos=False)
+    # the drafter's logits are the draft model's own (Gemma's soft-cap, Cohere's scale included)
+    drafter = DraftModelDrafter(draft, target.vocab_size)
+    ids = torch.tensor([prompts[0]])
+    steps = ids.shape[1] - 1
+    drafter.start(ids[:, 0])
+    drafter.observe(None, {}, ids[:, 1:], torch.arange(steps)[None], torch.ones(1, steps, dtype=torch.bool),
+                    torch.tensor([steps - 1]))  # fmt: skip
+    expected = draft.model(ids).logits[0, -1].float()
+    assert torch.allclose(drafter.root_logits()[0], expected, atol=1e-4)
+
+
+def test_early_exit_shares_the_targets_weights(target):
+    draft = early_exit(target, 1)
+    ours = {id(p) for p in draft.model.parameters()}
+    assert ours <= {id(p) for p in target.model.parameters()}
+    assert draft.model.lm_head is target.model.lm_head
+
+
+def test_the_draft_reads_the_prompts_first_token(target, sibling, monkeypatch):
+    """After each prefill (the engine groups prompts; a group may be left-padded) the draft's root
+    logits equal the draft model's own logits over prompt + the target's first token: its cache
+    holds every prompt token, the first included, at its position."""
+    draft = load_draft_model(str(sibling), target)
+    decoder = SpeculativeDecoder(target, draft, tree="chain:2")
+    seen = []
+    original = SpeculativeDecoder.prefill
+
+    def prefill(self, prompts_, sampling, drafter, prefix=None, abort=None):
+        state = original(self, prompts_, sampling, drafter, prefix, abort)
+        rows = [row[m].tolist() for row, m in zip(prompts_.host_ids, prompts_.host_valid, strict=True)]
+        seen.append((rows, state.root.clone(), drafter.root_logits().clone()))
+        return state
+
+    monkeypatch.setattr(SpeculativeDecoder, "prefill", prefill)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    decoder.generate(prompts, max_new_tokens=2, eos_token_id=None)
+    checked = 0
+    for rows, roots, logits in seen:
+        for row, ids in enumerate(rows):
+            expected = draft.model(torch.tensor([[*ids, int(roots[row])]])).logits[0, -1]
+            assert torch.allclose(logits[row], expected, atol=1e-4)
+            checked += 1
+    assert checked == len(PROMPTS)
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("tree", ["chain:2", "dynamic:depth=3,top_k=3,total_tokens=8"])
+def test_sampling_with_a_draft_model_preserves_target_distribution(config, tree):
+    target = small_vocab_target()
+    other = small_vocab_target(seed=3)  # a different random model over the same 12 tokens
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS[config])
+    assert run_check(target, DraftModel(other.model, "other"), tree, sampling, samples=12_000) > ALPHA
+
+
+def test_sampling_with_early_exit_preserves_target_distribution():
+    target = small_vocab_target()
+    sampling = SamplingConfig(max_new_tokens=3, seed=7, **CONFIGS["T1"])
+    assert run_check(target, early_exit(target, 1), "chain:2", sampling, samples=12_000) > ALPHA
+
+
+def test_the_speculator_takes_a_draft_model(target, sibling):
+    speculator = load_speculator(target, draft_model="early-exit:1")
+    assert speculator.tree.text == "chain:4" and "early exit after layer 1" in speculator.mode
+    with pytest.raises(HeadstartError, match="cannot be combined with --heads"):
+        load_speculator(target, heads="x", draft_model=str(sibling))
+
+
+@pytest.mark.parametrize("spec", ["early-exit:0", "early-exit:2", "early-exit:x", " "])
+def test_bad_early_exit_is_refused(target, spec):
+    with pytest.raises(HeadstartError) as err:
+        load_draft_model(spec, target)
+    assert "\n" not in err.value.what
+
+
+def test_a_draft_with_another_vocabulary_is_refused(target, tiny_root):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    path = tiny_root / "other-vocab"
+    if not path.is_dir():
+        vocab = {chr(97 + i): i for i in range(20)}
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        AutoModelForCausalLM.from_pretrained(str(make_target_dir(tiny_root, "llama", seed=5, num_hidden_layers=1,
+                                                                 hidden_size=32, intermediate_size=64))).save_pretrained(path)  # fmt: skip
+        PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(path)
+    with pytest.raises(HeadstartError, match="another vocabulary than the target"):
+        load_draft_model(str(path), target)
+
+
+def test_a_draft_not_smaller_than_the_target_needs_the_flag(target, tiny_llama, caplog):
+    with pytest.raises(HeadstartError, match="is not smaller than the target"):
+        load_draft_model(str(tiny_llama), target)
+    draft = load_draft_model(str(tiny_llama), target, allow_larger=True)
+    assert "not smaller" in caplog.text
+    _check_greedy(target, draft, "chain:3", max_new=8)
+
+
+def test_a_missing_draft_model_says_so(target, tmp_path):
+    with pytest.raises(HeadstartError, match="draft model"):
+        load_draft_model(str(tmp_path / "nothing-here"), target)
+
+
+def test_a_draft_model_through_the_captured_verify(target, sibling):
+    """--compile: the verify runs as the captured graph, the draft model eagerly; still exact."""
+    decoder = SpeculativeDecoder(target, load_draft_model(str(sibling), target), tree="chain:3", compile=True,
+                                 compile_backend="aot_eager")  # fmt: skip
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
+    out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, 16, eos=False)
+    assert decoder.captured.steps >= 1 and out.stats.tau > 1.0
