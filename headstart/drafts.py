@@ -7,8 +7,8 @@ drafts token trees for the one tree verifier, so the output is exactly the targe
     draft = load_draft_model("HuggingFaceTB/SmolLM2-135M-Instruct", target)   # or "early-exit:8"
     decoder = SpeculativeDecoder(target, draft, tree="chain:4")
 
-Its drafter (headstart/inference/drafters/draft_model.py) is named by a "module:Class" string,
-as a head kind's is (heads/kinds.py): this module never imports the decoder's layers.
+Its drafter (headstart/inference/drafters/draft_model.py) is the `draft` head kind's (heads/kinds.py:
+a trained draft, heads/draft.py, drafts the same way): this module never imports the decoder's layers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from headstart.errors import HeadstartError
+from headstart.heads.draft import DraftLM
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,7 @@ class DraftModel:
     """The target's first k layers (early exit); None for a separate model."""
     pack_model: nn.Module | None = None
     """The model whose packed weights its linears use (the target's, for early exit)."""
-    kind = "draft"
-    drafter_ref = "headstart.inference.drafters.draft_model:DraftModelDrafter"
+    kind = DraftLM.kind  # its drafter is that kind's (heads/kinds.py; heads/draft.py trains one)
 
     @property
     def dtype(self) -> Any:

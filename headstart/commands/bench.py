@@ -29,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--draft-model",
+        dest="draft",
         action="append",
         default=[],
         metavar="[LABEL=]MODEL",
@@ -96,7 +97,7 @@ def _baselines(spec: str) -> list[str]:
 
 def _drafts(args: argparse.Namespace) -> dict[str, str]:
     """{"draft:LABEL": model} of the --draft-model values."""
-    return {f"draft:{label}": spec for label, spec in map(_label, args.draft_model)}
+    return {f"draft:{label}": spec for label, spec in map(_label, args.draft)}
 
 
 def _label(spec: str) -> tuple[str, str]:
@@ -243,7 +244,7 @@ def merge_run(args: argparse.Namespace) -> int:
     check_output(out, "--output", owned=lambda path: bench_output(path) == "merge", command="bench --merge",
                  inputs=folders, can_overwrite=False)  # fmt: skip
     measuring = [flag for flag, given in (("--questions", args.questions), ("--heads", args.heads),
-                 ("--draft-model", args.draft_model),
+                 ("--draft-model", args.draft),
                  ("--limit", args.limit is not None), ("--shard", args.shard), ("--resume", args.resume),
                  ("--tree", args.tree)) if given]  # fmt: skip
     if measuring:

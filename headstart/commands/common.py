@@ -57,7 +57,7 @@ def check_generation_args(args: argparse.Namespace) -> None:
     heads = getattr(args, "heads", None)
     if heads is not None and not heads.strip():
         raise HeadstartError("--heads is empty", "pass a heads directory or Hub id, or --no-heads")
-    draft = getattr(args, "draft_model", None)
+    draft = getattr(args, "draft", None)
     if draft is not None and heads is not None:
         raise HeadstartError("--draft-model drafts in place of heads: --heads would be ignored",
                              "pass --heads or --draft-model, not both")  # fmt: skip

@@ -36,6 +36,7 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-heads", action="store_true", help="plain decoding with the target alone")
     group.add_argument(
         "--draft-model",
+        dest="draft",
         default=None,
         help="draft with a separate model in place of heads: anything --target takes (a smaller model "
         "with the target's tokenizer), or early-exit:K (the target's own first K layers, no training); "
@@ -134,7 +135,7 @@ class Decoding:
         self.speculator = load_speculator(target, args.heads, args.tree, plain=args.no_heads,
                                           greedy=self.sampling.greedy, typical=args.typical, compile=capture,
                                           calibrate=getattr(args, "speculate", "auto") == "auto",
-                                          draft_model=getattr(args, "draft_model", None),
+                                          draft_model=getattr(args, "draft", None),
                                           draft_larger_ok=getattr(args, "draft_larger_ok", False))  # fmt: skip
         self.heads = self.speculator.heads
         # plain decoding runs transformers' generate (the reference) unless compiled (the same

@@ -32,7 +32,8 @@ class HeadSpec:
     """Medusa: residual blocks `x + SiLU(Linear(x))` per head (default 1). DFlash: draft decoder
     layers (default 1). EAGLE-3 (reference layout): draft decoder layers (default 1;
     the first reads the token and the feature, the others are plain decoder layers, as in
-    speculators); more than 1 stays in headstart's own format (export refuses it)."""
+    speculators); more than 1 stays in headstart's own format (export refuses it). draft_model:
+    the target's first layers the draft model starts from (fewer than the target's)."""
     block_size: int = 16
     """DFlash: tokens per block, the anchor included (block_size - 1 drafted per forward)."""
     mask_token_id: int | None = None

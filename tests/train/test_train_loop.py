@@ -19,6 +19,7 @@ KINDS = {
     "eagle": ["head.kind=eagle", "loss.eval_steps=2"],
     "eagle3": ["head.kind=eagle3", "head.draft_vocab_size=96", "loss.ttt_steps=3"],
     "dflash": ["head.kind=dflash", "head.block_size=4", "head.draft_vocab_size=96", "loss.dflash_anchors=8"],
+    "draft_model": ["head.kind=draft_model", "head.num_layers=1"],
     "medusa2": [
         "head.kind=medusa",
         "head.num_heads=2",
@@ -53,7 +54,7 @@ def target(tiny_llama):
     return load_target(str(tiny_llama))
 
 
-@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "dflash"])
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3", "dflash", "draft_model"])
 def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_path, caplog):
     data = self_distilled(target, count=20)
     caplog.set_level("INFO", logger="headstart")
@@ -67,7 +68,7 @@ def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_p
     )
     final = summary["final_eval"]
     top1 = [v for k, v in final.items() if k.startswith("eval/top1/")]
-    assert len(top1) == {"medusa": 2, "eagle": 2, "eagle3": 3, "dflash": 3}[kind] and all(
+    assert len(top1) == {"medusa": 2, "eagle": 2, "eagle3": 3, "dflash": 3, "draft_model": 1}[kind] and all(
         0 <= v <= 1 for v in top1
     )
     assert final["eval/accept_len_est"] >= 1.0 and final["eval/predictions"] > 0

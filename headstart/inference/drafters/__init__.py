@@ -73,9 +73,7 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Draft
         return PlainDrafter()
     if isinstance(heads, Drafter):
         return heads
-    # a draft model (headstart.drafts) names its drafter itself: it is not a head kind
-    ref = getattr(heads, "drafter_ref", None) or kinds.get(getattr(heads, "kind", "?")).drafter
-    drafter = kinds.load(ref)
+    drafter = kinds.load(kinds.get(getattr(heads, "kind", "?")).drafter)
     return drafter(heads, vocab_size=vocab_size, depth=depth)
 
 

@@ -1,0 +1,101 @@
+"""A trainable draft model: a small causal LM of the target's own architecture, started as the
+target's first `head.num_layers` decoder layers with its embeddings, final norm and lm_head (a
+truncated copy, untied), then trained on the target's outputs (train/objectives/draft.py: KL to
+the target's next-token distribution). It drafts as a draft model does (`--draft-model`,
+inference/drafters/draft_model.py): tokens in, its own KV cache, no target features.
+
+Where a smaller sibling of the target exists (Llama-3.2-1B for Llama-3.1-8B), pass it as
+`--draft-model` untrained; this kind is the draft for targets that have none (the embedded
+SmolLM2), and the way to fine-tune a draft on the target's own outputs (DistillSpec)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from headstart.heads.checkpoint import HeadCheckpoint
+from headstart.heads.config import HeadConfig
+from headstart.heads.vocab import DraftVocab
+
+
+class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
+    """The draft causal LM (`self.model`, a transformers model of the target's architecture with
+    `num_layers` layers); `forward(input_ids)` gives its final hidden states, `logits` its
+    next-token logits over the target vocabulary."""
+
+    kind = "draft_model"
+    feature_layers: tuple[int, ...] = ()
+    options = ("num_layers",)
+    pack_model = None  # its own packer (inference/drafters/draft_model.py)
+
+    @staticmethod
+    def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
+        """head.num_layers: the target's first layers the draft starts from (fewer: cheaper drafts)."""
+        from headstart.errors import HeadstartError
+
+        layers = int(spec.num_layers or 1)
+        if layers >= target.num_layers:
+            raise HeadstartError(
+                f"head.num_layers={layers}: a draft model needs fewer layers than the target's {target.num_layers}",
+                f"set head.num_layers between 1 and {target.num_layers - 1} (e.g. {max(1, target.num_layers // 4)})",
+            )
+        return {"num_layers": layers, "draft_config": _draft_config(target.model.config.to_dict(), layers)}
+
+    def __init__(self, config: HeadConfig) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        super().__init__()
+        self.config = config
+        settings = dict(config.draft_config or _draft_config(config.target_config, config.num_layers))
+        draft_config = AutoConfig.for_model(settings.pop("model_type"), **settings)
+        self.model = AutoModelForCausalLM.from_config(draft_config)
+        self.init_draft_vocab(config.vocab_size, config.vocab_size, always=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def describe(self) -> str:
+        return f"a trained draft model ({self.config.num_layers} layers)"
+
+    def bind(self, target_model: Any) -> None:
+        """Nothing to attach: the draft owns all its modules."""
+
+    def init_from_target(self, target_model: Any) -> None:
+        """Start as the target cut to its first layers: every tensor of the draft copied from the
+        target's tensor of the same name (the lm_head from the embeddings where the target ties them)."""
+        theirs = target_model.state_dict()
+        embed = target_model.get_input_embeddings().weight
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                source = theirs.get(name)
+                if source is None and name.endswith("lm_head.weight"):
+                    source = embed
+                if source is None or source.shape != tensor.shape:
+                    raise ValueError(f"the target has no tensor {name} of shape {tuple(tensor.shape)}")
+                tensor.copy_(source)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> final hidden states (B, T, H), the lm_head's input."""
+        out = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+
+def _draft_config(target_config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The target's transformers config cut to `layers` layers (per-layer lists too), its lm_head
+    untied (the draft trains its own), its local paths dropped."""
+    config = dict(target_config)
+    config["num_hidden_layers"] = layers
+    for name in ("layer_types", "no_rope_layers"):
+        if isinstance(config.get(name), list):
+            config[name] = config[name][:layers]
+    config["tie_word_embeddings"] = False
+    for key in ("_name_or_path", "_commit_hash", "architectures", "transformers_version"):
+        config.pop(key, None)
+    return config
