@@ -10,6 +10,7 @@ SmolLM2), and the way to fine-tune a draft on the target's own outputs (DistillS
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -96,6 +97,8 @@ def _draft_config(target_config: dict[str, Any], layers: int) -> dict[str, Any]:
         if isinstance(config.get(name), list):
             config[name] = config[name][:layers]
     config["tie_word_embeddings"] = False
-    for key in ("_name_or_path", "_commit_hash", "architectures", "transformers_version"):
+    for key in ("_name_or_path", "_model_name_or_path", "_commit_hash", "architectures", "transformers_version",
+                "id2label", "label2id"):  # fmt: skip
         config.pop(key, None)
-    return config
+    # as config.json will hold it (JSON keys are strings): a resume or warm start compares the two
+    return json.loads(json.dumps(config))

@@ -217,3 +217,27 @@ def test_optim_freeze_keeps_the_named_parameters_at_their_start(target, tmp_path
     bad = _cfg(target.spec, tmp_path / "b", *KINDS["eagle3"], "trackers=[none]", "optim.freeze=[lm_heads]")
     with pytest.raises(HeadstartError, match="lm_heads.*midlayer"):
         train(bad, data=data, target=target)
+
+
+def test_a_trained_draft_model_warm_starts_resumes_and_decodes_exactly(target, tmp_path):
+    """The draft_model kind: its saved config (the draft's transformers config, JSON-shaped) matches
+    a recipe's again, so init_from and --resume take it; it decodes as heads, identical to generate."""
+    from headstart.inference.decoder import SpeculativeDecoder
+
+    data = self_distilled(target, count=20)
+    first = train(_cfg(target.spec, tmp_path / "a", *KINDS["draft_model"], "trackers=[none]", "max_steps=4"),
+                  data=data, target=target)  # fmt: skip
+    again = train(_cfg(target.spec, tmp_path / "b", *KINDS["draft_model"], "trackers=[none]", "max_steps=0",
+                       f"init_from={first['final']}"), data=data, target=target)  # fmt: skip
+    assert again["steps"] == 0
+    more = _cfg(target.spec, tmp_path / "a", *KINDS["draft_model"], "trackers=[none]", "max_steps=6")
+    assert train(more, data=data, target=target, resume=True)["steps"] == 6
+    heads = load_heads(tmp_path / "a" / "final", target)
+    ids = target.chat.user_prompt_ids("hello there")
+    out = SpeculativeDecoder(target, heads, tree="chain:3").generate(
+        [ids], max_new_tokens=12, eos_token_id=None
+    )
+    x = torch.tensor([ids])
+    want = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()  # fmt: skip
+    assert out.token_ids[0] == want
