@@ -19,6 +19,9 @@ from tqdm.auto import tqdm
 from headstart.bench.methods import Method, Run
 from headstart.bench.questions import Question
 
+SPECULATIVE = ("headstart:", "draft:")
+"""Method-name prefixes of the drafting methods: heads (`--heads`) and draft models (`--draft-model`)."""
+
 
 @dataclass
 class Record:
@@ -143,12 +146,12 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
         new = sum(r.new_tokens for r in rows)
         wall = sum(r.wall_s for r in rows)
         forwards = sum(r.target_forwards for r in rows)
-        speculative = name.startswith("headstart:")
+        speculative = name.startswith(SPECULATIVE)
         same = [r.token_ids == reference[key] for r in rows if (key := (r.question_id, r.turn)) in reference]
         summary[name] = {
             "tokens_per_s": new / wall if wall else 0.0,
             "speedup": None,
-            # tau: mean tokens committed per verify forward, bonus token included (heads only;
+            # tau: mean tokens committed per verify forward, bonus token included (drafters only;
             # the prefill forward, which commits the first token, is not a verify step)
             "tau": _mean([n for r in rows for n in r.accept_lengths]) if speculative else None,
             "tokens_per_forward": new / forwards if forwards else None,
@@ -164,6 +167,6 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
     plain = summary.get("plain", {}).get("tokens_per_s")
     for name, figures in summary.items():
         figures["speedup"] = figures["tokens_per_s"] / base if base else None
-        speculative = name.startswith("headstart:")
+        speculative = name.startswith(SPECULATIVE)
         figures["over_plain"] = figures["tokens_per_s"] / plain if plain and speculative else None
     return summary
