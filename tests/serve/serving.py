@@ -39,7 +39,8 @@ class Server:
         self.port = free_port()
         self.model = str(target)
         cmd = [sys.executable, "-m", "headstart", "serve", "--target", str(target), "--port", str(self.port),
-               "--threads", "1", *(["--heads", str(heads)] if heads else ["--no-heads"]), *extra]  # fmt: skip
+               "--threads", "1", *(["--heads", str(heads)] if heads else [] if "--draft-model" in extra else
+                                    ["--no-heads"]), *extra]  # fmt: skip
         if (
             heads and "--speculate" not in extra and "--tree" not in extra
         ):  # the random heads, not calibration's verdict

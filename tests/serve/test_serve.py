@@ -350,3 +350,36 @@ def test_metrics_count_speculative_and_plain_steps(server, tiny_llama, heads, tm
         assert counted["plain"] > 0 and counted["speculative"] == 0
     finally:
         assert plain.stop() == 0, plain.output()
+
+
+def test_a_server_drafting_with_a_draft_model_answers_as_the_target(tiny_llama, tmp_path):
+    """`serve --draft-model early-exit:1`: the target's first layer drafts for every lane; greedy
+    replies, alone and concurrent, are transformers' `generate`'s."""
+    from headstart.targets import load_target
+
+    target = load_target(str(tiny_llama))
+    srv = Server(tiny_llama, None, tmp_path, "--draft-model", "early-exit:1", "--max-batch", "4")
+    try:
+        client = srv.client()
+        assert "early exit after layer 1" in srv.output()  # the mode line at start-up
+        replies: dict[str, str] = {}
+
+        def ask(prompt: str) -> None:
+            replies[prompt] = client.completions.create(model=srv.model, prompt=prompt, max_tokens=16,
+                                                        temperature=0).choices[0].text  # fmt: skip
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in PROMPTS[:4]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for prompt in PROMPTS[:4]:
+            ids = target.chat.encode_raw(prompt)
+            x = torch.tensor([ids])
+            out = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                                        eos_token_id=list(target.eos_token_ids), pad_token_id=0)  # fmt: skip
+            assert replies[prompt] == target.tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True), (
+                prompt
+            )
+    finally:
+        assert srv.stop() == 0, srv.output()
