@@ -97,7 +97,7 @@ def test_the_kept_prefix_is_learnt_from_lone_prompts_and_reused_in_part(tmp_path
     assert rows.layers[0].keys.shape[2] == 6  # the first 6 entries of the kept 20, per row
 
 
-@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash", "medusa"])
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dflash", "medusa", "early-exit"])
 def test_a_drafter_after_a_shared_prefix_sees_the_whole_prompt(tmp_path, kind):
     """With draft heads the target runs only each prompt's rest after the kept prefix, and the
     drafter still observes the whole prompt: its first drafts equal those after whole-prompt
@@ -114,6 +114,10 @@ def test_a_drafter_after_a_shared_prefix_sees_the_whole_prompt(tmp_path, kind):
     target = load_target(str(path), device="cpu", dtype="float32")
     if kind == "medusa":
         heads = RandomMedusa(target.hidden_size, target.vocab_size, num_heads=3)
+    elif kind == "early-exit":  # a draft model (headstart/drafts.py): it reads the prompt's tokens
+        from headstart.drafts import early_exit
+
+        heads = early_exit(target, 1)
     elif kind == "dflash":
         counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
         heads = build_head(
