@@ -17,7 +17,7 @@ from headstart.commands.common import (
     check_generation_args,
     load_target_from_args,
 )
-from headstart.commands.generate import Decoding, add_decoding_arguments, check_utf8, stats_line
+from headstart.commands.generate import add_decoding_arguments, check_utf8, decoding_from_args, stats_line
 from headstart.errors import HeadstartError
 
 
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             "this target's tokenizer has no chat template",
             "pass --chat-template FILE (a Jinja chat template), or use `headstart generate --raw`",
         )
-    decoding = Decoding(args, target)
+    decoding = decoding_from_args(args, target)
     system = [{"role": "system", "content": args.system}] if args.system else []
     messages = list(system)
     interactive = sys.stdin.isatty()
@@ -90,7 +90,7 @@ def read_line(interactive: bool) -> str | None:
         return None
 
 
-def turn(target: Any, decoding: Decoding, messages: list[dict[str, str]], text: str) -> tuple[str, dict]:
+def turn(target: Any, decoding: Any, messages: list[dict[str, str]], text: str) -> tuple[str, dict]:
     """One user message answered after `messages` (left unchanged): (reply text, stats)."""
     from transformers import TextStreamer
 

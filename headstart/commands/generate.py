@@ -121,63 +121,17 @@ def prompt_ids(target: Any, prompt: str, raw: bool, what: str = "--prompt") -> l
     return target.chat.encode_raw(prompt) if raw else target.chat.user_prompt_ids(prompt)
 
 
-class Decoding:
-    """One place that decodes token ids for `generate` and `chat`: speculative or plain, assembled by
-    `headstart.speculator.load_speculator` from --heads/--no-heads, --tree, --typical, --compile."""
+def decoding_from_args(args: argparse.Namespace, target: Any) -> Any:
+    """The Decoding (headstart/decoding.py) the flags of `generate`, `chat` and `serve` ask for."""
+    from headstart.decoding import DecodeOptions, Decoding
 
-    def __init__(self, args: argparse.Namespace, target: Any) -> None:
-        from headstart.inference.captured import wants_capture
-        from headstart.speculator import load_speculator
-
-        self.args, self.target = args, target
-        self.sampling = sampling_from_args(args)
-        capture = wants_capture(getattr(args, "compile", "off"), target.device)
-        self.speculator = load_speculator(target, args.heads, args.tree, plain=args.no_heads,
-                                          greedy=self.sampling.greedy, typical=args.typical, compile=capture,
-                                          calibrate=getattr(args, "speculate", "auto") == "auto",
-                                          draft_model=getattr(args, "draft", None),
-                                          draft_larger_ok=getattr(args, "draft_larger_ok", False))  # fmt: skip
-        self.heads = self.speculator.heads
-        # plain decoding runs transformers' generate (the reference) unless compiled (the same
-        # captured verify); when calibration set the heads aside, headstart's own lean plain loop
-        # (inference.plain.cached_generate), the one it measured them against
-        self.lean = bool(self.speculator.note) and not capture
-        self.decoder = self.speculator.decoder if self.heads is not None or capture else None
-
-    @property
-    def mode(self) -> str:
-        return self.speculator.mode
-
-    def run(self, batch: list[list[int]], streamer: Any = None) -> list[tuple[list[int], dict[str, Any]]]:
-        """(new token ids, stats) per prompt: each prompt's own figures, and under "batch" the
-        figures of the whole batch (throughput and wall time are shared by its prompts)."""
-        stops = tuple(self.args.stop)
-        if self.decoder is not None:
-            out = self.decoder.generate(batch, sampling=self.sampling, stop_strings=stops, streamer=streamer,
-                                        truncate_prompt=self.args.truncate_prompt)  # fmt: skip
-            whole = out.stats.as_dict()
-            return [(ids, out.stats.row_dict(i) | {"batch": whole}) for i, ids in enumerate(out.token_ids)]
-        from headstart.inference.plain import cached_generate, plain_generate
-        from headstart.inference.prompts import prepare_prompts
-
-        limit = getattr(self.target.config, "max_position_embeddings", None)
-        results = []
-        for ids in batch:
-            prompt = prepare_prompts(
-                [ids], None, 0, self.sampling.max_new_tokens, limit, self.args.truncate_prompt, "cpu"
-            )
-            loop = cached_generate if self.lean else plain_generate
-            result = loop(
-                self.target, prompt.ids[0].tolist(), self.sampling, streamer=streamer, stop_strings=stops
-            )
-            stats = {"new_tokens": result.new_tokens, "tau": 1.0, "tokens_per_s": round(result.tokens_per_s, 2),
-                     "target_forwards": result.target_forwards}  # fmt: skip
-            # plain decoding runs each prompt alone: its batch is itself, with the same fields
-            # as a speculative batch's (one token per forward after the prefill's)
-            whole = stats | {"batch_size": 1, "wall_s": round(result.wall_s, 3),
-                             "accept_length_histogram": {"1": max(result.target_forwards - 1, 0)}}  # fmt: skip
-            results.append((result.token_ids, stats | {"batch": whole}))
-        return results
+    options = DecodeOptions(
+        heads=args.heads, tree=args.tree, plain=args.no_heads, typical=args.typical,
+        compile=getattr(args, "compile", "off"), calibrate=getattr(args, "speculate", "auto") == "auto",
+        draft=getattr(args, "draft", None), draft_larger_ok=getattr(args, "draft_larger_ok", False),
+        stops=tuple(getattr(args, "stop", ()) or ()), truncate_prompt=getattr(args, "truncate_prompt", False),
+    )  # fmt: skip
+    return Decoding(target, sampling_from_args(args), options)
 
 
 def stats_line(stats: dict[str, Any], mode: str) -> str:
@@ -197,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     for name, text in zip(names, args.prompt, strict=True):
         check_utf8(text, name)  # before the load
     target = load_target_from_args(args)
-    decoding = Decoding(args, target)
+    decoding = decoding_from_args(args, target)
     batch = [prompt_ids(target, text, args.raw, name) for name, text in zip(names, args.prompt, strict=True)]
     stream = not args.json and len(batch) == 1
     streamer = TextStreamer(target.tokenizer, skip_prompt=True, skip_special_tokens=True) if stream else None

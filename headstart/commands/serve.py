@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from headstart.commands.common import check_generation_args
-    from headstart.commands.generate import Decoding
+    from headstart.commands.generate import decoding_from_args
     from headstart.serve.app import build_app
     from headstart.serve.metrics import Metrics
     from headstart.serve.scheduler import Scheduler
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         log.warning(
             "warning: %s has no chat template: /v1/chat/completions will refuse requests", target.spec
         )
-    decoding = Decoding(args, target)  # the heads and tree `generate` would take (the tuned one)
+    decoding = decoding_from_args(args, target)  # the heads and tree `generate` would take (the tuned one)
     speculator = decoding.speculator
     context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
     from headstart.targets.exactness import context_note, positions
