@@ -152,7 +152,7 @@ def test_turn_two_prompt_holds_the_method_s_own_answer(tiny_llama, tmp_path):
     from headstart.bench.methods import Run
     from headstart.bench.questions import Question
     from headstart.bench.runner import run_bench
-    from headstart.commands.bench import turn_prompt
+    from headstart.bench.session import turn_prompt
     from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
