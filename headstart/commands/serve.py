@@ -6,10 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
-import math
-import signal
-import threading
-import time
 
 from headstart.commands.common import add_target_arguments, load_target_from_args
 from headstart.commands.generate import add_decoding_arguments
@@ -129,24 +125,7 @@ def check_listen(host: str, port: int) -> None:
             ) from None
 
 
-def thread_server_class() -> type:
-    import contextlib
-
-    import uvicorn
-
-    class ThreadServer(uvicorn.Server):
-        """uvicorn's server in a side thread: the main thread decodes and owns the signals."""
-
-        @contextlib.contextmanager
-        def capture_signals(self):  # noqa: ANN202 - uvicorn's signature
-            yield  # the main thread's handlers set should_exit (see run)
-
-    return ThreadServer
-
-
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from headstart.commands.common import check_generation_args
     from headstart.commands.generate import decoding_from_args
     from headstart.serve.app import build_app
@@ -193,48 +172,7 @@ def run(args: argparse.Namespace) -> int:
                     context=context, max_tokens=min(args.max_tokens or context, context),
                     default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode,
                     allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20), body_timeout=args.body_timeout)  # fmt: skip
-    app = build_app(served)
-    # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
-    # decode loop's, which answers what still runs at --grace with a 503 or an error event. The
-    # margin is wide: on a loaded 2-core host the loop's answer came 3 to over 6 s after --grace
-    # (2026-11-27; not understood yet), and uvicorn's cut at +5 s then turned every 503 into a 500
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=math.ceil(args.grace) + 30, access_log=False)  # fmt: skip
-    server = thread_server_class()(config)
-    http = threading.Thread(target=server.run, name="headstart-http", daemon=True)
-    stopping: dict[str, float] = {}
+    from headstart.serve.lifecycle import serve_until_stopped
 
-    def stop(signum: int, frame: object) -> None:  # SIGTERM / Ctrl-C: stop admitting, let runs finish
-        if "at" not in stopping:
-            stopping["at"] = time.monotonic()
-            scheduler.close()
-            server.should_exit = True  # uvicorn waits up to --grace for open requests, then ends
-        else:
-            server.force_exit = True
-
-    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    http.start()
-    deadline = time.monotonic() + 30
-    while not server.started and http.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not server.started:
-        server.should_exit = True
-        http.join(5)
-        raise HeadstartError(f"cannot listen on {args.host}:{args.port}", "choose another --port or --host")
-    log.info("serving %s as '%s' (%s) on http://%s:%d/v1", target.spec, served.model, decoding.mode, args.host,
-             args.port)  # fmt: skip
-
-    def over() -> bool:
-        if "at" in stopping and time.monotonic() - stopping["at"] > args.grace:
-            scheduler.cancel_running()
-        return not http.is_alive()
-
-    try:
-        scheduler.run(over)  # the decode loop, in the main thread, until the HTTP server has stopped
-    finally:
-        for sig, handler in before.items():
-            signal.signal(sig, handler)
-        scheduler.close()
-        scheduler.cancel_running()
-    log.info("stopped")
-    return 0
+    return serve_until_stopped(build_app(served), scheduler, args.host, args.port, args.grace,
+                               f"serving {target.spec} as '{served.model}' ({decoding.mode})")  # fmt: skip
