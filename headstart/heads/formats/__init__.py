@@ -24,15 +24,24 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from headstart.errors import HeadstartError
 from headstart.heads.files import TUNED_FILE, read_json
+from headstart.heads.formats.common import mismatch, torch_dtype, writer
+
+__all__ = [
+    "FORMATS",
+    "adapter",
+    "detect_format",
+    "export_heads",
+    "mismatch",
+    "read_foreign",
+    "torch_dtype",
+    "writer",
+]
 
 ADAPTERS = {
     "headstart": "headstart.heads.formats.own",
@@ -107,24 +116,6 @@ def export_files(path: Path) -> list[str]:
         return []  # a damaged mark proves nothing: remove nothing
 
 
-def writer(config: dict[str, Any], state: dict[str, torch.Tensor], dtype: str) -> Callable[[Path], None]:
-    """Writes config.json (with its `torch_dtype`) and model.safetensors (floating tensors in
-    `dtype`) into a directory: what every engine format's export is made of."""
-    from safetensors.torch import save_file
-
-    cast = torch_dtype(dtype)
-    config = {**config, "torch_dtype": dtype}
-    state = {
-        k: (v.to(cast) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in state.items()
-    }
-
-    def write(directory: Path) -> None:
-        (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
-
-    return write
-
-
 def is_export(path: Path, fmt: str) -> bool:
     """`path` is an earlier `headstart export --format fmt` (its mark says so and its config.json
     is that format's)."""
@@ -178,19 +169,3 @@ def default_verifier(config: Any) -> str:
     from headstart.targets.gguf import hub_id
 
     return hub_id(config.target) or Path(str(config.target.get("name"))).name
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise HeadstartError(f"unknown dtype '{name}'", "use bfloat16, float16 or float32")
-    return value
-
-
-def mismatch(path: Path, what: str, head: Any, target: Any) -> None:
-    """One line when a published head's `what` differs from the target's."""
-    if head != target:
-        raise HeadstartError(
-            f"{path} was made for a target with {what} {head}, this target has {target}",
-            "load the target the head was trained for",
-        )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headstart.heads.formats import eagle3
+from headstart.heads.formats import eagle3_layout as eagle3
 
 FILES = frozenset({"config.json", "model.safetensors"})
 PREFIX = "midlayer."
@@ -23,7 +23,7 @@ def detects(config: dict[str, Any]) -> bool:
 
 
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
-    from headstart.heads.formats import writer
+    from headstart.heads.formats.common import writer
 
     layer = eagle3.check_exportable(head, "eagle", LAYER_TYPES)
     config = head.config

@@ -23,7 +23,7 @@ def detects(config: dict[str, Any]) -> bool:
 
 
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
-    from headstart.heads.formats import writer
+    from headstart.heads.formats.common import writer
 
     return writer(*_medusa_export(head), dtype)
 
@@ -75,7 +75,7 @@ MEDUSA_REPO = re.compile(r"^(?:medusa_heads?\.)?(\d+)\.(\d+)\.(?:linear\.)?(weig
 
 def _medusa_import(directory: Path, config: dict[str, Any], target: Any) -> Any:
     from headstart.heads.files import read_weights
-    from headstart.heads.formats import mismatch
+    from headstart.heads.formats.common import mismatch
     from headstart.heads.medusa import MedusaHeads
 
     num_heads = int(config.get("medusa_num_heads") or config.get("num_heads") or 0)

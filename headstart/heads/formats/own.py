@@ -18,14 +18,14 @@ def detects(config: dict[str, Any]) -> bool:
 
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
     from headstart.heads.checkpoint import write_checkpoint
-    from headstart.heads.formats import torch_dtype
+    from headstart.heads.formats.common import torch_dtype
 
     return lambda directory: write_checkpoint(directory, head.config, head.state_dict(), torch_dtype(dtype))
 
 
 def load(directory: Path, config: dict[str, Any], target: Any) -> Any:
-    from headstart.heads.build import head_class
+    from headstart.heads import kinds
     from headstart.heads.config import HeadConfig
 
-    read = HeadConfig.read(directory)
-    return head_class(read.kind, read.layout).from_pretrained(directory, target)
+    read = HeadConfig.read(directory)  # (the kind's class by the registry: heads/build.py imports formats)
+    return kinds.get(read.kind).head_class(read.layout).from_pretrained(directory, target)

@@ -14,7 +14,8 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadConfig
-from headstart.heads.formats import dflash, eagle3
+from headstart.heads.formats import dflash_layout as dflash
+from headstart.heads.formats import eagle3_layout as eagle3
 
 FILES = frozenset({"config.json", "model.safetensors"})
 PREFIX = "layers.0."
@@ -27,7 +28,7 @@ def detects(config: dict[str, Any]) -> bool:
 
 
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
-    from headstart.heads.formats import writer
+    from headstart.heads.formats.common import writer
 
     if head.config.kind == "dflash":
         return writer(*dflash_export(head, verifier), dtype)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from headstart.heads.formats import dflash
+from headstart.heads.formats import dflash_layout as dflash
 
 FILES = frozenset({"config.json", "model.safetensors"})
 
@@ -22,7 +22,7 @@ def detects(config: dict[str, Any]) -> bool:
 
 
 def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
-    from headstart.heads.formats import writer
+    from headstart.heads.formats.common import writer
 
     config = dflash.check_exportable(head, "dflash")
     zlab = {

@@ -112,7 +112,7 @@ def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: in
     `target`, every shape checked."""
     from headstart.heads.dflash import DRAFT_ARCH, DFlashHead
     from headstart.heads.files import load_checked, read_weights
-    from headstart.heads.formats import mismatch
+    from headstart.heads.formats.common import mismatch
 
     layer = {k: v for k, v in layer.items() if k not in CONFIG_JUNK}
     if "sliding_attention" in (layer.get("layer_types") or []) or layer.get("use_sliding_window"):

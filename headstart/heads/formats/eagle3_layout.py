@@ -92,7 +92,7 @@ def load_eagle3(directory: Path, fmt: str, config: dict[str, Any], layer: dict[s
     for `target`, every shape checked."""
     from headstart.heads.eagle import Eagle3Head
     from headstart.heads.files import load_checked, read_weights
-    from headstart.heads.formats import mismatch
+    from headstart.heads.formats.common import mismatch
 
     found = {k: bool(config.get(k, False)) for k in EAGLE3_FLAGS}
     unsupported = [k for k, v in found.items() if v and k not in SETTABLE]
