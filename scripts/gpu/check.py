@@ -303,6 +303,7 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     totals = {name: {"tokens": 0, "wall_s": 0.0, "forwards": 0, "same_as_generate": 0, "questions": 0,
                      "diverged_at": []} for name in methods}  # fmt: skip
     reserve = SERVE_NEEDS_S if "serve" in args.sections.split(",") else 0  # serve runs after this section
+    reserve += 15 * len(methods) if args.profile else 0  # the profile runs after the timed questions
     for number, ids in enumerate(prompts):
         if number and report.left() < 30 + 2 * len(methods) + reserve:
             report.log(f"smollm2: stopped after {number - 1} timed questions (time)")
@@ -347,6 +348,45 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
                 f"smollm2: question {number}: "
                 + ", ".join(f"{k} {v['tok_per_s']}" for k, v in summary.items())
             )
+    if args.profile and len(prompts) > 1:
+        profile_methods(methods, prompts[1], args, report)
+
+
+def profile_methods(
+    methods: dict[str, Any], ids: list[int], args: argparse.Namespace, report: Report
+) -> None:
+    """One question of each method under torch.profiler (after its warm-up and timed runs, so no
+    compile is in it): per method, the step's phases (the engine's `headstart.*` ranges) in ms per
+    target forward, and the 25 costliest ops, into OUT/profile.txt; the phases into the report."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = args.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    lines = []
+    for name, run in methods.items():
+        if name.startswith("generate"):
+            continue
+        sync(args.device)
+        with profile(activities=activities) as prof:
+            _, forwards = run(ids)
+            sync(args.device)
+        events = prof.key_averages()
+        phases = {}
+        for event in events:
+            if event.key.startswith("headstart."):
+                device_us = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0))
+                phases[event.key.removeprefix("headstart.")] = {
+                    "host_ms_per_forward": round(event.cpu_time_total / 1e3 / max(forwards, 1), 3),
+                    "device_ms_per_forward": round(device_us / 1e3 / max(forwards, 1), 3),
+                }
+        report.put("profile", name, {"forwards": forwards, "phases": phases})
+        report.log(
+            f"profile {name}: " + ", ".join(f"{k} {v['host_ms_per_forward']} ms" for k, v in phases.items())
+        )
+        lines += [f"== {name}: {forwards} target forwards", json.dumps(phases, indent=1),
+                  events.table(sort_by=sort, row_limit=25), ""]  # fmt: skip
+        (args.out / "profile.txt").write_text("\n".join(lines))
 
 
 # ---- headstart serve under load -----------------------------------------------------------------
@@ -432,6 +472,12 @@ def main() -> int:
         default="generate,generate_static_compiled,plain_eager,plain_captured,medusa_eager,medusa_captured,"
         "eagle3_eager,eagle3_captured",
         help="smollm2's methods, comma-separated (generate, the reference, always runs)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed questions, profile one question of each method (torch.profiler): where a "
+        "step's time goes, by phase (headstart.draft/verify/accept/commit) and by op, into OUT/profile.txt",
     )
     parser.add_argument("--dry-run", action="store_true", help="the CPU, tiny shapes, 2 questions, 16 tokens")
     args = parser.parse_args()

@@ -26,7 +26,12 @@
 # out (5 s a question), and DECODE_DTYPE=float32 (the default) asks first whether the captured
 # path is exact where rounding cannot flip a near-tie. Seed = the window's number (the ledger's
 # count + 1): each window shuffles the data anew.
-# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, DECODE_DTYPE, TRAIN_ARGS (more recipe overrides),
+# PROFILE=1 (the plan for the next window, 2026-11-28): the decode check runs again, 3 timed
+# questions and then one question of each method under torch.profiler (scripts/gpu/check.py
+# --profile: OUT/profile.txt, the engine's draft/verify/accept/commit ranges per target forward and
+# the costliest ops), to see where an EAGLE-3 round's 16-19 ms go against a plain captured step's
+# 4.7 (the fp32 report: 0.64-0.70x plain captured); the window then trains for what is left.
+# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
 # DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
 #   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on \
@@ -69,11 +74,14 @@ device() {
   [[ $DEVICE == cpu ]] && cpu=(cpu=true) && dry=(--dry-run --questions "${QUESTIONS:-.gpu/questions.jsonl}")
   read -r -a args <<< "${TRAIN_ARGS:-}"
   # 1. the decode check, cut at DECODE_S whatever it is doing (its JSON is rewritten per question)
+  # PROFILE=1: the check with --profile on 3 timed questions (where a speculative round's time goes)
+  local profile=()
+  [[ ${PROFILE:-0} == 1 ]] && profile=(--profile --num-questions 3) && DECODE=on
   if decode_wanted; then
     timeout -k 10 "$DECODE_S" python3 scripts/gpu/check.py --out "$OUT" --sections smollm2 --target "$target" \
-      --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" --dtype "$DECODE_DTYPE" "${dry[@]}" > runs/decode.log 2>&1 \
-      || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
-    grep -E "question|warm-up|FAILED|stopped|skipped" runs/decode.log | tail -n 12 || true
+      --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" --dtype "$DECODE_DTYPE" "${profile[@]}" "${dry[@]}" \
+      > runs/decode.log 2>&1 || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
+    grep -E "question|warm-up|FAILED|stopped|skipped|profile" runs/decode.log | tail -n 16 || true
   fi
   # 2. the window: seed = its number, a time budget of what the call has left
   local window left code=0
