@@ -34,6 +34,7 @@ declare -A VARIANTS=(
   [muon]="optim.name=muon"                              # Muon's rate scaled to AdamW's (match_rms_adamw)
   [muon2e3]="optim.name=muon optim.lr=2e-3"
   [muon4e3]="optim.name=muon optim.lr=4e-3"
+  [muon8e3]="optim.name=muon optim.lr=8e-3"             # the sweep went on rising at 4e-3
   [muon5e4]="optim.name=muon optim.lr=5e-4"
   [wsd]="optim.schedule=wsd optim.decay=0.2"
   [inittarget]="head.init_layers=target"                # the draft layer starts as target layer 27
@@ -42,7 +43,7 @@ declare -A VARIANTS=(
   [tapsdeep]="head.feature_layers=[2,15,28]"            # one layer deeper each
 )
 ORDER=(base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall
-       adamw5e4 adamw2e3 adamw4e3 muon muon2e3 muon4e3 muon5e4 wsd inittarget tttflat ttt6 tapsdeep)
+       adamw5e4 adamw2e3 adamw4e3 muon muon2e3 muon4e3 muon8e3 muon5e4 wsd inittarget tttflat ttt6 tapsdeep)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
