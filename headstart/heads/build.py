@@ -45,15 +45,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
     fields = {"draft_vocab_size": spec.draft_vocab_size or vocab}
     layout = spec.layout if spec.layout in kind.heads else "fc"  # the recipe's default suits eagle3 only
     fields.update(kind.head_class(layout).spec_fields(spec, target))
-    return HeadConfig(
-        kind=spec.kind,
-        hidden_size=target.hidden_size,
-        vocab_size=vocab,
-        target=dict(target.fingerprint),
-        target_config=target.model.config.to_dict(),
-        feature_layers=layers,
-        **fields,
-    )
+    return HeadConfig.for_target(target, spec.kind, feature_layers=layers, **fields)
 
 
 def draft_vocab(token_counts: torch.Tensor, size: int) -> torch.Tensor:

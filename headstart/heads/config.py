@@ -205,6 +205,18 @@ class HeadConfig:
             )
         kind.head_class(self.layout).check_config(self)
 
+    @classmethod
+    def for_target(cls, target: Any, kind: str, **fields: Any) -> HeadConfig:
+        """A config of a `kind` head on `target` (a headstart Target): the target's sizes,
+        fingerprint and transformers config filled in, the rest from `fields`."""
+        base = {
+            "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size,
+            "target": dict(target.fingerprint),
+            "target_config": target.model.config.to_dict(),
+        }
+        return cls(kind=kind, **(base | fields))
+
     def portable(self) -> HeadConfig:
         """This config as it may leave the machine (export, push): a target loaded from a local
         folder or file is named by that folder's name, not this machine's path."""

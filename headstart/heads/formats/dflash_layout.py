@@ -146,12 +146,9 @@ def load_dflash(directory: Path, fmt: str, layer: dict[str, Any], block_size: in
     if draft_vocab == target.vocab_size:
         weights.pop("d2t", None), weights.pop("t2d", None)
     layers = int(layer.get("num_hidden_layers", 0))
-    config = HeadConfig(
-        kind="dflash",
-        hidden_size=target.hidden_size,
-        vocab_size=target.vocab_size,
-        target=dict(target.fingerprint),
-        target_config=target.model.config.to_dict(),
+    config = HeadConfig.for_target(
+        target,
+        "dflash",
         num_layers=layers,
         feature_layers=list(feature_layers),
         block_size=block_size,

@@ -125,12 +125,11 @@ def load_eagle3(directory: Path, fmt: str, config: dict[str, Any], layer: dict[s
     state = {k: v for k, v in state.items() if not k.startswith("verifier_")}
     layer.setdefault("model_type", "llama")
     draft = int(config.get("draft_vocab_size") or target.vocab_size)
-    head_config = HeadConfig(
-        kind="eagle3",
+    head_config = HeadConfig.for_target(  # the draft layer's own config and width, as published
+        target,
+        "eagle3",
         layout="reference",
         hidden_size=hidden,
-        vocab_size=target.vocab_size,
-        target=dict(target.fingerprint),
         target_config={k: v for k, v in layer.items() if k not in ("draft_vocab_size", "eagle_config")},
         feature_layers=[int(i) - 1 for i in aux],
         draft_vocab_size=draft,

@@ -101,12 +101,9 @@ def _medusa_import(directory: Path, config: dict[str, Any], target: Any) -> Any:
         if weight.shape != lm.shape or not torch.equal(lm.to(weight.dtype), weight):  # not the target's own
             state.update({f"lm_heads.{k}.weight": weight for k in range(num_heads)})
     token_map = state.pop("token_map", None)
-    head_config = HeadConfig(
-        kind="medusa",
-        hidden_size=target.hidden_size,
-        vocab_size=target.vocab_size,
-        target=dict(target.fingerprint),
-        target_config=target.model.config.to_dict(),
+    head_config = HeadConfig.for_target(
+        target,
+        "medusa",
         num_heads=num_heads,
         num_layers=num_layers,
         shared_lm_head=not any(k.startswith("lm_heads.") for k in state),
