@@ -57,13 +57,14 @@ def test_paired_gap_separates_a_real_gap_from_noise():
     assert paired_gap([10.0], [5.0])[1] == math.inf
 
 
-def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys, slow_plain):
+@pytest.mark.parametrize("kind", ["eagle", "draft_model"])  # a trained draft model is tuned as heads are
+def test_tune_stores_the_fastest_tree(tiny_llama, tmp_path, capsys, slow_plain, kind):
     from headstart.heads import HeadSpec, build_head
     from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
     heads = tmp_path / "heads"
-    build_head(HeadSpec(kind="eagle"), target).save_pretrained(heads)
+    build_head(HeadSpec(kind=kind), target).save_pretrained(heads)
     assert tuned_tree(heads) is None
     args = [
         "tune",
