@@ -1,7 +1,7 @@
 """What `headstart bench` does below its command line: the output rule for a bench folder (its
 mark, --resume of an interrupted run, a finished report never measured over), the run itself
 (methods interleaved prompt by prompt: vanilla, pld, plain, each --heads and --draft-model), and
-`--merge` of finished shards. `headstart/commands/bench.py` parses the flags and calls `bench`."""
+`--merge` of finished shards. `headstart/commands/bench.py` parses the flags and calls `run`."""
 
 from __future__ import annotations
 
@@ -17,12 +17,6 @@ if TYPE_CHECKING:
     from headstart.bench.runner import PromptFn
 
 BASELINES = ("vanilla", "pld", "plain")
-
-
-def bench(args: argparse.Namespace, load_target: Any) -> int:
-    """`headstart bench` with its parsed flags; `load_target()` loads the target they name (called
-    once the output folder and the flags are checked: a first GGUF load takes ~30 s)."""
-    return run(args, load_target)
 
 
 def _baselines(spec: str) -> list[str]:
@@ -249,6 +243,8 @@ def files_marked(out: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace, load_target: Any) -> int:
+    """`headstart bench` with its parsed flags; `load_target()` loads the target they name (called
+    once the output folder and the flags are checked: a first GGUF load takes ~30 s)."""
     if args.merge:
         return merge_run(args)
     if not args.questions:

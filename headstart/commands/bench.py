@@ -79,6 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headstart.bench.session import bench
+    from headstart.bench import session
 
-    return bench(args, lambda: load_target_from_args(args))
+    return session.run(args, lambda: load_target_from_args(args))
