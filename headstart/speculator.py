@@ -151,11 +151,29 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
             + ("--heads" if heads is not None else "--no-heads"),
             "pass one of them",
         )
+    if spec.strip().partition(":")[0] == "lookahead":
+        return _lookahead_speculator(target, spec.strip(), tree, typical, compile)
     choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
     if not greedy:
         choice = choice.for_sampling()
     draft = load_draft_model(spec, target, allow_larger=larger_ok)
     return Speculator(target, draft, None, choice, typical=typical, compile=compile)
+
+
+def _lookahead_speculator(target: Any, spec: str, tree: str | TreeChoice | None, typical: bool,
+                          compile: bool) -> Speculator:  # fmt: skip
+    """Lookahead decoding (`--draft-model lookahead[:window=W,ngram=N,guesses=G]`): its own tree,
+    greedy or sampled alike (every node a deterministic proposal)."""
+    from headstart.inference.drafters.lookahead import Lookahead
+    from headstart.inference.trees.lookahead import parse_lookahead
+
+    if tree is not None:
+        raise HeadstartError(
+            "lookahead decoding builds its own tree each step: --tree does not apply",
+            "drop --tree, or size the lookahead: --draft-model lookahead:window=5,ngram=4,guesses=4",
+        )
+    sizes = parse_lookahead(spec)
+    return Speculator(target, Lookahead(sizes), None, choose_tree(sizes), typical=typical, compile=compile)
 
 
 def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | None]:

@@ -19,8 +19,9 @@ from tqdm.auto import tqdm
 from headstart.bench.methods import Method, Run
 from headstart.bench.questions import Question
 
-SPECULATIVE = ("headstart:", "draft:")
-"""Method-name prefixes of the drafting methods: heads (`--heads`) and draft models (`--draft-model`)."""
+SPECULATIVE = ("headstart:", "draft:", "lookahead")
+"""Method-name prefixes of the drafting methods: heads (`--heads`), draft models (`--draft-model`)
+and the lookahead baseline."""
 
 
 @dataclass

@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from headstart.bench.questions import Question
     from headstart.bench.runner import PromptFn
 
-BASELINES = ("vanilla", "pld", "plain")
+BASELINES = ("vanilla", "pld", "plain", "lookahead")
+"""lookahead: Lookahead decoding at its default sizes (no model; `--draft-model lookahead:...` for others)."""
 
 
 def _baselines(spec: str) -> list[str]:
@@ -280,6 +281,9 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
         methods["pld"] = bench_methods.pld(target, sampling)
     if "plain" in baselines:
         methods["plain"] = bench_methods.plain(target, sampling)
+    if "lookahead" in baselines:
+        speculator = load_speculator(target, greedy=sampling.greedy, draft_model="lookahead")
+        methods["lookahead"] = bench_methods.speculative(speculator.decoder, sampling)
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
     trees = {}
     for spec in heads_specs:

@@ -276,6 +276,8 @@ class Engine:
         self.plain_steps += int(plain)
         with region("headstart.verify"):
             feats = decoder.verify(state, tree, drafter)
+            if hasattr(drafter, "verified"):  # Lookahead: its window's next level is in these logits
+                drafter.verified(tree, feats.logits)
         drafter.end_step()
         self.target_forwards += 1
         with region("headstart.accept"):

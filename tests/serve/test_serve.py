@@ -352,16 +352,21 @@ def test_metrics_count_speculative_and_plain_steps(server, tiny_llama, heads, tm
         assert plain.stop() == 0, plain.output()
 
 
-def test_a_server_drafting_with_a_draft_model_answers_as_the_target(tiny_llama, tmp_path):
-    """`serve --draft-model early-exit:1`: the target's first layer drafts for every lane; greedy
-    replies, alone and concurrent, are transformers' `generate`'s."""
+@pytest.mark.parametrize(("spec", "mode"), [("early-exit:1", "early exit after layer 1"),
+                                            ("lookahead:window=3,ngram=3,guesses=2", "lookahead decoding")])  # fmt: skip
+def test_a_server_drafting_with_a_draft_model_answers_as_the_target(tiny_llama, tmp_path, spec, mode):
+    """`serve --draft-model early-exit:1` (the target's first layer drafts for every lane) and
+    `--draft-model lookahead:...` (each row's own window and pool): greedy replies, alone and
+    concurrent (rows joining and leaving the batch), are transformers' `generate`'s."""
     from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))
-    srv = Server(tiny_llama, None, tmp_path, "--draft-model", "early-exit:1", "--max-batch", "4")
+    srv = Server(
+        tiny_llama, None, tmp_path, "--draft-model", spec, "--max-batch", "4", "--speculate-up-to", "1000"
+    )
     try:
         client = srv.client()
-        assert "early exit after layer 1" in srv.output()  # the mode line at start-up
+        assert mode in srv.output()  # the mode line at start-up
         replies: dict[str, str] = {}
 
         def ask(prompt: str) -> None:

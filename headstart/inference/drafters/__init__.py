@@ -7,7 +7,8 @@ being drafted (`expand`), all batched over rows and frontier nodes. Logits are a
 TARGET vocabulary: an EAGLE-3 draft vocabulary is mapped back through `draft_to_target` (d2t),
 non-draft tokens get -inf. A drafter that reads committed tokens rather than the target's features
 (a draft model) also has `start(first_tokens)`: the prefill hands it each row's first token, the
-one that never comes as a next token.
+one that never comes as a next token. One that learns from the verify's own logits (Lookahead:
+the Jacobi window's next level) has `verified(tree, logits)`, called after each verify.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Draft
         return PlainDrafter()
     if isinstance(heads, Drafter):
         return heads
+    if hasattr(heads, "new_drafter"):  # a drafter of no head kind (Lookahead: nothing to train)
+        return heads.new_drafter(vocab_size, depth)
     drafter = kinds.load(kinds.get(getattr(heads, "kind", "?")).drafter)
     return drafter(heads, vocab_size=vocab_size, depth=depth)
 

@@ -19,10 +19,11 @@ from typing import Any
 
 from headstart.errors import HeadstartError
 from headstart.inference.trees.dynamic import DynamicTree
+from headstart.inference.trees.lookahead import LookaheadTree
 from headstart.inference.trees.lookup import SUFFIX, Lookup, split_lookup
 from headstart.inference.trees.static import TreeBuffers, build_tree, chain, check_tree_size, default_tree
 
-TreeSpec = TreeBuffers | DynamicTree
+TreeSpec = TreeBuffers | DynamicTree | LookaheadTree
 
 
 def _paths_from_json(data: Any, source: str) -> TreeBuffers:
@@ -62,7 +63,7 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
         raise HeadstartError(
             "--tree is empty", "leave it out for the tuned or default tree, or e.g. --tree chain:3"
         )
-    if isinstance(spec, TreeBuffers | DynamicTree):
+    if isinstance(spec, TreeBuffers | DynamicTree | LookaheadTree):  # parsed already
         tree = spec
     elif spec == "dynamic" or spec.startswith("dynamic:"):
         tree = _dynamic(spec.partition(":")[2])
@@ -134,6 +135,8 @@ def choose_tree(spec: str | TreeChoice | TreeSpec | None) -> TreeChoice:
     """Parse a `--tree` value (or take a parsed one): every syntax error is one line, here."""
     if isinstance(spec, TreeChoice):
         return spec
+    if isinstance(spec, LookaheadTree):
+        return TreeChoice(spec.text, spec)
     if spec is None or isinstance(spec, TreeBuffers | DynamicTree):
         return TreeChoice("static" if spec is None else type(spec).__name__, spec)
     if not spec.strip():
