@@ -7,7 +7,7 @@ drafts token trees for the one tree verifier, so the output is exactly the targe
     draft = load_draft_model("HuggingFaceTB/SmolLM2-135M-Instruct", target)   # or "early-exit:8"
     decoder = SpeculativeDecoder(target, draft, tree="chain:4")
 
-Its drafter (headstart/inference/drafters/draft_model.py) is the `draft` head kind's (heads/kinds.py:
+Its drafter (headstart/inference/drafters/draft_model.py) is the `draft` head kind's (headstart/catalogue.py:
 a trained draft, heads/draft.py, drafts the same way): this module never imports the decoder's layers.
 """
 
@@ -42,7 +42,7 @@ class DraftModel:
     """The target's first k layers (early exit); None for a separate model."""
     pack_model: nn.Module | None = None
     """The model whose packed weights its linears use (the target's, for early exit)."""
-    kind = DraftLM.kind  # its drafter is that kind's (heads/kinds.py; heads/draft.py trains one)
+    kind = DraftLM.kind  # its drafter is that kind's (headstart/catalogue.py; heads/draft.py trains one)
 
     @property
     def dtype(self) -> Any:

@@ -1,15 +1,19 @@
 """The package's import graph, read with ast (no third-party tool): no import circle between modules
-(imports inside functions count: a lazy import is still a dependency), and no import from a lower
+(imports inside functions count: a lazy import is still a dependency; so does a registry's
+"headstart.module:attribute" string, imported when first asked for), and no import from a lower
 package up into the command line (`headstart.commands`, `headstart.cli`)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "headstart"
 TOP = ("headstart.cli", "headstart.commands", "headstart.__main__")
 """The command line: only these may import headstart.commands or headstart.cli."""
+REFERENCE = re.compile(r"(headstart(?:\.\w+)+):\w+")
+"""A registry's lazy import: "headstart.inference.drafters.eagle:EagleDrafter" (headstart/catalogue.py)."""
 
 
 def module_name(path: Path) -> str:
@@ -38,7 +42,9 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.update(REFERENCE.fullmatch(node.value).groups() if REFERENCE.fullmatch(node.value) else ())
+        elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -117,11 +123,14 @@ def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):
     (root / "c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from headstart.sub import a\n"
     )
+    (root / "d.py").write_text('REGISTRY = {"x": "headstart.e:Thing"}\n')  # a registry's string
+    (root / "e.py").write_text("import headstart.d\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", root)
     edges = graph()
     assert edges["headstart.sub.a"] == {"headstart.sub.b"} and edges["headstart.sub.b"] == {"headstart.sub.a"}
     assert edges["headstart.c"] == set()  # type-checking imports never run
-    assert cycles(edges) == [["headstart.sub.a", "headstart.sub.b"]]
+    assert edges["headstart.d"] == {"headstart.e"}
+    assert cycles(edges) == [["headstart.d", "headstart.e"], ["headstart.sub.a", "headstart.sub.b"]]
 
 
 def test_no_module_asks_which_kind_of_tree_it_holds():

@@ -38,7 +38,7 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     # a prompt-lookup branch beside the small trees: verified in the same forward, it pays where
     # the output copies from the context (code, quotes, lists)
     looked = [f"{base}+lookup:{k}" for base in ("chain:1", "chain:2", forked(2, 1)) for k in (2, 4)]
-    from headstart.heads import kinds
+    from headstart import kinds
 
     trees = kinds.get(kind).trees if kind in kinds.KINDS else "dynamic"  # a drafter object: autoregressive
     if trees == "static":

@@ -65,8 +65,9 @@ def recorded_target(path: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from headstart import kinds
     from headstart.commands.common import quiet_transformers
-    from headstart.heads import kinds, load_heads
+    from headstart.heads import load_heads
     from headstart.heads.config import HeadConfig
     from headstart.heads.defaults import shipped_heads
     from headstart.heads.formats import export_heads, is_export

@@ -26,7 +26,7 @@ import torch
 @runtime_checkable
 class DraftHead(Protocol):
     kind: str
-    """A registered kind (headstart.heads.kinds)."""
+    """A registered kind (headstart.kinds)."""
     feature_layers: tuple[int, ...]
     """Target layer ids (see headstart.targets.features for the convention) this head reads;
     empty when it only needs `Features.last_hidden` (Medusa, EAGLE-1)."""

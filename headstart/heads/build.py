@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
+from headstart import kinds
 from headstart.errors import HeadstartError
-from headstart.heads import kinds
 from headstart.heads.config import HeadConfig, HeadSpec
 from headstart.targets.features import check_layer_ids, eagle3_layer_ids
 
 
 def head_class(kind: str, layout: str = "fc") -> type:
-    """The nn.Module class of a registered kind (headstart.heads.kinds) in `layout`."""
+    """The nn.Module class of a registered kind (headstart.kinds) in `layout`."""
     return kinds.get(kind).head_class(layout)
 
 

@@ -9,8 +9,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from headstart import kinds
 from headstart.errors import HeadstartError
-from headstart.heads import kinds
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
@@ -24,7 +24,7 @@ class HeadSpec:
     """The head to train, as written in a recipe's `head:` section."""
 
     kind: str = kinds.DEFAULT
-    """A registered head kind (headstart.heads.kinds): medusa (Medusa-1/2), eagle (EAGLE-1/2),
+    """A registered head kind (headstart.kinds): medusa (Medusa-1/2), eagle (EAGLE-1/2),
     eagle3, or dflash (a block drafter: one forward drafts block_size - 1 tokens)."""
     num_heads: int = 3
     """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""

@@ -323,7 +323,7 @@ class TrainConfig:
             raise HeadstartError(f"max_steps must be >= 0, got {self.max_steps}", "set max_steps=1000")
         if self.keep_last < 1:
             raise HeadstartError("keep_last must be >= 1", "set keep_last=2")
-        from headstart.heads import kinds
+        from headstart import kinds
 
         if self.lora.enabled and not kinds.get(self.head.kind).joint_lora:
             joint = [k.name for k in kinds.KINDS.values() if k.joint_lora]

@@ -72,7 +72,7 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None, resume: bool
             f"accelerate config sets gradient_accumulation_steps={ds_accum} but the recipe has grad_accum={cfg.grad_accum}",
             f"set grad_accum={ds_accum} or change the DeepSpeed config",
         )
-    from headstart.heads import kinds
+    from headstart import kinds
 
     loss = "Medusa-2 (joint LoRA)" if cfg.lora.enabled else kinds.get(cfg.head.kind).loss.format(cfg=cfg)
     return {

@@ -44,7 +44,7 @@ def _loader(
 ) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
     dataset = Conversations(p.data, indices, p.cfg.data.max_length)
-    from headstart.heads import kinds
+    from headstart import kinds
 
     # a kind's training step may read its indices from a plan made here, on the host, by the
     # collate (EAGLE-3: train/plan.py): its objective's `planner`

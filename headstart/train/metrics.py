@@ -29,7 +29,7 @@ def flat_config(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def part_names(cfg: Any) -> list[str]:
     """Names of the loss parts an Objective returns, in order (the kind's objective names them)."""
-    from headstart.heads import kinds
+    from headstart import kinds
 
     return kinds.load(kinds.get(cfg.head.kind).objective).parts(cfg)
 
@@ -73,7 +73,7 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
         return {"kind": "eval", "step": step}
     hits = hits.cpu()  # cost: device->host copy
     loss = accelerator.reduce(loss_sum / batches, "mean").item()
-    from headstart.heads import kinds
+    from headstart import kinds
 
     label = kinds.get(cfg.head.kind).metric_step
     offset = 1 if label == "head" else 0

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from headstart.heads import kinds
+from headstart import kinds
 from headstart.targets.features import Features, capture
 from headstart.train.compiled import compiled_features
 from headstart.train.config import TrainConfig
@@ -194,7 +194,7 @@ class Objective(nn.Module):
     def forward(
         self, batch: dict[str, Any], evaluate: bool = False, joint: bool = False
     ) -> dict[str, torch.Tensor]:
-        """The head kind's loss (headstart.heads.kinds: its `objective`) over the batch's features."""
+        """The head kind's loss (headstart.kinds: its `objective`) over the batch's features."""
         loss = kinds.load(kinds.get(self.head.kind).objective)
         full = evaluate or getattr(loss, "full_logits", False) or self.trains_target
         feats = self.features(batch, grad=joint and not evaluate, full_logits=full)

@@ -223,7 +223,7 @@ def initial_head(p: Plan) -> Any:
     saved = load_heads(path, p.target) if foreign else None
     wanted = head_config(p.cfg.head, p.target)
     found = saved.config if saved is not None else HeadConfig.read(path)
-    from headstart.heads import kinds
+    from headstart import kinds
 
     free: tuple[str, ...] = kinds.get(wanted.kind).free_on_init
     # a warm start from the older layout of the same kind (headstart.heads.relayout: EAGLE-3's)

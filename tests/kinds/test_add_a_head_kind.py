@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.heads import kinds
+from headstart import kinds
 
 
 @pytest.fixture
 def toy_registered():
-    from headstart.heads.kinds import HeadKind, register
+    from headstart.kinds import HeadKind, register
 
     register(
         HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE")

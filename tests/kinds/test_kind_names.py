@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from headstart.heads import kinds
+from headstart import kinds
 
 PACKAGE = Path(__file__).resolve().parents[2] / "headstart"
 ALLOWED = {
@@ -18,7 +18,8 @@ ALLOWED = {
         "eagle3",
     ): "--feature-layers' preset: the EAGLE-3 release's taps (also DFlash's default)",
     ("distill/features.py", "eagle3"): "the same preset, parsed",
-    ("heads/kinds.py", "*"): "the registry",
+    ("catalogue.py", "*"): "the registrations",
+    ("kinds.py", "medusa"): "the kind a recipe's head: section gets when it names none",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from headstart.heads import kinds
+from headstart import kinds
 
 
 @pytest.mark.parametrize("name", kinds.names())

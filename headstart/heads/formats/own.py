@@ -24,7 +24,7 @@ def export(head: Any, verifier: str, dtype: str) -> Callable[[Path], None]:
 
 
 def load(directory: Path, config: dict[str, Any], target: Any) -> Any:
-    from headstart.heads import kinds
+    from headstart import kinds
     from headstart.heads.config import HeadConfig
 
     read = HeadConfig.read(directory)  # (the kind's class by the registry: heads/build.py imports formats)

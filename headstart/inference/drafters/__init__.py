@@ -1,5 +1,5 @@
 """Drafters: the decoder's view of a head, one module per head kind (with its compiled steps),
-found through the kind registry (headstart.heads.kinds).
+found through the kind registry (headstart.kinds).
 
 A drafter sees the target's features of every newly committed position (`observe`), gives the
 draft logits of the root's children (`root_logits`), and expands frontier nodes of the tree
@@ -65,10 +65,10 @@ class CompiledDrafter(Drafter, Protocol):
 
 
 def make_drafter(heads: Any, vocab_size: int, depth: int | None = None) -> Drafter:
-    """The drafter for `heads`: its kind's (headstart.heads.kinds), plain decoding for None; an
+    """The drafter for `heads`: its kind's (headstart.kinds), plain decoding for None; an
     object that already is a Drafter (a scripted test drafter) is used as is. `depth`: how deep the
     tree drafts (None: as deep as the heads can)."""
-    from headstart.heads import kinds
+    from headstart import kinds
 
     if heads is None:
         return PlainDrafter()

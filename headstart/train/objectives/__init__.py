@@ -1,4 +1,4 @@
-"""One training objective a head kind (headstart.heads.kinds registers each by "module:function"):
+"""One training objective a head kind (headstart.kinds registers each by "module:function"):
 `loss(objective, feats, batch, evaluate, joint) -> {"loss", "parts"[, "hits"]}`, where
 `objective` is train/objective.py's Objective (the head, the recipe, the target's lm_head rows).
 A function with `full_logits = True` reads the target's logits at every position; one with a

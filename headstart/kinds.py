@@ -1,11 +1,12 @@
 """Head kinds, registered by name: where each kind's pieces live in every layer. A new kind adds
 its files (a head module, a drafter module, a training objective, a format adapter if it has one)
-and ONE `register(HeadKind(...))` line; nothing else in the package names kinds
-(docs/developer/add-a-head-kind.md).
+and ONE `register(HeadKind(...))` line in headstart/catalogue.py; nothing else in the package
+names kinds (docs/developer/add-a-head-kind.md).
 
-The pieces above this package (the drafter in inference/, the objective in train/) are named by
-"module:attribute" and imported when first asked for, so heads/ never imports the layers that use
-it."""
+This module is the registry alone, a leaf: every layer may ask it (heads/config.py checks a
+recipe's kind, the decoder finds a drafter) without importing any kind. The pieces are named by
+"module:attribute" and imported when first asked for; the registrations that name them live one
+level up, in the catalogue, which `import headstart` runs (strings only: it loads nothing heavy)."""
 
 from __future__ import annotations
 
@@ -84,10 +85,3 @@ def load(ref: str) -> Any:
     """The attribute a "module:attribute" reference names."""
     module, _, attribute = ref.partition(":")
     return getattr(importlib.import_module(module), attribute)
-
-
-register(HeadKind("medusa", {"fc": "headstart.heads.medusa:MedusaHeads"}, "headstart.inference.drafters.medusa:MedusaDrafter", "headstart.train.objectives.medusa:medusa_loss", "Medusa-1 (per-head CE)", ("medusa", "headstart"), metric_step="head", trees="static", joint_lora=True, free_on_init=("draft_vocab_size",)))  # fmt: skip
-register(HeadKind("eagle", {"fc": "headstart.heads.eagle:EagleHead"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle1_loss", "EAGLE-1 (SmoothL1 features + CE)"))  # fmt: skip
-register(HeadKind("eagle3", {"fc": "headstart.heads.eagle:Eagle3FcHead", "reference": "headstart.heads.eagle:Eagle3Head"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle3_loss", "EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)", ("speculators", "eagle", "headstart"), reads_layers=True, taps=(3, 3)))  # fmt: skip
-register(HeadKind("dflash", {"fc": "headstart.heads.dflash:DFlashHead"}, "headstart.inference.drafters.dflash:DFlashDrafter", "headstart.train.objectives.dflash:dflash_loss", "DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, {cfg.loss.dflash_labels} CE, slot decay)", ("speculators", "dflash", "headstart"), reads_layers=True, taps=(1, None), trees="block"))  # fmt: skip
-register(HeadKind("draft_model", {"fc": "headstart.heads.draft:DraftLM"}, "headstart.inference.drafters.draft_model:DraftModelDrafter", "headstart.train.objectives.draft:draft_loss", "KL to the target's next-token distribution (a draft model of {cfg.head.num_layers} layers)", metric_step="step", trees="dynamic"))  # fmt: skip

@@ -1,0 +1,14 @@
+"""The built-in head kinds, registered by name (SpecForge's builtin.py): the one place that names
+where each kind's head, drafter and objective live. `import headstart` runs it, so the registry
+(headstart/kinds.py) knows them before anything asks; the references are strings, imported when a
+kind is first used, so this costs no import of torch. The import-graph test reads each reference
+as an edge from here: this module sits above every kind's files, the registry below them all.
+A new kind: its files, and one line here (docs/developer/add-a-head-kind.md)."""
+
+from headstart.kinds import HeadKind, register
+
+register(HeadKind("medusa", {"fc": "headstart.heads.medusa:MedusaHeads"}, "headstart.inference.drafters.medusa:MedusaDrafter", "headstart.train.objectives.medusa:medusa_loss", "Medusa-1 (per-head CE)", ("medusa", "headstart"), metric_step="head", trees="static", joint_lora=True, free_on_init=("draft_vocab_size",)))  # fmt: skip
+register(HeadKind("eagle", {"fc": "headstart.heads.eagle:EagleHead"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle1_loss", "EAGLE-1 (SmoothL1 features + CE)"))  # fmt: skip
+register(HeadKind("eagle3", {"fc": "headstart.heads.eagle:Eagle3FcHead", "reference": "headstart.heads.eagle:Eagle3Head"}, "headstart.inference.drafters.eagle:EagleDrafter", "headstart.train.objectives.eagle:eagle3_loss", "EAGLE-3 training-time test ({cfg.loss.ttt_steps} steps)", ("speculators", "eagle", "headstart"), reads_layers=True, taps=(3, 3)))  # fmt: skip
+register(HeadKind("dflash", {"fc": "headstart.heads.dflash:DFlashHead"}, "headstart.inference.drafters.dflash:DFlashDrafter", "headstart.train.objectives.dflash:dflash_loss", "DFlash blocks of {cfg.head.block_size} ({cfg.loss.dflash_anchors} anchors a conversation, {cfg.loss.dflash_labels} CE, slot decay)", ("speculators", "dflash", "headstart"), reads_layers=True, taps=(1, None), trees="block"))  # fmt: skip
+register(HeadKind("draft_model", {"fc": "headstart.heads.draft:DraftLM"}, "headstart.inference.drafters.draft_model:DraftModelDrafter", "headstart.train.objectives.draft:draft_loss", "KL to the target's next-token distribution (a draft model of {cfg.head.num_layers} layers)", metric_step="step", trees="dynamic"))  # fmt: skip
