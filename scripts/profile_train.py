@@ -65,6 +65,10 @@ PHASES = [
     # since the per-kind objectives (train/objectives/): EAGLE-3's step binds these by name
     ("headstart.train.objectives.eagle", "unroll_scored", "unroll"),
     ("headstart.train.objectives.eagle", "fused_ttt_loss", "loss"),
+    # since EAGLE's training folder (train/objectives/eagle/): the unroll's masks and the unfused loss
+    ("headstart.train.objectives.eagle.unroll", "additive", "masks"),
+    ("headstart.train.objectives.eagle.unroll", "ttt_masks", "masks"),
+    ("headstart.train.objectives.eagle.loss_terms", "ttt_loss_at", "loss"),
 ]
 SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__")
 

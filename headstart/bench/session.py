@@ -259,14 +259,11 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
         return nothing_to_resume(args)
     import torch
 
-    from headstart.bench import methods as bench_methods
     from headstart.bench.questions import load_questions
     from headstart.bench.report import build_report, write_report
-    from headstart.bench.runner import partial_path, run_bench
+    from headstart.bench.runner import run_bench
     from headstart.bench.shards import select_shard
-    from headstart.heads.defaults import shipped_heads
     from headstart.inference.plain import SamplingConfig
-    from headstart.speculator import load_speculator
 
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
@@ -276,28 +273,7 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
     questions = select_shard(every, args.shard)
     target = load_target()
     torch.manual_seed(args.seed)
-    methods = {"vanilla": bench_methods.vanilla(target, sampling)}
-    if "pld" in baselines:
-        methods["pld"] = bench_methods.pld(target, sampling)
-    if "plain" in baselines:
-        methods["plain"] = bench_methods.plain(target, sampling)
-    if "lookahead" in baselines:
-        speculator = load_speculator(target, greedy=sampling.greedy, draft_model="lookahead")
-        methods["lookahead"] = bench_methods.speculative(speculator.decoder, sampling)
-    heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
-    trees = {}
-    for spec in heads_specs:
-        label, name = _label(spec)
-        # resolved (a Hub id downloaded) and loaded once; the tree `headstart tune` stored, unless --tree
-        speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy)
-        methods[f"headstart:{label}"] = bench_methods.speculative(speculator.decoder, sampling)
-        trees[f"headstart:{label}"] = speculator.tree.text if speculator.tree else "static"
-    heads_methods = list(methods)[len(baselines) :]
-    drafts = _drafts(args)
-    for name, spec in drafts.items():
-        speculator = load_speculator(target, tree=args.tree, greedy=sampling.greedy, draft_model=spec)
-        methods[name] = bench_methods.speculative(speculator.decoder, sampling)
-        trees[name] = speculator.tree.text if speculator.tree else "static"
+    methods, trees, heads, drafts = _methods(args, target, sampling, baselines)
     prompt = turn_prompt(target, args.max_new_tokens)
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement
@@ -313,7 +289,7 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "heads": {name: spec for name, spec in zip(heads_methods, heads_specs, strict=True)},
+        "heads": heads,
         **({"drafts": drafts} if drafts else {}),
         "trees": trees,
         "methods": list(methods),
@@ -325,22 +301,62 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
         records = run_bench(methods, questions, prompt, out / "outputs.jsonl", warmup=args.warmup, done=done)
     except HeadstartError:  # e.g. a later turn past the context: --resume could not fix it
         if fresh:  # this run's files only: nothing half-written (Ctrl-C keeps them to resume)
-            for name in (
-                partial_path(out / "outputs.jsonl"),
-                out / "outputs.jsonl",
-                out / RUN_CONFIG,
-                out / BENCH_MARK,
-            ):
-                name.unlink(missing_ok=True)
-            if created and out.is_dir() and not any(out.iterdir()):
-                with contextlib.suppress(OSError):
-                    out.rmdir()
+            _remove_run(out, created)
         raise
     report = build_report(config, records, greedy=sampling.greedy)
     write_report(report, out)
     (out / RUN_CONFIG).unlink(missing_ok=True)
     print((out / "report.md").read_text())
     return 0
+
+
+def _methods(args: argparse.Namespace, target: Any, sampling: Any,
+             baselines: list[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str], dict[str, str]]:  # fmt: skip
+    """The methods to measure, in order (baselines, heads, draft models) -> (methods, each
+    drafting method's tree, {headstart:LABEL: heads}, {draft:LABEL: draft})."""
+    from headstart.bench import methods as bench_methods
+    from headstart.heads.defaults import shipped_heads
+    from headstart.speculator import load_speculator
+
+    methods = {"vanilla": bench_methods.vanilla(target, sampling)}
+    if "pld" in baselines:
+        methods["pld"] = bench_methods.pld(target, sampling)
+    if "plain" in baselines:
+        methods["plain"] = bench_methods.plain(target, sampling)
+    if "lookahead" in baselines:
+        speculator = load_speculator(target, greedy=sampling.greedy, draft_model="lookahead")
+        methods["lookahead"] = bench_methods.speculative(speculator.decoder, sampling)
+    heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
+    trees, heads = {}, {}
+    for spec in heads_specs:
+        label, name = _label(spec)
+        # resolved (a Hub id downloaded) and loaded once; the tree `headstart tune` stored, unless --tree
+        speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy)
+        methods[f"headstart:{label}"] = bench_methods.speculative(speculator.decoder, sampling)
+        trees[f"headstart:{label}"] = speculator.tree.text if speculator.tree else "static"
+        heads[f"headstart:{label}"] = spec
+    drafts = _drafts(args)
+    for name, spec in drafts.items():
+        speculator = load_speculator(target, tree=args.tree, greedy=sampling.greedy, draft_model=spec)
+        methods[name] = bench_methods.speculative(speculator.decoder, sampling)
+        trees[name] = speculator.tree.text if speculator.tree else "static"
+    return methods, trees, heads, drafts
+
+
+def _remove_run(out: Path, created: bool) -> None:
+    """A failed fresh run's files (and its folder, when it made it and nothing else is there)."""
+    from headstart.bench.runner import partial_path
+
+    for name in (
+        partial_path(out / "outputs.jsonl"),
+        out / "outputs.jsonl",
+        out / RUN_CONFIG,
+        out / BENCH_MARK,
+    ):
+        name.unlink(missing_ok=True)
+    if created and out.is_dir() and not any(out.iterdir()):
+        with contextlib.suppress(OSError):
+            out.rmdir()
 
 
 RUN_CONFIG = "config.partial.json"

@@ -70,65 +70,14 @@ def _measure(
 
     from headstart.bench.cost import verify_cost_ms
     from headstart.hardware import machine
-    from headstart.inference.plain import SamplingConfig
 
-    sampling = SamplingConfig(max_new_tokens=max_new_tokens)
-    ids = [target.chat.user_prompt_ids(p) for p in prompts]
-    for decoder in [*decoders.values(), *([plain] if plain is not None else [])]:  # warm-up
-        decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
-    reference = {"new_tokens": 0, "wall_s": 0.0, "rates": []}
-    totals = {
-        spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0, "rates": []}
-        for spec in candidates
-    }
-    live = list(candidates)
-    with tqdm(total=len(ids) * (len(candidates) + (plain is not None)), desc="tune", unit="run") as bar:
-        for index, prompt in enumerate(ids):
-            # plain decoding first on even prompts, last on odd ones: no position bias in the pairs
-            order = ([None] if index % 2 == 0 else []) + live + ([None] if index % 2 else [])
-            for spec in order if plain is not None else live:
-                if spec is None:
-                    stats = plain.generate([prompt], sampling=sampling).stats
-                    reference["new_tokens"] += stats.new_tokens
-                    reference["wall_s"] += stats.wall_s
-                    reference["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
-                    bar.update(1)
-                    continue
-                stats = decoders[spec].generate([prompt], sampling=sampling).stats
-                row = totals[spec]
-                row["new_tokens"] += stats.new_tokens
-                row["wall_s"] += stats.wall_s
-                row["committed"] += stats.committed
-                row["steps"] += stats.row_steps
-                row["prompts"] += 1
-                row["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
-                bar.update(1)
-            if index >= 1:
-                kept = _survivors(live, totals, prune)
-                bar.total -= (len(live) - len(kept)) * (len(ids) - index - 1)
-                live = kept
-    results = sorted(
-        (
-            {
-                "tree": spec,
-                "tokens_per_s": row["new_tokens"] / row["wall_s"],
-                "tau": row["committed"] / max(1, row["steps"]),
-                "prompts": row["prompts"],
-            }
-            for spec, row in totals.items()
-        ),
-        key=lambda r: (-r["prompts"], -r["tokens_per_s"]),  # candidates that ran every prompt first
-    )
-    best_rates = totals[results[0]["tree"]]["rates"]
-    within_noise = []
-    for result in results[1:]:
-        gap, se = paired_gap(best_rates, totals[result["tree"]]["rates"])
-        result["behind"], result["behind_se"] = gap, (se if math.isfinite(se) else None)  # None: 1 prompt
-        if not math.isfinite(se) or gap <= 2 * se:
-            within_noise.append(result["tree"])
+    totals, reference = _decode_all(target, decoders, candidates, prompts, max_new_tokens, prune, plain)
+    results, within_noise = _ranked(totals)
     over_plain = None
     if plain is not None:
-        gap, se = paired_gap(best_rates, reference["rates"])  # > 0: the best tree is faster
+        gap, se = paired_gap(
+            totals[results[0]["tree"]]["rates"], reference["rates"]
+        )  # > 0: the best tree is faster
         over_plain = {
             "plain_tokens_per_s": reference["new_tokens"] / max(reference["wall_s"], 1e-9),
             "speedup": results[0]["tokens_per_s"] * reference["wall_s"] / max(reference["new_tokens"], 1),
@@ -148,6 +97,71 @@ def _measure(
         "candidates": results,
         "verify_cost_ms": {str(n): round(ms, 2) for n, ms in verify_cost_ms(target).items()},
     }
+
+
+def _decode_all(target: Any, decoders: dict[str, Any], candidates: list[str], prompts: list[str],
+                max_new_tokens: int, prune: float, plain: Any) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:  # fmt: skip
+    """Every prompt decoded by every live candidate (and plainly, when `plain`), interleaved;
+    candidates far behind are pruned after the second prompt -> (per-candidate totals, plain's)."""
+    from headstart.inference.plain import SamplingConfig
+
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens)
+    ids = [target.chat.user_prompt_ids(p) for p in prompts]
+    for decoder in [*decoders.values(), *([plain] if plain is not None else [])]:  # warm-up
+        decoder.generate([ids[0][:32]], sampling=SamplingConfig(max_new_tokens=8))
+    reference: dict[str, Any] = {"new_tokens": 0, "wall_s": 0.0, "rates": []}
+    totals = {
+        spec: {"new_tokens": 0, "wall_s": 0.0, "committed": 0, "steps": 0, "prompts": 0, "rates": []}
+        for spec in candidates
+    }
+    live = list(candidates)
+    with tqdm(total=len(ids) * (len(candidates) + (plain is not None)), desc="tune", unit="run") as bar:
+        for index, prompt in enumerate(ids):
+            # plain decoding first on even prompts, last on odd ones: no position bias in the pairs
+            order = ([None] if index % 2 == 0 else []) + live + ([None] if index % 2 else [])
+            for spec in order if plain is not None else live:
+                stats = (
+                    (plain if spec is None else decoders[spec]).generate([prompt], sampling=sampling).stats
+                )
+                row = reference if spec is None else totals[spec]
+                row["new_tokens"] += stats.new_tokens
+                row["wall_s"] += stats.wall_s
+                row["rates"].append(stats.new_tokens / max(stats.wall_s, 1e-9))
+                if spec is not None:
+                    row["committed"] += stats.committed
+                    row["steps"] += stats.row_steps
+                    row["prompts"] += 1
+                bar.update(1)
+            if index >= 1:
+                kept = _survivors(live, totals, prune)
+                bar.total -= (len(live) - len(kept)) * (len(ids) - index - 1)
+                live = kept
+    return totals, reference
+
+
+def _ranked(totals: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The candidates fastest first (those that ran every prompt before pruned ones), each behind
+    the best by a paired gap; and the trees within two standard errors of the best."""
+    results = sorted(
+        (
+            {
+                "tree": spec,
+                "tokens_per_s": row["new_tokens"] / row["wall_s"],
+                "tau": row["committed"] / max(1, row["steps"]),
+                "prompts": row["prompts"],
+            }
+            for spec, row in totals.items()
+        ),
+        key=lambda r: (-r["prompts"], -r["tokens_per_s"]),  # candidates that ran every prompt first
+    )
+    best_rates = totals[results[0]["tree"]]["rates"]
+    within_noise = []
+    for result in results[1:]:
+        gap, se = paired_gap(best_rates, totals[result["tree"]]["rates"])
+        result["behind"], result["behind_se"] = gap, (se if math.isfinite(se) else None)  # None: 1 prompt
+        if not math.isfinite(se) or gap <= 2 * se:
+            within_noise.append(result["tree"])
+    return results, within_noise
 
 
 def paired_gap(best: list[float], other: list[float]) -> tuple[float, float]:

@@ -80,3 +80,56 @@ def tune(
     # at all on this hardware, against the plain decoding a run without them gets
     plain = LeanPlain(target)
     return measure_trees(target, decoders, prompts, max_new_tokens, prune, plain)
+
+
+def conclude(report: dict[str, Any], heads: str, dry_run: bool) -> None:
+    """`headstart tune`'s table and verdict on stdout; the best tree stored with `heads` unless
+    `dry_run`, or unless it is slower than plain decoding (a stored tree is what generate and
+    serve decode with)."""
+    import math
+
+    from headstart.tuned import save_tuned, tuned_file
+
+    print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}  behind the best (paired, +- 1 s.e.)")
+    for row in report["candidates"]:
+        gap = ""
+        if "behind" in row:  # the stored gap is a mean log ratio: as a share of the best's speed
+            slower = 1 - math.exp(-row["behind"])
+            se = (
+                "?"
+                if row["behind_se"] is None
+                else f"{100 * math.exp(-row['behind']) * row['behind_se']:.1f}%"
+            )
+            gap = f"{100 * slower:5.1f}% +- {se}"
+        print(f"{row['tree']:<44} {row['tokens_per_s']:>9.2f} {row['tau']:>6.2f}  {gap}")
+    print("verify forward ms by nodes:", report["verify_cost_ms"])
+    plain = report.get("over_plain")
+    if plain:
+        print(
+            f"plain decoding (no drafts, same prompts, interleaved): {plain['plain_tokens_per_s']:.2f} tokens/s; "
+            f"the best tree runs at {plain['speedup']:.2f}x of it"
+        )
+        se = plain["gap_se"]
+        if se is not None and plain["gap"] < -2 * se:
+            print(
+                "note: on this hardware these heads cost more than they save: serve with --no-heads "
+                "(headstart's plain decoding; `generate --no-heads` is transformers' slower generate), or "
+                "train heads that accept more (a verify of k nodes costs the times printed above)"
+            )
+    if report["within_noise"]:
+        print(
+            f"note: {', '.join(report['within_noise'])} ran within this machine's noise of the best "
+            f"(paired per-prompt gap under 2 standard errors over {report['calibration_prompts']} prompts); "
+            "more calibration prompts (--prompts FILE --limit N) or a quieter machine would separate them"
+        )
+    if dry_run:
+        print(f"best: {report['tree']} (not stored: --dry-run)")
+    elif plain and plain["speedup"] < 1.0:  # a stored tree is what generate and serve decode with
+        kept = tuned_file(heads)
+        print(
+            f"best: {report['tree']} runs at {plain['speedup']:.2f}x plain decoding: not stored "
+            + (f"({kept} is kept as it was)" if kept.is_file() else "(no tree stored)")
+            + "; decode with --no-heads on this hardware, or train heads that accept more"
+        )
+    else:
+        print(f"best: {report['tree']} -> stored in {save_tuned(report, heads)}")

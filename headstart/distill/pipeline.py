@@ -151,70 +151,12 @@ def _distill(
     plan = make_plan(target, cfg, done, quiet)
     summary = Summary(skipped=plan.skipped, exhausted=plan.exhausted, datafree=plan.datafree)
     if names and plan.todo:
-        turns = [i.conversation.turns[: cfg.max_turns or None] for i in plan.todo]
-        later = [t for conv in turns for t in conv[1:]]  # user turns after the first (not in prompt_tokens)
-        later_tokens = (
-            sum(len(ids) for ids in target.tokenizer(later, add_special_tokens=False)["input_ids"])
-            if later
-            else 0
-        )
-        # Every reply at --max-new-tokens, plus a few template tokens per turn: an upper bound
-        # (the template's role headers are at most 8 tokens on every template we know).
-        n_turns = sum(len(conv) for conv in turns)
-        tokens = (
-            sum(i.prompt_tokens for i in plan.todo)
-            + later_tokens
-            + n_turns * (cfg.max_new_tokens + 8)
-            + len(later) * 8
-        )
-        check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
+        _check_budget(target, cfg, plan.todo, names)
     writer = ShardWriter(cfg.out)
     engine = make_engine(cfg.engine, target, cfg.batch_size, endpoint(cfg))
     bar = tqdm(total=len(done) + len(plan.todo), initial=len(done), unit="rec", desc="distill", disable=quiet)
-    gen_start, last_flush = time.perf_counter(), time.perf_counter()
-    ready: list[dict[str, Any]] = []  # finished records waiting for their features / the writer
-
-    def publish() -> None:
-        """Hand the finished records (with their features, computed as one batch) to the writer,
-        which publishes a shard each time it holds --shard-size of them (or after flush_seconds)."""
-        nonlocal last_flush
-        feats = (
-            compute_features(target, [r["input_ids"] for r in ready], names, cfg.feature_dtype)
-            if names and ready
-            else None
-        )
-        for k in range(len(ready)):
-            # out of `ready` before it is the writer's: a Ctrl-C in a flush below must not leave it
-            # in both (the `finally` publishes `ready` again: the record was written twice). A
-            # Ctrl-C between the two loses it instead, and a resumed run makes it again.
-            record = ready.pop(0)
-            writer.add(record, feats[k] if feats else None)
-            summary.tokens += len(record["input_ids"])
-            if len(writer) >= cfg.shard_size:
-                writer.flush()
-                last_flush = time.perf_counter()
-        if time.perf_counter() - last_flush > cfg.flush_seconds:
-            writer.flush()
-            last_flush = time.perf_counter()
-
-    def finish(dialogue: Dialogue) -> None:
-        if dialogue.cut:
-            summary.skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
-        if dialogue.unanswered:
-            summary.skipped[
-                "turns without a reply in the data (conversation cut)"
-                if dialogue.generated
-                else "no reply in the data"
-            ] += 1
-        if not dialogue.generated:
-            return
-        record, retokenized = dialogue.record(engine.name)
-        summary.retokenized += retokenized
-        ready.append(record)
-        bar.update(1)  # per record, as it finishes (features and shards follow in batches)
-        # features are computed for a batch of records at once; without them, nothing waits
-        if len(ready) >= (cfg.batch_size if names else 1):
-            publish()
+    out = _Records(target, cfg, names, summary, writer, bar, engine.name)
+    gen_start = time.perf_counter()
 
     def requests() -> Iterator[Request]:
         # Length-sorted within windows (length_batches): rows in flight then have similar prompt
@@ -224,7 +166,7 @@ def _distill(
                 dialogue = Dialogue(item, cfg, target)
                 request = dialogue.next_request()
                 if request is None:
-                    finish(dialogue)
+                    out.finish(dialogue)
                 else:
                     yield request
 
@@ -237,7 +179,7 @@ def _distill(
         following = dialogue.next_request()
         if following is not None:
             return [following]
-        finish(dialogue)
+        out.finish(dialogue)
         bar.set_postfix(tok_s=f"{summary.generated_tokens / (time.perf_counter() - gen_start):.1f}")
         return None
 
@@ -245,7 +187,7 @@ def _distill(
         engine.run(requests(), on_reply)
     finally:
         # Finished records are complete: publish them even when interrupted (Ctrl-C, an error).
-        publish()
+        out.publish()
         writer.flush()
         bar.close()
     summary.generation_s = time.perf_counter() - gen_start
@@ -255,3 +197,82 @@ def _distill(
     result = summary.as_dict()
     atomic_write_bytes(Path(cfg.out) / "summary.json", json.dumps(result, indent=2).encode())
     return result
+
+
+def _check_budget(target: Target, cfg: DistillConfig, todo: list[Any], names: list[str]) -> None:
+    """Refuse before generating when the features of every reply at --max-new-tokens would pass
+    --max-feature-gb."""
+    turns = [i.conversation.turns[: cfg.max_turns or None] for i in todo]
+    later = [t for conv in turns for t in conv[1:]]  # user turns after the first (not in prompt_tokens)
+    later_tokens = (
+        sum(len(ids) for ids in target.tokenizer(later, add_special_tokens=False)["input_ids"])
+        if later
+        else 0
+    )
+    # Every reply at --max-new-tokens, plus a few template tokens per turn: an upper bound
+    # (the template's role headers are at most 8 tokens on every template we know).
+    n_turns = sum(len(conv) for conv in turns)
+    tokens = (
+        sum(i.prompt_tokens for i in todo)
+        + later_tokens
+        + n_turns * (cfg.max_new_tokens + 8)
+        + len(later) * 8
+    )
+    check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
+
+
+class _Records:
+    """Finished conversations on their way out: records, their features computed a batch at a
+    time, then the shard writer."""
+
+    def __init__(self, target: Target, cfg: DistillConfig, names: list[str] | None, summary: Summary,
+                 writer: ShardWriter, bar: Any, engine: str) -> None:  # fmt: skip
+        self.target, self.cfg, self.names, self.summary = target, cfg, names, summary
+        self.writer, self.bar, self.engine = writer, bar, engine
+        self.ready: list[dict[str, Any]] = []  # finished records waiting for their features / the writer
+        self.last_flush = time.perf_counter()
+
+    def publish(self) -> None:
+        """Hand the finished records (with their features, computed as one batch) to the writer,
+        which publishes a shard each time it holds --shard-size of them (or after flush_seconds)."""
+        cfg, ready, writer = self.cfg, self.ready, self.writer
+        feats = (
+            compute_features(self.target, [r["input_ids"] for r in ready], self.names, cfg.feature_dtype)
+            if self.names and ready
+            else None
+        )
+        for k in range(len(ready)):
+            # out of `ready` before it is the writer's: a Ctrl-C in a flush below must not leave it
+            # in both (the `finally` publishes `ready` again: the record was written twice). A
+            # Ctrl-C between the two loses it instead, and a resumed run makes it again.
+            record = ready.pop(0)
+            writer.add(record, feats[k] if feats else None)
+            self.summary.tokens += len(record["input_ids"])
+            if len(writer) >= cfg.shard_size:
+                writer.flush()
+                self.last_flush = time.perf_counter()
+        if time.perf_counter() - self.last_flush > cfg.flush_seconds:
+            writer.flush()
+            self.last_flush = time.perf_counter()
+
+    def finish(self, dialogue: Dialogue) -> None:
+        """A conversation is done: its record (if it has a reply) joins the batch to publish."""
+        skipped = self.summary.skipped
+        if dialogue.cut:
+            skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
+        if dialogue.unanswered:
+            reason = (
+                "turns without a reply in the data (conversation cut)"
+                if dialogue.generated
+                else "no reply in the data"
+            )
+            skipped[reason] += 1
+        if not dialogue.generated:
+            return
+        record, retokenized = dialogue.record(self.engine)
+        self.summary.retokenized += retokenized
+        self.ready.append(record)
+        self.bar.update(1)  # per record, as it finishes (features and shards follow in batches)
+        # features are computed for a batch of records at once; without them, nothing waits
+        if len(self.ready) >= (self.cfg.batch_size if self.names else 1):
+            self.publish()

@@ -46,13 +46,31 @@ def metric_label(path: str) -> str:
 
 
 def build_app(served: Served) -> FastAPI:
+    """The OpenAI-compatible app: refusals in OpenAI's shape, the key and body guards, the model
+    and health routes, the completion routes, the tokenizer's."""
     app = FastAPI(title="headstart serve", docs_url=None, redoc_url=None, openapi_url=None)
-    started = int(time.time())
 
     def refuse(endpoint: str, err: Refused, headers: dict[str, str] | None = None) -> JSONResponse:
         served.metrics.request(metric_label(endpoint), err.status)
         log.warning("%d %s: %s", err.status, endpoint, printable(err.message))
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    def check_model(name: str) -> None:
+        if name != served.model:
+            raise Refused(404, f"model '{name}' is not served here (it serves '{served.model}')", "model",
+                          "model_not_found")  # fmt: skip
+
+    crashed = _add_error_handlers(app, refuse)
+    _add_guards(app, served, refuse, crashed)
+    _add_info_routes(app, served, refuse, check_model)
+    _add_completion_routes(app, served, refuse, check_model)
+    add_tokenizer_routes(app, served, refuse, check_model)
+    return app
+
+
+def _add_error_handlers(app: FastAPI, refuse: Any) -> Any:
+    """Validation errors, unknown paths (404) and methods (405), and bugs (500) answered as
+    OpenAI errors; returns the 500 handler (the guard answers a bug inside CORS with it)."""
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -75,6 +93,13 @@ def build_app(served: Served) -> FastAPI:
         """A bug: a 500 in OpenAI's shape (Starlette's own is a text/plain line), its traceback logged."""
         log.error("500 %s", request.url.path, exc_info=exc)
         return refuse(request.url.path, Refused(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    return crashed
+
+
+def _add_guards(app: FastAPI, served: Served, refuse: Any, crashed: Any) -> None:
+    """The middleware, innermost first: the API key and the JSON content type, the body's size
+    and arrival time, then CORS (outermost, so preflights and refusals get its headers)."""
 
     def check_key(request: Request) -> None:
         if served.api_key is None:
@@ -127,6 +152,11 @@ def build_app(served: Served) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=list(served.allowed_origins),
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], max_age=600)  # fmt: skip
 
+
+def _add_info_routes(app: FastAPI, served: Served, refuse: Any, check_model: Any) -> None:
+    """/health, /metrics, /v1/models and the model's card."""
+    started = int(time.time())
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if served.scheduler.closing:
@@ -152,6 +182,17 @@ def build_app(served: Served) -> FastAPI:
         except Refused as err:
             return refuse("/v1/models/{id}", err)
         return JSONResponse(card())
+
+
+def _add_completion_routes(app: FastAPI, served: Served, refuse: Any, check_model: Any) -> None:
+    """OpenAI's chat and text completions (replies.py answers both)."""
+
+    def note_ignored(endpoint: str, body: Any) -> None:
+        names = protocol.ignored_fields(body)
+        if names:
+            served.metrics.ignored(names)
+            shown = ", ".join(names[:16]) + (f" and {len(names) - 16} more" if len(names) > 16 else "")
+            log.warning("%s: ignored fields headstart does not know: %s", endpoint, printable(shown))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: protocol.ChatRequest, request: Request) -> Any:
@@ -184,21 +225,6 @@ def build_app(served: Served) -> FastAPI:
             return await respond(served, body, asked, request)
         except Refused as err:
             return refuse(endpoint, err)
-
-    def check_model(name: str) -> None:
-        if name != served.model:
-            raise Refused(404, f"model '{name}' is not served here (it serves '{served.model}')", "model",
-                          "model_not_found")  # fmt: skip
-
-    def note_ignored(endpoint: str, body: Any) -> None:
-        names = protocol.ignored_fields(body)
-        if names:
-            served.metrics.ignored(names)
-            shown = ", ".join(names[:16]) + (f" and {len(names) - 16} more" if len(names) > 16 else "")
-            log.warning("%s: ignored fields headstart does not know: %s", endpoint, printable(shown))
-
-    add_tokenizer_routes(app, served, refuse, check_model)
-    return app
 
 
 def validation_refusal(exc: RequestValidationError) -> Refused:

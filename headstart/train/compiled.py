@@ -11,7 +11,7 @@ target's forward 1.7-2.3x and the unroll with its backward 1.25x; no compiled pr
 yet (docs/results/scaling/smollm2-eagle3-train-profile-cpu.md says what is).
 cost: the first batch compiles (~2.5 minutes each graph on that CPU; less on a GPU host's cores).
 The step must be free of host syncs and data-dependent shapes for this: the batch's indices
-come from its host-side plan (headstart.train.plan).
+come from its host-side plan (headstart.train.objectives.eagle.plan).
 """
 
 from __future__ import annotations

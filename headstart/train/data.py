@@ -269,7 +269,7 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.
             ) -> dict[str, Any]:  # fmt: skip
     """Right-pad to the longest item: causal attention never lets a real token see padding.
     `plan`: called on the padded loss mask, its result kept as batch["ttt"] (the EAGLE-3 step's
-    host-side indices, headstart.train.plan: computed here, on the host, they cost no device sync)."""
+    host-side indices, headstart.train.objectives.eagle.plan: computed here, on the host, they cost no device sync)."""
     width = max(len(it["input_ids"]) for it in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)

@@ -7,6 +7,7 @@ import math
 import os
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def _loader(
     from headstart import kinds
 
     # a kind's training step may read its indices from a plan made here, on the host, by the
-    # collate (EAGLE-3: train/plan.py): its objective's `planner`
+    # collate (EAGLE-3: train/objectives/eagle/plan.py): its objective's `planner`
     plan_for = getattr(kinds.load(kinds.get(p.cfg.head.kind).objective), "planner", None)
     planner = plan_for(p.cfg) if train and plan_for is not None else None
     # An own generator: otherwise every new iterator draws its base seed from the global RNG, and a
@@ -222,13 +223,88 @@ class Pace:
         return out
 
 
+@dataclass
+class _Run:
+    """One training run's live state, what the loop's phases share (_start makes it)."""
+
+    cfg: TrainConfig
+    accelerator: Any
+    p: Any  # the plan: target, data, splits, head summary (train/setup.py)
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    train_loader: Any
+    eval_loader: Any
+    out: Path
+    state: dict[str, Any]  # what the resumed checkpoint held ({} for a fresh run)
+    step: int
+    tokens: torch.Tensor  # this process's real tokens, on the device: no sync per step
+    history: list[dict[str, Any]]
+    budget: Budget
+    stop: StopRequest
+    end: int  # the last step: max_steps, or where a wsd decay the time budget placed ends
+    timed_decay: bool
+    bar: Any = None
+    pace: Any = None
+    window: list[torch.Tensor] = field(default_factory=list)  # detached losses since the last log
+    parts_window: list[torch.Tensor] = field(default_factory=list)
+    saved_at: Any = None
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.out / "checkpoints"
+
+
 def _train(
     cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, tqdm: Any, command: str | None,
     budget: Budget, stop: StopRequest,
 ) -> dict[str, Any]:  # fmt: skip
-    if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
-        from headstart.errors import HeadstartError
+    run = _start(cfg, data, resume, target, budget, stop)
+    epoch, skip = divmod(run.step * cfg.grad_accum, len(run.train_loader))
+    run.bar = tqdm(
+        total=run.end,
+        initial=run.step,
+        disable=not run.accelerator.is_local_main_process
+        or progress_off(),  # an explicit disable ignores TQDM_DISABLE
+        desc=f"train {cfg.head.kind}",
+    )
+    start = time.perf_counter()
+    budget.ready()
+    run.pace = Pace(run.accelerator.device)  # the log's step-time table: wall time and tokens per window
+    run.model.train()
+    stop.armed = True  # from here a signal stops the run after its current step
+    try:
+        while run.step < run.end:
+            batches = run.accelerator.skip_first_batches(run.train_loader, skip) if skip else run.train_loader
+            # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
+            # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
+            batches.set_epoch(epoch)
+            skip = 0
+            for batch in batches:
+                joint = cfg.lora.enabled and run.step >= cfg.lora.warmup_steps
+                if not _micro_step(run, batch, joint):
+                    continue
+                stopped = _after_step(run, joint)
+                if stopped is not None:
+                    return stopped
+                if run.step >= run.end:
+                    break
+            epoch += 1
+    except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): at once, from inside a step
+        run.bar.close()
+        raise _stopped_at_once(run) from None
+    finally:
+        stop.armed = False  # the final evaluation and save: a signal interrupts them at once
+    run.bar.close()
+    return _finish(run, start, command)
 
+
+def _start(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, budget: Budget,
+           stop: StopRequest) -> _Run:  # fmt: skip
+    """The accelerator, head, optimizer, loaders and resumed state of a run, trackers started."""
+    from headstart.errors import HeadstartError
+
+    if not resume and checkpoints.checkpoints(Path(cfg.output_dir) / "checkpoints"):
         raise HeadstartError(
             f"{cfg.output_dir} already holds checkpoints of an earlier run",
             "pass --resume to continue it, or set output_dir to a new directory",
@@ -256,11 +332,9 @@ def _train(
     # Not prepared: accelerate would step it once per process; registered so it is checkpointed.
     accelerator.register_for_checkpointing(scheduler)
     out = Path(cfg.output_dir)
-    ckpt_root = out / "checkpoints"
-    state = checkpoints.load_checkpoint(accelerator, ckpt_root) if resume else {}  # check_run_dir: one exists
-    step = int(state.get("step", 0))
-    tokens = torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device)  # this process's count
-    history: list[dict[str, Any]] = list(state.get("history", []))
+    state = (
+        checkpoints.load_checkpoint(accelerator, out / "checkpoints") if resume else {}
+    )  # check_run_dir: one exists
     if accelerator.is_main_process:
         # wandb writes its run folder into the working directory unless told: under the run's logs/
         wandb_dir = {"wandb": {"dir": str(out / "logs")}} if "wandb" in cfg.trackers else {}
@@ -269,163 +343,157 @@ def _train(
         accelerator.init_trackers(
             cfg.tracker_project, config=metrics.flat_config(to_dict(cfg)), init_kwargs=wandb_dir
         )
-    per_epoch = len(train_loader)
-    if per_epoch == 0:
-        from headstart.errors import HeadstartError
-
+    if len(train_loader) == 0:
         raise HeadstartError(
             "the training split is smaller than one global batch", "lower batch_size or add data"
         )
     logging.getLogger("headstart.train").info(
         "head and optimizer ready: start-up took %.1f s", time.perf_counter() - budget.started
     )
-    consumed = step * cfg.grad_accum
-    epoch, skip = divmod(consumed, per_epoch)
-    # the last step: max_steps, or where a wsd decay the time budget placed ends (train/schedule.py)
-    end = getattr(scheduler, "end_step", cfg.max_steps)
-    timed_decay = cfg.optim.schedule == "wsd" and cfg.optim.decay > 0 and budget.deadline is not None
-    bar = tqdm(
-        total=end,
-        initial=step,
-        disable=not accelerator.is_local_main_process
-        or progress_off(),  # an explicit disable ignores TQDM_DISABLE
-        desc=f"train {cfg.head.kind}",
-    )
-    start = time.perf_counter()
-    budget.ready()
-    window: list[torch.Tensor] = []  # detached per-micro-batch losses since the last log: no syncs
-    parts_window: list[torch.Tensor] = []
-    pace = Pace(accelerator.device)  # the log's step-time table: wall time and tokens per window
-    model.train()
-    stop.armed = True  # from here a signal stops the run after its current step
-    try:
-        while step < end:
-            batches = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-            # accelerate's loaders re-seed the sampler from their own pass counter at every __iter__;
-            # pin it to our epoch so a resumed run (a fresh loader) replays the same order.
-            batches.set_epoch(epoch)
-            skip = 0
-            for batch in batches:
-                joint = lora and step >= cfg.lora.warmup_steps
-                with accelerator.accumulate(model):
-                    result = model(batch, joint=joint)
-                    accelerator.backward(result["loss"])
-                    if accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
-                        accelerator.clip_grad_norm_(model.parameters(), cfg.optim.max_grad_norm)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                window.append(result["loss"].detach())
-                parts_window.append(result["parts"].detach())
-                tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
-                pace.add(batch["lengths"], accelerator.sync_gradients)
-                if not accelerator.sync_gradients:
-                    continue
-                scheduler.step()
-                step += 1
-                if (
-                    accelerator.device.type == "cpu"
-                    and cfg.heap_trim_every
-                    and step % cfg.heap_trim_every == 0
-                ):
-                    trim_heap()  # else RSS climbs for hours: see train/heap.py
-                bar.update(1)
-                if step % cfg.log_every == 0 or step == end:
-                    logged = metrics.log_train(
-                        accelerator,
-                        step,
-                        window,
-                        parts_window,
-                        metrics.part_names(cfg),
-                        scheduler.get_last_lr()[0],
-                    )
-                    logged.update(pace.read(accelerator))
-                    history.append(logged)
-                    bar.set_postfix(loss=f"{logged['loss']:.4f}")
-                    check_finite(logged["loss"], step, ckpt_root)
-                    window, parts_window = [], []
-                budget.stepped()
-                if timed_decay and not scheduler.timed and step < end:
-                    end = start_timed_decay(accelerator, scheduler, budget, cfg.optim.decay, step) or end
-                    bar.total = end
-                if eval_loader is not None and (step % cfg.eval_every == 0 or step == end):
-                    since = time.perf_counter()
-                    history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, joint))
-                    model.train()
-                    budget.timed("eval", since)
-                    pace.restart()
-                due = eval_loader is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == end)
-                out_of_time, asked = agreed_stops(accelerator, budget, due, stop, step < end)
-                # the last step saves too: `--resume max_steps=MORE` goes on from the finished head
-                if (cfg.save_every and step % cfg.save_every == 0) or out_of_time or asked or step == end:
-                    since = time.perf_counter()
-                    check_weights_finite(accelerator, model, step, ckpt_root)
-                    extra = {
-                        "tokens": accelerator.reduce(tokens.clone(), "sum").item()
-                        / accelerator.num_processes,
-                        "history": history,
-                        "config": to_dict(cfg),  # what --resume must repeat (checkpoints.check_same_run)
-                    }
-                    saved_at = checkpoints.save_checkpoint(accelerator, ckpt_root, step, extra, cfg.keep_last)
-                    budget.timed("save", since)
-                    pace.restart()
-                if out_of_time:
-                    bar.close()
-                    return stopped_summary(accelerator, cfg, step, history, tokens, state, budget, saved_at)
-                if asked:
-                    bar.close()
-                    from headstart.errors import Interrupted
+    return _Run(
+        cfg, accelerator, p, model, optimizer, scheduler, train_loader, eval_loader, out, state,
+        step=int(state.get("step", 0)),
+        tokens=torch.tensor(float(state.get("tokens", 0.0)), device=accelerator.device),
+        history=list(state.get("history", [])), budget=budget, stop=stop,
+        end=getattr(scheduler, "end_step", cfg.max_steps),  # train/schedule.py
+        timed_decay=cfg.optim.schedule == "wsd" and cfg.optim.decay > 0 and budget.deadline is not None,
+    )  # fmt: skip
 
-                    raise Interrupted(
-                        f"training stopped at step {step} ({stop.signal}); checkpoint {saved_at}",
-                        "rerun the same command with --resume to continue",
-                    )
-                if step >= end:
-                    break
-            epoch += 1
-    except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): at once, from inside a step
-        bar.close()
-        # nothing is saved here: the state inside a step is not one a resume can go on from
-        saved = checkpoints.checkpoints(ckpt_root)
+
+def _micro_step(run: _Run, batch: dict[str, Any], joint: bool) -> bool:
+    """One micro-batch's forward, backward and (when it closes an accumulation) optimizer step;
+    True when an optimizer step was taken."""
+    accelerator, cfg = run.accelerator, run.cfg
+    with accelerator.accumulate(run.model):
+        result = run.model(batch, joint=joint)
+        accelerator.backward(result["loss"])
+        if accelerator.sync_gradients and cfg.optim.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(run.model.parameters(), cfg.optim.max_grad_norm)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    run.window.append(result["loss"].detach())
+    run.parts_window.append(result["parts"].detach())
+    run.tokens += batch["lengths"].sum()  # real (unpadded) tokens, stays on device
+    run.pace.add(batch["lengths"], accelerator.sync_gradients)
+    if not accelerator.sync_gradients:
+        return False
+    run.scheduler.step()
+    run.step += 1
+    if accelerator.device.type == "cpu" and cfg.heap_trim_every and run.step % cfg.heap_trim_every == 0:
+        trim_heap()  # else RSS climbs for hours: see train/heap.py
+    run.bar.update(1)
+    return True
+
+
+def _after_step(run: _Run, joint: bool) -> dict[str, Any] | None:
+    """What follows an optimizer step: the log, a timed decay's start, the held-out evaluation,
+    the checkpoint; the summary when the time budget ran out (None otherwise). Raises
+    Interrupted, after saving, when a signal asked the run to stop."""
+    accelerator, cfg, step = run.accelerator, run.cfg, run.step
+    if step % cfg.log_every == 0 or step == run.end:
+        lr = run.scheduler.get_last_lr()[0]
+        logged = metrics.log_train(
+            accelerator, step, run.window, run.parts_window, metrics.part_names(cfg), lr
+        )
+        logged.update(run.pace.read(accelerator))
+        run.history.append(logged)
+        run.bar.set_postfix(loss=f"{logged['loss']:.4f}")
+        check_finite(logged["loss"], step, run.ckpt_root)
+        run.window, run.parts_window = [], []
+    run.budget.stepped()
+    if run.timed_decay and not run.scheduler.timed and step < run.end:
+        run.end = start_timed_decay(accelerator, run.scheduler, run.budget, cfg.optim.decay, step) or run.end
+        run.bar.total = run.end
+    if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == run.end):
+        since = time.perf_counter()
+        run.history.append(metrics.evaluate(accelerator, run.model, run.eval_loader, cfg, step, joint))
+        run.model.train()
+        run.budget.timed("eval", since)
+        run.pace.restart()
+    due = run.eval_loader is not None and ((step + 1) % cfg.eval_every == 0 or step + 1 == run.end)
+    out_of_time, asked = agreed_stops(accelerator, run.budget, due, run.stop, step < run.end)
+    # the last step saves too: `--resume max_steps=MORE` goes on from the finished head
+    if (cfg.save_every and step % cfg.save_every == 0) or out_of_time or asked or step == run.end:
+        _save(run)
+    if out_of_time:
+        run.bar.close()
+        return stopped_summary(
+            accelerator, cfg, step, run.history, run.tokens, run.state, run.budget, run.saved_at
+        )
+    if asked:
+        run.bar.close()
         from headstart.errors import Interrupted
 
-        where = (
-            f"; the newest checkpoint is {saved[-1]} (the steps after it are lost)"
-            if saved
-            else "; no checkpoint was written (the steps done are lost)"
-        )
         raise Interrupted(
-            f"training stopped at once (after {step} finished steps){where}",
-            "rerun the same command with --resume to continue; one Ctrl-C (or SIGTERM) stops after "
-            "the current step and saves it",
-        ) from None
-    finally:
-        stop.armed = False  # the final evaluation and save: a signal interrupts them at once
-    bar.close()
-    if eval_loader is not None and not any(
-        h.get("step") == step and h.get("kind") == "eval" for h in history
+            f"training stopped at step {step} ({run.stop.signal}); checkpoint {run.saved_at}",
+            "rerun the same command with --resume to continue",
+        )
+    return None
+
+
+def _save(run: _Run) -> None:
+    """A checkpoint of the step just taken (weights checked finite first)."""
+    accelerator, since = run.accelerator, time.perf_counter()
+    check_weights_finite(accelerator, run.model, run.step, run.ckpt_root)
+    extra = {
+        "tokens": accelerator.reduce(run.tokens.clone(), "sum").item() / accelerator.num_processes,
+        "history": run.history,
+        "config": to_dict(run.cfg),  # what --resume must repeat (checkpoints.check_same_run)
+    }
+    run.saved_at = checkpoints.save_checkpoint(accelerator, run.ckpt_root, run.step, extra, run.cfg.keep_last)
+    run.budget.timed("save", since)
+    run.pace.restart()
+
+
+def _stopped_at_once(run: _Run) -> Exception:
+    """The error for a run stopped inside a step: nothing is saved (the state inside a step is not
+    one a resume can go on from), so it names the newest checkpoint."""
+    from headstart.errors import Interrupted
+
+    saved = checkpoints.checkpoints(run.ckpt_root)
+    where = (
+        f"; the newest checkpoint is {saved[-1]} (the steps after it are lost)"
+        if saved
+        else "; no checkpoint was written (the steps done are lost)"
+    )
+    return Interrupted(
+        f"training stopped at once (after {run.step} finished steps){where}",
+        "rerun the same command with --resume to continue; one Ctrl-C (or SIGTERM) stops after "
+        "the current step and saves it",
+    )
+
+
+def _finish(run: _Run, start: float, command: str | None) -> dict[str, Any]:
+    """The final evaluation (unless the last step had one), the summary, the final head."""
+    accelerator, state, history = run.accelerator, run.state, run.history
+    if run.eval_loader is not None and not any(
+        h.get("step") == run.step and h.get("kind") == "eval" for h in history
     ):
-        history.append(metrics.evaluate(accelerator, model, eval_loader, cfg, step, False))  # max_steps=0
+        history.append(
+            metrics.evaluate(accelerator, run.model, run.eval_loader, run.cfg, run.step, False)
+        )  # max_steps=0
     wall = time.perf_counter() - start
-    total_tokens = accelerator.reduce(tokens.clone(), "sum").item()  # cost: one sync at the end
+    total_tokens = accelerator.reduce(run.tokens.clone(), "sum").item()  # cost: one sync at the end
     run_tokens = total_tokens - float(state.get("tokens", 0.0)) * accelerator.num_processes  # this session's
-    final_eval = next((h for h in reversed(history) if h.get("kind") == "eval"), {})
     summary = {
-        "steps": step,
+        "steps": run.step,
         "wall_s": round(wall, 2),
         "tokens": int(total_tokens),
         "tokens_per_s": round(run_tokens / wall, 1) if wall > 0 else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "processes": accelerator.num_processes,
         "resumed_from": int(state.get("step", 0)),
-        "final_eval": final_eval,
+        "final_eval": next((h for h in reversed(history) if h.get("kind") == "eval"), {}),
         "history": history,
-        "head": p.head_summary,
-        "data": p.data.description,
+        "head": run.p.head_summary,
+        "data": run.p.data.description,
         "command": command,
     }
     if accelerator.is_main_process:
-        summary["final"] = str(save_final(accelerator.unwrap_model(model), cfg, p, summary, out))
-        metrics.write_json(out / "results.json", portable(summary) | {"provenance": stamp()})
+        summary["final"] = str(
+            save_final(accelerator.unwrap_model(run.model), run.cfg, run.p, summary, run.out)
+        )
+        metrics.write_json(run.out / "results.json", portable(summary) | {"provenance": stamp()})
     accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary

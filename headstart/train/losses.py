@@ -66,45 +66,6 @@ def decayed_sum(per_term: torch.Tensor, decay: float) -> torch.Tensor:
     return (weights * per_term).sum()
 
 
-def medusa_loss(
-    logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    decay: float,
-    counts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Medusa-1: sum_i decay**i * CE(head i, x_{t+2+i}). logits (K, B, T, V) -> (loss, per-head CE (K,))."""
-    where = scored(loss_mask, [2 + i for i in range(logits.shape[0])])
-    return medusa_loss_at(
-        [logits[i][w] for i, w in enumerate(where)],
-        [ahead(input_ids, 2 + i)[w] for i, w in enumerate(where)],
-        decay,
-        counts,
-    )
-
-
-def medusa_loss_at(
-    head_logits: list[torch.Tensor],
-    labels: list[torch.Tensor],
-    decay: float,
-    counts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`medusa_loss` on the scored positions only: head i's logits (N_i, V) and labels (N_i,).
-    Training calls this directly, so the heads never project unscored positions (prompt tokens)
-    through the V x H vocabulary matrix."""
-    per_head = torch.stack(
-        [
-            mean_at(
-                F.cross_entropy(lg.float(), y, reduction="sum"),
-                y.numel(),
-                None if counts is None else counts[i],
-            )
-            for i, (lg, y) in enumerate(zip(head_logits, labels, strict=True))
-        ]
-    )
-    return decayed_sum(per_head, decay), per_head.detach()
-
-
 def lm_loss(
     target_logits: torch.Tensor,
     input_ids: torch.Tensor,
@@ -115,27 +76,6 @@ def lm_loss(
     return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1), count)
 
 
-def eagle1_loss(
-    g: torch.Tensor,
-    head_logits: torch.Tensor,
-    target_hidden: torch.Tensor,
-    target_logits: torch.Tensor,
-    loss_mask: torch.Tensor,
-    feature_weight: float,
-    ce_weight: float,
-    count: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """EAGLE-1: SmoothL1(g_t, f_{t+1}) * feature_weight + soft CE(head, z_{t+1}) * ce_weight.
-    g, target_hidden (B, T, H); logits (B, T, V). Returns (loss, feature loss, CE)."""
-    mask = ahead(loss_mask, 2)
-    feature = F.smooth_l1_loss(g.float(), ahead(target_hidden, 1).float(), reduction="none").mean(
-        -1
-    )  # (B, T)
-    feature = masked_mean(feature, mask, count)
-    ce = masked_mean(soft_ce(head_logits, ahead(target_logits, 1)), mask, count)
-    return feature_weight * feature + ce_weight * ce, feature.detach(), ce.detach()
-
-
 def soft_label_index(needed: torch.Tensor) -> torch.Tensor:
     """(B, T) row of each needed position in the compacted label matrix (row-major), -1 elsewhere.
 
@@ -144,49 +84,6 @@ def soft_label_index(needed: torch.Tensor) -> torch.Tensor:
     (needed = ahead(loss_mask, 1)), so they are projected and normalised once, not once per step."""
     flat = needed.flatten()
     return (flat.cumsum(0) - 1).masked_fill(~flat, -1).view(needed.shape)  # no host sync
-
-
-def ttt_loss(
-    step_logits: list[torch.Tensor],
-    target_draft_logits: torch.Tensor,
-    loss_mask: torch.Tensor,
-    decay: float,
-    counts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """EAGLE-3 training-time test: sum_j decay**j * soft CE(step j, z_{t+1+j} over the draft vocab).
-    step_logits: per step (B, T, Vd); target_draft_logits (B, T, Vd) = the target's logits at the
-    draft vocabulary (softmax over them = the target's distribution restricted and renormalised)."""
-    needed = ahead(loss_mask, 1).bool()
-    index = soft_label_index(needed)
-    where = scored(loss_mask, [2 + j for j in range(len(step_logits))])
-    return ttt_loss_at(
-        [lg[w] for lg, w in zip(step_logits, where, strict=True)],
-        target_draft_logits[needed].float().softmax(-1),
-        [ahead(index, 1 + j)[w] for j, w in enumerate(where)],
-        decay,
-        counts,
-    )
-
-
-def ttt_loss_at(
-    step_logits: list[torch.Tensor],
-    target_probs: torch.Tensor,
-    rows: list[torch.Tensor],
-    decay: float,
-    counts: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ttt_loss` on the scored positions only: step j's draft logits there (N_j, Vd), the target's
-    draft-vocabulary distribution at the needed positions (N, Vd) and, per step, the label row of
-    each scored position (N_j,) (`soft_label_index`). Training calls this directly."""
-    per_step = torch.stack(
-        [
-            mean_at(
-                soft_ce_probs(lg, target_probs[r]).sum(), r.shape[0], None if counts is None else counts[j]
-            )
-            for j, (lg, r) in enumerate(zip(step_logits, rows, strict=True))
-        ]
-    )
-    return decayed_sum(per_step, decay), per_step.detach()
 
 
 def draft_hits(

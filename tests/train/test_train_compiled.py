@@ -17,7 +17,7 @@ from headstart.targets.features import capture
 from headstart.train.compiled import compiled_features
 from headstart.train.data import collate
 from headstart.train.objective import Objective
-from headstart.train.plan import ttt_plan
+from headstart.train.objectives.eagle.plan import ttt_plan
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headstart.train.fused import fused_ttt_loss
+from headstart.train.objectives.eagle.fused import fused_ttt_loss
 
 
 def _inputs(seed: int = 0, rows: int = 11, hidden: int = 8, vocab: int = 13, labels: int = 5):

@@ -1,4 +1,5 @@
-"""The pure losses: alignment (which position predicts which token), masking, weights."""
+"""The pure losses: alignment (which position predicts which token), masking, weights (the shared
+ones in train/losses.py, Medusa's per-head CE and EAGLE's in their kinds' objective modules)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import math
 import torch
 
 from headstart.train import losses
+from headstart.train.objectives.eagle import loss_terms as eagle_losses
+from headstart.train.objectives.medusa import per_head_ce
 
 
 def _onehot_logits(tokens: torch.Tensor, vocab: int, scale: float = 30.0) -> torch.Tensor:
@@ -26,13 +29,13 @@ def test_medusa_head_i_is_scored_on_token_t_plus_2_plus_i():
     mask = torch.ones(2, 9, dtype=torch.long)
     right = torch.stack([_onehot_logits(losses.ahead(ids, 2 + i), 11) for i in range(3)])
     wrong = torch.stack([_onehot_logits(losses.ahead(ids, 1 + i), 11) for i in range(3)])
-    loss, per_head = losses.medusa_loss(right, ids, mask, decay=0.8)
+    loss, per_head = per_head_ce(right, ids, mask, decay=0.8)
     assert per_head.shape == (3,) and loss < 1e-6
-    bad, _ = losses.medusa_loss(wrong, ids, mask, decay=0.8)
+    bad, _ = per_head_ce(wrong, ids, mask, decay=0.8)
     assert bad > 5.0
     # decay weighs head i by decay**i
     uniform = torch.zeros(3, 2, 9, 11)
-    loss, per_head = losses.medusa_loss(uniform, ids, mask, decay=0.5)
+    loss, per_head = per_head_ce(uniform, ids, mask, decay=0.5)
     assert math.isclose(loss.item(), math.log(11) * (1 + 0.5 + 0.25), rel_tol=1e-5)
 
 
@@ -42,7 +45,7 @@ def test_loss_mask_selects_predicted_reply_tokens_only():
     logits = torch.zeros(1, 1, 6, 8)
     logits[0, 0, 2, 5] = 50.0  # position 2 predicts x_4 = 5 right; everything else uniform
     logits[0, 0, 3, 6] = 50.0  # position 3 predicts x_5 = 6 right
-    loss, _ = losses.medusa_loss(logits, ids, mask, decay=1.0)
+    loss, _ = per_head_ce(logits, ids, mask, decay=1.0)
     assert loss < 1e-6  # uniform positions 0, 1, 4, 5 are masked out
 
 
@@ -51,13 +54,13 @@ def test_ttt_step_j_matches_target_distribution_at_t_plus_1_plus_j():
     target = torch.randn(2, 8, 5)
     mask = torch.ones(2, 8, dtype=torch.long)
     aligned = [losses.ahead(target, 1 + j) for j in range(3)]
-    loss, per_step = losses.ttt_loss(aligned, target, mask, decay=0.8)
+    loss, per_step = eagle_losses.ttt_loss(aligned, target, mask, decay=0.8)
     valid = torch.stack([losses.ahead(mask, 2 + j) for j in range(3)])
     entropy = -(target.softmax(-1) * target.log_softmax(-1)).sum(-1)
     expected = [losses.masked_mean(losses.ahead(entropy, 1 + j), valid[j]) for j in range(3)]
     torch.testing.assert_close(per_step, torch.stack(expected))  # soft CE with itself = entropy (the minimum)
     shifted = [losses.ahead(target, 2 + j) for j in range(3)]
-    worse, _ = losses.ttt_loss(shifted, target, mask, decay=0.8)
+    worse, _ = eagle_losses.ttt_loss(shifted, target, mask, decay=0.8)
     assert worse > loss
 
 
@@ -65,11 +68,11 @@ def test_eagle1_feature_target_is_next_position():
     torch.manual_seed(2)
     hidden, logits = torch.randn(1, 7, 4), torch.randn(1, 7, 9)
     mask = torch.ones(1, 7, dtype=torch.long)
-    _, feature, ce = losses.eagle1_loss(
+    _, feature, ce = eagle_losses.eagle1_loss(
         losses.ahead(hidden, 1), losses.ahead(logits, 1), hidden, logits, mask, 1.0, 0.1
     )
     assert feature.item() < 1e-8
-    _, feature_off, _ = losses.eagle1_loss(hidden, logits, hidden, logits, mask, 1.0, 0.1)
+    _, feature_off, _ = eagle_losses.eagle1_loss(hidden, logits, hidden, logits, mask, 1.0, 0.1)
     assert feature_off > 0.05
 
 

@@ -10,7 +10,7 @@ from test_train_objective import _objective
 
 from headstart.train.data import collate
 from headstart.train.objectives.eagle import ttt_train_loss
-from headstart.train.plan import round_up, ttt_plan
+from headstart.train.objectives.eagle.plan import round_up, ttt_plan
 
 
 @pytest.fixture(scope="module")

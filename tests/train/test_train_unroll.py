@@ -8,7 +8,7 @@ from tiny import FAMILIES, FC_LAYOUT, make_target_dir
 
 from headstart.heads import HeadSpec, build_head
 from headstart.train.losses import ahead
-from headstart.train.objective import unroll, unroll_scored
+from headstart.train.objectives.eagle.unroll import unroll, unroll_scored
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,51 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from headstart.targets.features import Features
 from headstart.train import losses
-from headstart.train.losses import ahead
+from headstart.train.losses import ahead, decayed_sum, mean_at, scored
 from headstart.train.objective import shared_counts
+
+
+def per_head_ce(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    decay: float,
+    counts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Medusa-1: sum_i decay**i * CE(head i, x_{t+2+i}). logits (K, B, T, V) -> (loss, per-head CE (K,))."""
+    where = scored(loss_mask, [2 + i for i in range(logits.shape[0])])
+    return per_head_ce_at(
+        [logits[i][w] for i, w in enumerate(where)],
+        [ahead(input_ids, 2 + i)[w] for i, w in enumerate(where)],
+        decay,
+        counts,
+    )
+
+
+def per_head_ce_at(
+    head_logits: list[torch.Tensor],
+    labels: list[torch.Tensor],
+    decay: float,
+    counts: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`per_head_ce` on the scored positions only: head i's logits (N_i, V) and labels (N_i,).
+    Training calls this directly, so the heads never project unscored positions (prompt tokens)
+    through the V x H vocabulary matrix."""
+    per_head = torch.stack(
+        [
+            mean_at(
+                F.cross_entropy(lg.float(), y, reduction="sum"),
+                y.numel(),
+                None if counts is None else counts[i],
+            )
+            for i, (lg, y) in enumerate(zip(head_logits, labels, strict=True))
+        ]
+    )
+    return decayed_sum(per_head, decay), per_head.detach()
 
 
 def medusa_loss(
@@ -24,10 +64,10 @@ def medusa_loss(
     decay = objective.cfg.loss.medusa_decay
     if evaluate:  # every position: the hit counts need each head's top-k everywhere
         logits = objective.head(feats.last_hidden)  # (K, B, T, V)
-        loss, per_head = losses.medusa_loss(logits, ids, mask, decay, head_counts)
+        loss, per_head = per_head_ce(logits, ids, mask, decay, head_counts)
     else:  # cost: each head's V x H projection runs on the positions it is scored at only
         where = losses.scored(mask, [2 + i for i in range(heads)])
-        loss, per_head = losses.medusa_loss_at(
+        loss, per_head = per_head_ce_at(
             [objective.head.head_logits(i, feats.last_hidden[w]) for i, w in enumerate(where)],
             [ahead(ids, 2 + i)[w] for i, w in enumerate(where)],
             decay,

@@ -1,6 +1,10 @@
 """EAGLE's training objectives: EAGLE-1 (SmoothL1 on the next feature + CE through the target's
 lm_head) and EAGLE-3 (training-time test: the head unrolled on its own outputs, soft CE and TV
-against the target's draft-vocabulary distribution at every step)."""
+against the target's draft-vocabulary distribution at every step).
+
+This folder holds everything EAGLE's training needs that no other kind does: the unroll
+(unroll.py), the host-side plan of a training step (plan.py), the fused chunked TTT loss
+(fused.py) and the loss maths (loss_terms.py); headstart/train/losses.py keeps what kinds share."""
 
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import torch
 from headstart.targets.features import Features
 from headstart.train import losses
 from headstart.train.compiled import compiled
-from headstart.train.fused import fused_ttt_loss
-from headstart.train.objective import shared_counts, unroll, unroll_scored
-from headstart.train.plan import TTTPlan, ttt_plan
+from headstart.train.objective import shared_counts
+from headstart.train.objectives.eagle import loss_terms as eagle_losses
+from headstart.train.objectives.eagle.fused import fused_ttt_loss
+from headstart.train.objectives.eagle.plan import TTTPlan, ttt_plan
+from headstart.train.objectives.eagle.unroll import unroll, unroll_scored
 
 
 def eagle1_loss(
@@ -29,7 +35,7 @@ def eagle1_loss(
         h0 = h0 + (torch.rand_like(h0) - 0.5) * cfg.eagle_noise  # consumes the global RNG
     steps = unroll(head, h0, ids, cfg.eval_steps if evaluate else 1)
     counts = shared_counts(mask, [2])
-    loss, feature, ce = losses.eagle1_loss(
+    loss, feature, ce = eagle_losses.eagle1_loss(
         steps[0], head.logits(steps[0]), feats.last_hidden, feats.logits, mask, cfg.eagle_feature_weight,
         cfg.eagle_ce_weight, None if counts is None else counts[0],
     )  # fmt: skip
@@ -59,7 +65,7 @@ def eagle3_loss(
     steps = unroll(head, h0, ids, depth)  # every position: the hit counts need each step's top-k
     target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
     step_logits = [head.logits(g) for g in steps]  # per step (B, T, Vd)
-    loss, per_step = losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
+    loss, per_step = eagle_losses.ttt_loss(step_logits, target_draft, mask, cfg.ttt_decay, counts)
     return {"loss": loss, "parts": per_step, "hits": _hits(objective, step_logits, feats, mask)}
 
 
@@ -85,7 +91,7 @@ def ttt_train_loss(
     """The EAGLE-3 training loss: sum_j decay**j * mean over step j's scored positions of
     loss.kl_weight * soft CE + loss.tv_weight * TV against the target's draft-vocabulary
     distribution. cost: the draft lm_head runs only where a step is scored, every step's rows
-    in one fused chunked pass (headstart.train.fused), and the target's labels are projected
+    in one fused chunked pass (fused.py), and the target's labels are projected
     once, at the positions they are needed; no host sync with the batch's plan."""
     head, cfg = objective.head, objective.cfg.loss
     if plan is None:
