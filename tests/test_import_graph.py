@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "headstart"
 TOP = ("headstart.cli", "headstart.commands", "headstart.__main__")
 """The command line: only these may import headstart.commands or headstart.cli."""
 REFERENCE = re.compile(r"(headstart(?:\.\w+)+):\w+")
-"""A registry's lazy import: "headstart.inference.drafters.eagle:EagleDrafter" (headstart/catalogue.py)."""
+"""A registry's lazy import: "headstart.inference.drafters.eagle:EagleDrafter" (headstart/catalogue.py);
+a string naming a module of the package, "headstart.heads.formats.zlab", counts as well."""
 
 
 def module_name(path: Path) -> str:
@@ -43,7 +44,11 @@ def imports(path: Path, known: dict[str, Path]) -> set[str]:
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found.update(REFERENCE.fullmatch(node.value).groups() if REFERENCE.fullmatch(node.value) else ())
+            reference = REFERENCE.fullmatch(node.value)
+            if reference:
+                found.add(reference.group(1))
+            elif node.value.count(".") >= 2 and node.value in known:  # a module path in a registry
+                found.add(node.value)  # (formats' ADAPTERS, the CLI's commands); "headstart.x" are loggers
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -123,13 +128,16 @@ def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):
     (root / "c.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from headstart.sub import a\n"
     )
-    (root / "d.py").write_text('REGISTRY = {"x": "headstart.e:Thing"}\n')  # a registry's string
+    (root / "d.py").write_text(
+        'REGISTRY = {"x": "headstart.e:Thing", "y": "headstart.sub.f"}\n'
+    )  # registry strings
     (root / "e.py").write_text("import headstart.d\n")
+    (root / "sub" / "f.py").write_text("")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", root)
     edges = graph()
     assert edges["headstart.sub.a"] == {"headstart.sub.b"} and edges["headstart.sub.b"] == {"headstart.sub.a"}
     assert edges["headstart.c"] == set()  # type-checking imports never run
-    assert edges["headstart.d"] == {"headstart.e"}
+    assert edges["headstart.d"] == {"headstart.e", "headstart.sub.f"}
     assert cycles(edges) == [["headstart.d", "headstart.e"], ["headstart.sub.a", "headstart.sub.b"]]
 
 
