@@ -18,7 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="heads directory or Hub id (default: the heads shipped for --target, e.g. smollm2)",
     )
     parser.add_argument("--format", required=True, choices=FORMATS, help="speculators (vLLM), eagle (SGLang, "
-                        "SpecForge, EAGLE repo, llama.cpp's converter), medusa (vLLM) or headstart (own, e.g. in bf16)")  # fmt: skip
+                        "SpecForge, EAGLE repo, llama.cpp's converter), medusa (vLLM), dflash (z-lab), headstart (own, e.g. in bf16) "
+                        "or transformers (a trained draft_model as a plain model directory, for --draft-model)")  # fmt: skip
     parser.add_argument(
         "--output",
         required=True,
@@ -122,6 +123,6 @@ def run(args: argparse.Namespace) -> int:
         target = load_target(target_spec)
     heads = load_heads(path, target)  # checked against the target before anything is written
     out = export_heads(heads, args.format, output, dtype=args.dtype, verifier=args.verifier,
-                       tuned=stored_tune(path))  # fmt: skip
+                       tuned=stored_tune(path), tokenizer=target.tokenizer)  # fmt: skip
     print(f"exported {heads.kind} heads from {path} as {args.format} ({args.dtype}) -> {out}")
     return 0

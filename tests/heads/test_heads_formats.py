@@ -272,3 +272,33 @@ def test_heads_argument_resolution(tmp_path, monkeypatch):
         resolve_heads(str(tmp_path / "nope"))
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id: str(tmp_path))
     assert resolve_heads("org/heads") == tmp_path
+
+
+def test_a_trained_draft_model_exports_as_a_plain_transformers_directory(llama_target, tmp_path):
+    """`--format transformers`: the draft_model head as a model directory with the target's
+    tokenizer; transformers loads it as a causal LM with the head's own logits, `--draft-model DIR`
+    drafts with it exactly, and reading it back as heads is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from headstart.drafts import load_draft_model
+
+    head = _trained_like(HeadSpec(kind="draft_model", num_layers=1), llama_target)
+    out = export_heads(head, "transformers", tmp_path / "draft", dtype="float32", verifier="org/tiny-llama",
+                       tokenizer=llama_target.tokenizer)  # fmt: skip
+    assert detect_format(out) == "transformers" and (out / "tokenizer_config.json").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    ids = torch.tensor([llama_target.chat.user_prompt_ids("hello there")])
+    torch.testing.assert_close(model(ids).logits, head.logits(head(ids)))
+    prompts = [llama_target.chat.user_prompt_ids(p) for p in ("hello there", "count to ten")]
+    draft = load_draft_model(str(out), llama_target)
+    out_ids = SpeculativeDecoder(llama_target, draft, tree="chain:3").generate(
+        prompts, max_new_tokens=16, eos_token_id=None
+    )
+    plain = SpeculativeDecoder(llama_target, None).generate(prompts, max_new_tokens=16, eos_token_id=None)
+    assert out_ids.token_ids == plain.token_ids
+    with pytest.raises(HeadstartError, match="is a plain transformers model, not heads"):
+        load_heads(out, llama_target)
+    with pytest.raises(HeadstartError, match="holds a draft model"):
+        export_heads(_trained_like(HeadSpec(kind="medusa"), llama_target), "transformers", tmp_path / "x",
+                     tokenizer=llama_target.tokenizer)  # fmt: skip
+    assert not (tmp_path / "x").exists()

@@ -10,6 +10,8 @@ speculators registers one class per model type):
   converter (`--spec-type draft-dflash`) and SGLang read; speculators' own DFlash layout is
   `speculators`.
 - `headstart`: headstart's own checkpoint at another dtype (how the shipped heads become bf16).
+- `transformers`: a trained draft model as a plain model directory with the target's tokenizer
+  (what `--draft-model` and other engines' draft-model speculation load; not read back as heads).
 
 An adapter module holds `FILES` (what its export writes), `detects(config) -> bool`,
 `export(head, verifier, dtype) -> write(directory)` (refusing, in one line, what the format
@@ -49,6 +51,7 @@ ADAPTERS = {
     "medusa": "headstart.heads.formats.medusa",
     "dflash": "headstart.heads.formats.zlab",
     "eagle": "headstart.heads.formats.eagle",
+    "transformers": "headstart.heads.formats.transformers",  # last: it detects any causal LM's config
 }
 """Format name -> adapter module, in the order `detect_format` asks them."""
 FORMATS = tuple(ADAPTERS)
@@ -69,13 +72,14 @@ CARD_FILE = "README.md"
 
 def export_heads(
     head: Any, fmt: str, output: str | Path, *, dtype: str = "bfloat16", verifier: str | None = None,
-    tuned: dict[str, Any] | None = None,
+    tuned: dict[str, Any] | None = None, tokenizer: Any = None,
 ) -> Path:  # fmt: skip
     """Write `head` in format `fmt` into the directory `output`, with its model card and the tree
     `headstart tune` stored for the heads (`tuned`) when given: the same heads at another dtype or
     layout decode with the same tree. Every file lands whole or not at all; an earlier export's
     files that this one does not write are removed, nothing else (headstart.outputs). Refuses
-    what the format cannot express, before anything is written."""
+    what the format cannot express, before anything is written. `tokenizer`: the target's, saved
+    beside a format that is a whole model (`WITH_TOKENIZER`: transformers)."""
     import copy
 
     from headstart.heads.checkpoint import model_card
@@ -87,9 +91,16 @@ def export_heads(
     head = copy.copy(head)  # the same parameters under a config without this machine's paths
     head.config = head.config.portable()
     write = adapter(fmt).export(head, verifier, dtype)
+    with_tokenizer = getattr(adapter(fmt), "WITH_TOKENIZER", False)
+    if with_tokenizer and tokenizer is None:
+        raise HeadstartError(
+            f"--format {fmt} writes a whole model: it needs the target's tokenizer", "pass tokenizer="
+        )
 
     def publish(tmp: Path) -> None:
         write(tmp)
+        if with_tokenizer:
+            tokenizer.save_pretrained(tmp)
         if not (tmp / CARD_FILE).exists():
             model_card(head.config, fmt=fmt, base_model=verifier).save(tmp / CARD_FILE)
         if tuned is not None:
