@@ -41,9 +41,16 @@ declare -A VARIANTS=(
   [tttflat]="loss.ttt_decay=1.0"                        # every TTT step weighs the same
   [ttt6]="loss.ttt_steps=6"                             # train as deep as it is scored
   [tapsdeep]="head.feature_layers=[2,15,28]"            # one layer deeper each
+  # combinations of the screen's winners
+  [muon4e3wsd]="optim.name=muon optim.lr=4e-3 optim.schedule=wsd optim.decay=0.2"
+  [muon8e3wsd]="optim.name=muon optim.lr=8e-3 optim.schedule=wsd optim.decay=0.2"
+  # issue 57's check: recipes/smollm2-eagle3-cpu.yaml as it stands, only the budget overridden
+  [recipe]="batch_size=8 data.path=[$KEPT/sg] data.max_records=600 seed=0 mixed_precision=bf16 loss.eval_ttt_steps=6 max_steps=300 eval_every=300 save_every=300"
 )
+# the recipe each variant trains: the ablation base, except the check of the shipped CPU recipe
+recipe_of() { [[ $1 == recipe ]] && echo recipes/smollm2-eagle3-cpu.yaml || echo experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml; }
 ORDER=(base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall
-       adamw5e4 adamw2e3 adamw4e3 muon muon2e3 muon4e3 muon8e3 muon5e4 wsd inittarget tttflat ttt6 tapsdeep)
+       adamw5e4 adamw2e3 adamw4e3 muon muon2e3 muon4e3 muon8e3 muon5e4 wsd inittarget tttflat ttt6 tapsdeep muon4e3wsd muon8e3wsd recipe)
 mkdir -p "$OUT"
 for name in "${@:-${ORDER[@]}}"; do
   [[ -v "VARIANTS[$name]" ]] || { echo "unknown variant '$name'; known: ${ORDER[*]}" >&2; exit 2; }
@@ -51,7 +58,7 @@ for name in "${@:-${ORDER[@]}}"; do
   keep_aside "$OUT/$name"  # a cut run starts over, kept aside
   echo "== $name: ${VARIANTS[$name]:-(the recipe as it is)}"
   # shellcheck disable=SC2086  # the overrides are words on purpose
-  headstart train --recipe experiments/smollm2-ablations/train_smollm2_eagle3_ablate_kept.yaml output_dir="$OUT/$name" \
+  headstart train --recipe "$(recipe_of "$name")" output_dir="$OUT/$name" \
     ${STEPS:+max_steps=$STEPS eval_every=$STEPS save_every=$STEPS} ${VARIANTS[$name]} ${TRAIN_ARGS:-} \
     > "$OUT/$name.log" 2>&1 || { echo "$name failed: see $OUT/$name.log" >&2; exit 1; }
   tr "\r" "\n" < "$OUT/$name.log" | grep -o "eval step.*" | tail -1
