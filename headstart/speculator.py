@@ -153,11 +153,35 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
         )
     if spec.strip().partition(":")[0] == "lookahead":
         return _lookahead_speculator(target, spec.strip(), tree, typical, compile)
+    if tree is None:  # the tree (and, for a bare `early-exit`, the exit layer) `headstart tune` stored
+        spec, tree = _tuned_draft(target, spec.strip())
     choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
     if not greedy:
         choice = choice.for_sampling()
     draft = load_draft_model(spec, target, allow_larger=larger_ok)
     return Speculator(target, draft, None, choice, typical=typical, compile=compile)
+
+
+def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None]:
+    """(draft, tree) from `headstart tune --draft-model SPEC`'s stored report when it was measured
+    on this machine at this thread count; else (SPEC, None: the default chain). A bare `early-exit`
+    needs that report (it names the exit layer)."""
+    import torch
+
+    from headstart.calibration import stored_tune_fits
+    from headstart.drafts import EARLY_EXIT
+    from headstart.tuned import stored_draft_tune
+
+    stored = stored_draft_tune(target, spec)
+    if stored_tune_fits(stored, str(target.device), torch.get_num_threads()):
+        assert stored is not None
+        return stored["draft"], stored["draft_tree"]
+    if spec == EARLY_EXIT.rstrip(":"):
+        raise HeadstartError(
+            "--draft-model early-exit names no exit layer and no tune on this machine picked one",
+            "run `headstart tune --draft-model early-exit` (it measures the exit layer and the tree), or pass early-exit:K",
+        )
+    return spec, None
 
 
 def _lookahead_speculator(target: Any, spec: str, tree: str | TreeChoice | None, typical: bool,

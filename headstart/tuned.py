@@ -113,3 +113,43 @@ def save_tuned(report: dict[str, Any], heads_path: str | Path) -> Path:
     path = tuned_file(heads_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, json.dumps(report, indent=2))
+
+
+def draft_tune_file(target: Any, draft: str) -> Path:
+    """Where `headstart tune --draft-model DRAFT` keeps its report for this target: the user's
+    cache, keyed by the target and the draft as given (a directory by its resolved path)."""
+    import hashlib
+
+    from headstart.targets.gguf import cache_root
+
+    name = str(Path(draft).resolve()) if Path(draft).expanduser().exists() else draft
+    ident = json.dumps([getattr(target, "spec", ""), name])
+    return cache_root() / "tuned-drafts" / hashlib.sha256(ident.encode()).hexdigest()[:16] / TUNED_FILE
+
+
+def stored_draft_tune(target: Any, draft: str) -> dict[str, Any] | None:
+    """The report `headstart tune --draft-model` stored for this target and draft, if any (a damaged
+    file is said and ignored: the tune is an optimisation)."""
+    path = draft_tune_file(target, draft)
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        stored = None
+    if (
+        isinstance(stored, dict)
+        and isinstance(stored.get("draft"), str)
+        and isinstance(stored.get("draft_tree"), str)
+    ):
+        return stored
+    log.warning(
+        f"warning: {path} is damaged (not a draft tune): ignored; rerun `headstart tune --draft-model`"
+    )
+    return None
+
+
+def save_draft_tune(report: dict[str, Any], target: Any, draft: str) -> Path:
+    path = draft_tune_file(target, draft)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(path, json.dumps(report, indent=2))

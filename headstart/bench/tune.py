@@ -82,13 +82,64 @@ def tune(
     return measure_trees(target, decoders, prompts, max_new_tokens, prune, plain)
 
 
-def conclude(report: dict[str, Any], heads: str, dry_run: bool) -> None:
+DRAFT_TREES = (
+    "chain:1",
+    "chain:2",
+    "chain:3",
+    "chain:4",
+    "chain:5",
+    "dynamic:depth=3,top_k=2,total_tokens=4",
+)
+"""What a draft model's tune tries: one draft forward per level, so chains and one small tree."""
+
+
+def draft_candidates(target: Any, draft: str) -> list[str]:
+    """The draft models a tune of `draft` compares: `early-exit` (no K) sweeps the exit layer over
+    a quarter to three quarters of the target's depth; anything else is itself."""
+    from headstart.drafts import EARLY_EXIT
+
+    if draft.strip() != EARLY_EXIT.rstrip(":"):
+        return [draft]
+    layers = int(target.num_layers)
+    ks = sorted({max(1, min(layers - 1, round(layers * share))) for share in (0.25, 0.4, 0.55, 0.7)})
+    return [f"{EARLY_EXIT}{k}" for k in ks]
+
+
+def tune_draft(target: Any, draft: str, prompts: list[str], max_new_tokens: int = 128,
+               candidates: list[str] | None = None, prune: float = 0.7) -> dict[str, Any]:  # fmt: skip
+    """Measure a draft model's trees (and, for `early-exit` without K, its exit layer) on
+    `prompts` against plain decoding; the report's `tree` names the best as "DRAFT TREE", its
+    `draft` and `draft_tree` the two parts (what `--draft-model DRAFT` then decodes with)."""
+    from headstart.speculator import load_speculator
+
+    trees = candidates or list(DRAFT_TREES)
+    decoders = {}
+    for spec in draft_candidates(target, draft):
+        speculator = load_speculator(target, tree=trees[0], draft_model=spec)  # loaded once per draft
+        decoders |= {f"{spec} {tree}": speculator.new_decoder(tree=tree) for tree in trees}
+    report = measure_trees(target, decoders, prompts, max_new_tokens, prune, LeanPlain(target))
+    best, _, tree = report["tree"].partition(" ")
+    return report | {"draft": best, "draft_tree": tree, "asked": draft}
+
+
+def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: Any = None) -> None:
     """`headstart tune`'s table and verdict on stdout; the best tree stored with `heads` unless
-    `dry_run`, or unless it is slower than plain decoding (a stored tree is what generate and
-    serve decode with)."""
+    `dry_run`, or unless it is slower than plain decoding (a stored tree is what generate and serve
+    decode with). A draft model's tune (heads None) is stored in the user's cache for `target` and
+    the draft even then: the user asked for that draft, and is told plain decoding is faster."""
     import math
 
-    from headstart.tuned import save_tuned, tuned_file
+    from headstart.tuned import draft_tune_file, save_draft_tune, save_tuned, tuned_file
+
+    def kept_file() -> Path:
+        return tuned_file(heads) if heads is not None else draft_tune_file(target, report["asked"])
+
+    def store() -> Path:
+        return (
+            save_tuned(report, heads)
+            if heads is not None
+            else save_draft_tune(report, target, report["asked"])
+        )
 
     print(f"{'tree':<44} {'tokens/s':>9} {'tau':>6}  behind the best (paired, +- 1 s.e.)")
     for row in report["candidates"]:
@@ -124,12 +175,19 @@ def conclude(report: dict[str, Any], heads: str, dry_run: bool) -> None:
         )
     if dry_run:
         print(f"best: {report['tree']} (not stored: --dry-run)")
-    elif plain and plain["speedup"] < 1.0:  # a stored tree is what generate and serve decode with
-        kept = tuned_file(heads)
+    elif (
+        plain and plain["speedup"] < 1.0 and heads is not None
+    ):  # a stored tree is what generate and serve decode with
+        kept = kept_file()
         print(
             f"best: {report['tree']} runs at {plain['speedup']:.2f}x plain decoding: not stored "
             + (f"({kept} is kept as it was)" if kept.is_file() else "(no tree stored)")
             + "; decode with --no-heads on this hardware, or train heads that accept more"
         )
     else:
-        print(f"best: {report['tree']} -> stored in {save_tuned(report, heads)}")
+        slower = (
+            f" (at {plain['speedup']:.2f}x plain decoding: --no-heads is faster here)"
+            if plain and plain["speedup"] < 1.0
+            else ""
+        )
+        print(f"best: {report['tree']} -> stored in {store()}{slower}")

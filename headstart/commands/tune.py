@@ -1,4 +1,6 @@
-"""`headstart tune`: choose the fastest tree for these heads on this hardware; store it with them."""
+"""`headstart tune`: choose the fastest tree for these heads on this hardware; store it with them.
+With --draft-model: a draft model's tree (and, for `early-exit`, its exit layer), kept in the
+user's cache for that target and draft."""
 
 from __future__ import annotations
 
@@ -10,8 +12,13 @@ from headstart.errors import HeadstartError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
-    parser.add_argument(
-        "--heads", required=True, help="trained heads directory (the tuned tree is written there)"
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--heads", help="trained heads directory (the tuned tree is written there)")
+    which.add_argument(
+        "--draft-model",
+        dest="draft",
+        help="a draft model (as generate takes it) to tune instead: its tree, and for `early-exit` (no K) "
+        "the exit layer; kept in the user's cache, read by --draft-model without --tree",
     )
     parser.add_argument(
         "--prompts", default=None, help="calibration questions (JSONL); default: built-in generic prompts"
@@ -31,16 +38,17 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from headstart.bench.questions import load_questions
-    from headstart.bench.tune import CALIBRATION_PROMPTS, conclude, tune
+    from headstart.bench.tune import CALIBRATION_PROMPTS, conclude, tune, tune_draft
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_writable
     from headstart.tuned import tuned_file
 
-    args.heads = str(resolve_heads(args.heads))  # a Hub id is downloaded once, as generate does
-    if not (Path(args.heads) / "config.json").is_file():
-        raise HeadstartError(
-            f"no trained heads at {args.heads}", "pass the directory written by headstart train"
-        )
+    if args.heads is not None:
+        args.heads = str(resolve_heads(args.heads))  # a Hub id is downloaded once, as generate does
+        if not (Path(args.heads) / "config.json").is_file():
+            raise HeadstartError(
+                f"no trained heads at {args.heads}", "pass the directory written by headstart train"
+            )
     if args.candidates is not None and not [c for c in args.candidates.split(";") if c.strip()]:
         raise HeadstartError(
             "--candidates names no tree", "e.g. --candidates 'chain:2;chain:3', or leave it out"
@@ -53,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
             f"--limit {args.limit}: there are {len(CALIBRATION_PROMPTS)} built-in calibration prompts",
             "pass --prompts FILE (e.g. MT-bench's question.jsonl) for more",
         )
-    if not args.dry_run:  # where the tuned tree goes: fail now, not after minutes of measuring
+    if not args.dry_run and args.heads is not None:  # where the tree goes: fail now, not after minutes
         check_writable(tuned_file(args.heads).parent, "tuned tree's directory")
     prompts = (
         [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]
@@ -62,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     )
     target = load_target_from_args(args)
     candidates = [c.strip() for c in args.candidates.split(";") if c.strip()] if args.candidates else None
-    report = tune(target, args.heads, prompts, max_new_tokens=args.max_new_tokens, candidates=candidates)
-    conclude(report, args.heads, dry_run=args.dry_run)
+    if args.draft is not None:
+        report = tune_draft(
+            target, args.draft, prompts, max_new_tokens=args.max_new_tokens, candidates=candidates
+        )
+    else:
+        report = tune(target, args.heads, prompts, max_new_tokens=args.max_new_tokens, candidates=candidates)
+    conclude(report, args.heads, dry_run=args.dry_run, target=target)
     return 0

@@ -181,3 +181,36 @@ def test_tune_never_stores_a_tree_slower_than_plain_decoding(tiny_llama, tmp_pat
     out = capsys.readouterr().out
     assert "x plain decoding: not stored" in out and "is kept as it was" in out, out
     assert (heads / TUNED_FILE).read_text() == earlier
+
+
+def test_tune_a_draft_model_picks_the_exit_layer_and_tree(tiny_llama, tmp_path, monkeypatch, capsys):
+    """`tune --draft-model early-exit`: the exit layers and trees measured against plain decoding,
+    the best stored in the user's cache (even when slower than plain: the user asked for that
+    draft); `--draft-model early-exit` then decodes with them, exactly; without a tune it is
+    refused in one line, and an explicit --tree is never overridden."""
+    from headstart.speculator import load_speculator
+    from headstart.targets import load_target
+    from headstart.tuned import draft_tune_file
+
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    target = load_target(str(tiny_llama))
+    from headstart.errors import HeadstartError
+
+    with pytest.raises(HeadstartError, match="names no exit layer"):
+        load_speculator(target, draft_model="early-exit")
+    args = ["tune", "--target", str(tiny_llama), "--draft-model", "early-exit", "--limit", "2",
+            "--max-new-tokens", "8", "--candidates", "chain:1;chain:2"]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(draft_tune_file(target, "early-exit").read_text())
+    assert {row["tree"] for row in report["candidates"]} == {"early-exit:1 chain:1", "early-exit:1 chain:2"}
+    assert report["tree"] == f"{report['draft']} {report['draft_tree']}" and report["asked"] == "early-exit"
+    assert "stored in" in capsys.readouterr().out
+    speculator = load_speculator(target, draft_model="early-exit")
+    assert speculator.tree.text == report["draft_tree"] and "early exit after layer 1" in speculator.mode
+    assert load_speculator(target, tree="chain:3", draft_model="early-exit:1").tree.text == "chain:3"
+    prompts = [target.chat.user_prompt_ids("hello there")]
+    plain = load_speculator(target, plain=True).decoder.generate(
+        prompts, max_new_tokens=12, eos_token_id=None
+    )
+    out = speculator.decoder.generate(prompts, max_new_tokens=12, eos_token_id=None)
+    assert out.token_ids == plain.token_ids
