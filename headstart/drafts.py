@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from headstart.errors import HeadstartError
-from headstart.heads.draft import DraftLM
+from headstart.heads.draft import DraftLM, check_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -115,21 +115,6 @@ def truncated(model: nn.Module, layers: int) -> nn.Module:
         raise HeadstartError(f"{type(model).__name__}: cannot cut its decoder for early exit",
                              "use a separate --draft-model")  # fmt: skip
     return outer
-
-
-def check_vocabulary(draft_tokenizer: Any, target_tokenizer: Any, spec: str) -> None:
-    """One line when the draft's tokens are not the target's (a drafted id would mean another text)."""
-    mine, theirs = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
-    if mine == theirs:
-        return
-    differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
-    token, index = differ[0]
-    where = f"'{token}' is id {index} in {'the draft' if mine.get(token) == index else 'the target'}"
-    raise HeadstartError(
-        f"the draft model {spec} has another vocabulary than the target ({len(mine)} tokens against "
-        f"{len(theirs)}; {where}, not in the other)",
-        "pick a draft of the target's family (the same tokenizer), or early-exit:K",
-    )
 
 
 def _layers(spec: str, target: Any) -> int:

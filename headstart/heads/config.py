@@ -68,6 +68,10 @@ class HeadSpec:
     """EAGLE-3 (reference layout): the draft layer's architecture: the target's own decoder layer
     class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
     to speculators only (the EAGLE release's readers build Llama layers)."""
+    draft_from: str | None = None
+    """draft_model: start from this causal LM (a Hub id or directory sharing the target's
+    tokenizer: a smaller sibling, Llama-3.2-1B for Llama-3.1-8B) instead of the target's first
+    `num_layers` layers; its own architecture and depth, its lm_head trained untied."""
     input_norms: bool = True
     """EAGLE heads in the fc layout: RMS-normalise the token embedding and the feature separately before they are
     fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;
@@ -113,7 +117,8 @@ class HeadSpec:
         kind = kinds.get(self.kind)
         takes = kind.head_class(self.layout if self.layout in kind.heads else "fc").options
         given = [name for name, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target"),
-                                       ("num_layers", self.num_layers > 1)) if on and name not in takes]  # fmt: skip
+                                       ("num_layers", self.num_layers > 1),
+                                       ("draft_from", self.draft_from is not None)) if on and name not in takes]  # fmt: skip
         if given:
             owners = [f"{k.name} ({layout} layout)" for k in kinds.KINDS.values() for layout in k.heads
                       if given[0] in k.head_class(layout).options]  # fmt: skip
@@ -178,6 +183,9 @@ class HeadConfig:
     """DFlash: tokens per block, the anchor included (0 for other kinds)."""
     mask_token_id: int = -1
     """DFlash: the token whose embedding fills the block's mask slots (-1 for other kinds)."""
+    draft_from: str = ""
+    """draft_model: the model the draft started from (HeadSpec.draft_from; "" for the target's
+    own first layers). Read once, when the head is built; kept as its provenance."""
     draft_config: dict[str, Any] = field(default_factory=dict)
     """DFlash, and EAGLE-3 with a draft layer of another architecture (HeadSpec.draft_layer): the
     draft layers' transformers config (model_type qwen3; sizes from the target when built, as

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.vocab import DraftVocab
@@ -28,14 +29,18 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
 
     kind = "draft_model"
     feature_layers: tuple[int, ...] = ()
-    options = ("num_layers",)
+    options = ("num_layers", "draft_from")
     pack_model = None  # its own packer (inference/drafters/draft_model.py)
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
-        """head.num_layers: the target's first layers the draft starts from (fewer: cheaper drafts)."""
+        """head.num_layers: the target's first layers the draft starts from (fewer: cheaper drafts);
+        head.draft_from: a sibling model to start from instead (its config, checked against the
+        target's vocabulary here; its weights read when the head is built)."""
         from headstart.errors import HeadstartError
 
+        if spec.draft_from is not None:
+            return _sibling_fields(str(spec.draft_from), target)
         layers = int(spec.num_layers or 1)
         if layers >= target.num_layers:
             raise HeadstartError(
@@ -60,16 +65,23 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
 
     @property
     def describe(self) -> str:
-        return f"a trained draft model ({self.config.num_layers} layers)"
+        start = f", started from {self.config.draft_from}" if self.config.draft_from else ""
+        return f"a trained draft model ({self.config.num_layers} layers{start})"
 
     def bind(self, target_model: Any) -> None:
         """Nothing to attach: the draft owns all its modules."""
 
     def init_from_target(self, target_model: Any) -> None:
         """Start as the target cut to its first layers: every tensor of the draft copied from the
-        target's tensor of the same name (the lm_head from the embeddings where the target ties them)."""
-        theirs = target_model.state_dict()
-        embed = target_model.get_input_embeddings().weight
+        target's tensor of the same name (the lm_head from the embeddings where the target ties
+        them); or, with `draft_from`, as that sibling model (the same by its own tensors)."""
+        source = target_model
+        if self.config.draft_from:
+            from transformers import AutoModelForCausalLM
+
+            source = AutoModelForCausalLM.from_pretrained(self.config.draft_from, dtype=self.dtype)
+        theirs = source.state_dict()
+        embed = source.get_input_embeddings().weight
         with torch.no_grad():
             for name, tensor in self.model.state_dict().items():
                 source = theirs.get(name)
@@ -86,6 +98,51 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
+
+
+def check_vocabulary(draft_tokenizer: Any, target_tokenizer: Any, spec: str) -> None:
+    """One line when the draft's tokens are not the target's (a drafted id would mean another text)."""
+    mine, theirs = draft_tokenizer.get_vocab(), target_tokenizer.get_vocab()
+    if mine == theirs:
+        return
+    differ = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
+    token, index = differ[0]
+    where = f"'{token}' is id {index} in {'the draft' if mine.get(token) == index else 'the target'}"
+    raise HeadstartError(
+        f"the draft model {spec} has another vocabulary than the target ({len(mine)} tokens against "
+        f"{len(theirs)}; {where}, not in the other)",
+        "pick a draft of the target's family (the same tokenizer), or early-exit:K",
+    )
+
+
+def _sibling_fields(name: str, target: Any) -> dict[str, Any]:
+    """The HeadConfig fields of a draft that starts as the model `name` (a directory or Hub id):
+    its config (lm_head untied), refused in one line when its tokenizer or its vocabulary size is
+    not the target's, or when it is not smaller than the target."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from headstart.errors import HeadstartError
+
+    try:
+        config = AutoConfig.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise HeadstartError(f"head.draft_from: cannot read a model at {name} ({err})".splitlines()[0],
+                             "pass a local model directory or a Hub id (with its tokenizer)") from None  # fmt: skip
+    check_vocabulary(tokenizer, target.tokenizer, name)
+    settings = config.to_dict()
+    if settings.get("vocab_size") != target.vocab_size:
+        raise HeadstartError(
+            f"head.draft_from: {name} has {settings.get('vocab_size')} output rows, the target {target.vocab_size}",
+            "start from a model with the target's vocabulary (its smaller sibling), or drop head.draft_from",
+        )
+    layers = int(settings.get("num_hidden_layers") or 0)
+    if settings.get("hidden_size", 0) >= target.hidden_size and layers >= target.num_layers:
+        raise HeadstartError(
+            f"head.draft_from: {name} is not smaller than the target ({layers} layers of {settings.get('hidden_size')})",
+            "start from a smaller sibling, or use head.num_layers (the target's first layers)",
+        )
+    return {"num_layers": layers, "draft_config": _draft_config(settings, layers), "draft_from": name}
 
 
 def _draft_config(target_config: dict[str, Any], layers: int) -> dict[str, Any]:

@@ -190,3 +190,26 @@ def test_a_draft_model_through_the_captured_verify(target, sibling):
     for ids, got in zip(prompts, out.token_ids, strict=True):
         assert got == reference(target, ids, 16, eos=False)
     assert decoder.captured.steps >= 1 and out.stats.tau > 1.0
+
+
+def test_a_draft_model_head_starts_from_a_sibling(target, sibling, tiny_llama, tmp_path):
+    """head.draft_from: the draft_model kind starts as a separate model (the sibling-pair recipe's
+    Llama-3.2-1B for Llama-3.1-8B), its own tensors, recorded in the checkpoint; it then drafts
+    exactly. Not a sibling (another kind, a model not smaller) is refused in one line."""
+    from transformers import AutoModelForCausalLM
+
+    from headstart.heads import HeadSpec, build_head, load_heads
+
+    head = build_head(HeadSpec(kind="draft_model", draft_from=str(sibling)), target)
+    assert head.config.draft_from == str(sibling) and head.config.num_layers == 1
+    theirs = AutoModelForCausalLM.from_pretrained(sibling).state_dict()
+    for name, tensor in head.model.state_dict().items():
+        assert torch.equal(tensor, theirs[name]), name
+    head.save_pretrained(tmp_path / "from-sibling")
+    loaded = load_heads(tmp_path / "from-sibling", target)
+    assert "started from" in loaded.describe
+    _check_greedy(target, loaded, "chain:3")
+    with pytest.raises(HeadstartError, match="not smaller than the target"):
+        build_head(HeadSpec(kind="draft_model", draft_from=str(tiny_llama)), target)
+    with pytest.raises(HeadstartError, match="head.draft_from is an option of draft_model"):
+        HeadSpec(kind="eagle3", draft_from=str(sibling))
