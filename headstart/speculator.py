@@ -151,10 +151,10 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
             + ("--heads" if heads is not None else "--no-heads"),
             "pass one of them",
         )
-    if spec.strip().partition(":")[0] == "lookahead":
-        return _lookahead_speculator(target, spec.strip(), tree, typical, compile)
-    if tree is None:  # the tree (and, for a bare `early-exit`, the exit layer) `headstart tune` stored
+    if tree is None:  # the tree (a bare `early-exit`: its exit layer; `lookahead`: its sizes) tune stored
         spec, tree = _tuned_draft(target, spec.strip())
+    if spec.partition(":")[0] == "lookahead":
+        return _lookahead_speculator(target, spec, tree, typical, compile)
     choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
     if not greedy:
         choice = choice.for_sampling()
@@ -175,7 +175,7 @@ def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None]:
     stored = stored_draft_tune(target, spec)
     if stored_tune_fits(stored, str(target.device), torch.get_num_threads()):
         assert stored is not None
-        return stored["draft"], stored["draft_tree"]
+        return stored["draft"], stored["draft_tree"] or None  # "": lookahead's own tree
     if spec == EARLY_EXIT.rstrip(":"):
         raise HeadstartError(
             "--draft-model early-exit names no exit layer and no tune on this machine picked one",

@@ -93,11 +93,19 @@ DRAFT_TREES = (
 """What a draft model's tune tries: one draft forward per level, so chains and one small tree."""
 
 
+LOOKAHEAD_SIZES = ("window=2,ngram=3,guesses=1", "window=3,ngram=3,guesses=2", "window=5,ngram=4,guesses=4",
+                   "window=8,ngram=4,guesses=6", "window=15,ngram=5,guesses=15")  # fmt: skip
+"""What a tune of bare `lookahead` compares: CPU-sized windows up to the paper's GPU sizes."""
+
+
 def draft_candidates(target: Any, draft: str) -> list[str]:
     """The draft models a tune of `draft` compares: `early-exit` (no K) sweeps the exit layer over
-    a quarter to three quarters of the target's depth; anything else is itself."""
+    a quarter to 0.7 of the target's depth, `lookahead` (no sizes) its window sizes; anything else
+    is itself."""
     from headstart.drafts import EARLY_EXIT
 
+    if draft.strip() == "lookahead":
+        return [f"lookahead:{sizes}" for sizes in LOOKAHEAD_SIZES]
     if draft.strip() != EARLY_EXIT.rstrip(":"):
         return [draft]
     layers = int(target.num_layers)
@@ -115,6 +123,9 @@ def tune_draft(target: Any, draft: str, prompts: list[str], max_new_tokens: int 
     trees = candidates or list(DRAFT_TREES)
     decoders = {}
     for spec in draft_candidates(target, draft):
+        if spec.startswith("lookahead"):  # its own tree: its sizes are the candidates
+            decoders[spec] = load_speculator(target, draft_model=spec).decoder
+            continue
         speculator = load_speculator(target, tree=trees[0], draft_model=spec)  # loaded once per draft
         decoders |= {f"{spec} {tree}": speculator.new_decoder(tree=tree) for tree in trees}
     report = measure_trees(target, decoders, prompts, max_new_tokens, prune, LeanPlain(target))

@@ -214,3 +214,32 @@ def test_tune_a_draft_model_picks_the_exit_layer_and_tree(tiny_llama, tmp_path, 
     )
     out = speculator.decoder.generate(prompts, max_new_tokens=12, eos_token_id=None)
     assert out.token_ids == plain.token_ids
+
+
+def test_tune_lookahead_picks_its_sizes(tiny_llama, tmp_path, monkeypatch):
+    """`tune --draft-model lookahead`: its window sizes are the candidates (its tree is its own);
+    bare `--draft-model lookahead` then decodes at the stored sizes."""
+    from headstart.bench.tune import LOOKAHEAD_SIZES
+    from headstart.speculator import load_speculator
+    from headstart.targets import load_target
+    from headstart.tuned import draft_tune_file
+
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    target = load_target(str(tiny_llama))
+    assert load_speculator(target, draft_model="lookahead").tree.text.endswith("window=5,ngram=4,guesses=4")
+    args = [
+        "tune",
+        "--target",
+        str(tiny_llama),
+        "--draft-model",
+        "lookahead",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "8",
+    ]
+    assert main(args) == 0
+    report = json.loads(draft_tune_file(target, "lookahead").read_text())
+    assert {row["tree"] for row in report["candidates"]} <= {f"lookahead:{s}" for s in LOOKAHEAD_SIZES}
+    assert report["draft"] == report["tree"] and report["draft_tree"] == ""
+    assert load_speculator(target, draft_model="lookahead").tree.text == report["draft"]
