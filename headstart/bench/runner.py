@@ -19,9 +19,9 @@ from tqdm.auto import tqdm
 from headstart.bench.methods import Method, Run
 from headstart.bench.questions import Question
 
-SPECULATIVE = ("headstart:", "draft:", "lookahead")
+SPECULATIVE = ("headstart:", "draft:", "lookahead", "early_exit")
 """Method-name prefixes of the drafting methods: heads (`--heads`), draft models (`--draft-model`)
-and the lookahead baseline."""
+and the lookahead and early_exit baselines."""
 
 
 @dataclass

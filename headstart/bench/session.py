@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from headstart.bench.questions import Question
     from headstart.bench.runner import PromptFn
 
-BASELINES = ("vanilla", "pld", "plain", "lookahead")
-"""lookahead: Lookahead decoding at its default sizes (no model; `--draft-model lookahead:...` for others)."""
+BASELINES = ("vanilla", "pld", "plain", "lookahead", "early_exit")
+"""lookahead: Lookahead decoding at the sizes `headstart tune --draft-model lookahead` stored here,
+else its defaults; early_exit: the target's own first layers drafting, at the exit layer and tree
+`headstart tune --draft-model early-exit` stored here, else half the target's layers and chain:4
+(`--draft-model early-exit:K` for others)."""
 
 
 def _baselines(spec: str) -> list[str]:
@@ -323,11 +326,19 @@ def _methods(args: argparse.Namespace, target: Any, sampling: Any,
         methods["pld"] = bench_methods.pld(target, sampling)
     if "plain" in baselines:
         methods["plain"] = bench_methods.plain(target, sampling)
-    if "lookahead" in baselines:
-        speculator = load_speculator(target, greedy=sampling.greedy, draft_model="lookahead")
-        methods["lookahead"] = bench_methods.speculative(speculator.decoder, sampling)
+    trees = {}
+    for name, spec in (("lookahead", "lookahead"), ("early_exit", "early-exit")):
+        if name not in baselines:
+            continue
+        try:
+            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
+        except HeadstartError:  # no tune picked an exit layer here: half the target's depth
+            spec = f"early-exit:{max(1, target.num_layers // 2)}"
+            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
+        methods[name] = bench_methods.speculative(speculator.decoder, sampling)
+        trees[name] = f"{speculator.heads.describe}, {speculator.tree.text}"
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
-    trees, heads = {}, {}
+    heads = {}
     for spec in heads_specs:
         label, name = _label(spec)
         # resolved (a Hub id downloaded) and loaded once; the tree `headstart tune` stored, unless --tree

@@ -252,22 +252,27 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     assert (out / "accept_lengths.png").is_file()
 
 
-def test_bench_lookahead_baseline_and_draft_beside_plain(tiny_llama, tmp_path, capsys):
-    """The lookahead baseline (default sizes) and a sized one through --draft-model: exact, tau and
+def test_bench_lookahead_baseline_and_draft_beside_plain(tiny_llama, tmp_path, capsys, monkeypatch):
+    """The lookahead and early_exit baselines (untuned here: lookahead's default sizes, an exit at
+    half the target's depth) and a sized lookahead through --draft-model: exact, tau and
     over_plain reported like the heads'."""
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))  # no tune from another test
     rows = [{"question_id": i, "category": "c", "turns": [f"count {i} {i} {i} {i}"]} for i in range(2)]
     questions = _write_jsonl(tmp_path / "q.jsonl", rows)
     out = tmp_path / "bench"
     args = ["bench", "--target", str(tiny_llama), "--questions", str(questions), "--max-new-tokens", "12",
-            "--baselines", "plain,lookahead", "--draft-model", "small=lookahead:window=2,ngram=3,guesses=2",
+            "--baselines", "plain,lookahead,early_exit", "--draft-model", "small=lookahead:window=2,ngram=3,guesses=2",
             "--output", str(out)]  # fmt: skip
     assert main(args) == 0
     report = json.loads((out / "report.json").read_text())
-    for name in ("lookahead", "draft:small"):
+    for name in ("lookahead", "early_exit", "draft:small"):
         figures = report["methods"][name]
         assert figures["identical_fraction"] == 1.0 and figures["tau"] >= 1.0
         assert figures["over_plain"] is not None
-    assert report["config"]["trees"]["draft:small"] == "lookahead:window=2,ngram=3,guesses=2"
+    trees = report["config"]["trees"]
+    assert trees["draft:small"] == "lookahead:window=2,ngram=3,guesses=2"
+    assert trees["early_exit"] == "early exit after layer 1 of the target, chain:4"
+    assert trees["lookahead"] == "lookahead decoding, lookahead:window=5,ngram=4,guesses=4"
     assert main([*args[:-2], "--output", str(tmp_path / "b2"), "--tree", "chain:2"]) != 0
     assert "--tree does not apply" in capsys.readouterr().err
 
