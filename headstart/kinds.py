@@ -50,6 +50,9 @@ class HeadKind:
     """It can train the target jointly through LoRA adapters (Medusa-2)."""
     free_on_init: tuple[str, ...] = ()
     """Shape fields a warm start (init_from) may change: the head is rebuilt around them."""
+    loss_options: tuple[str, ...] = ()
+    """The `loss.*` keys its objective reads: a recipe that sets another (away from its default)
+    is refused, naming the kinds that take it (as the head class's `options` do for `head.*`)."""
 
     def head_class(self, layout: str = "fc") -> type:
         if layout not in self.heads:

@@ -75,3 +75,19 @@ def test_a_bare_no_picks_the_literal_choice_not_a_boolean(tmp_path):
     assert load_config(Recipe, path).precision == "no"
     with pytest.raises(HeadstartError, match="must be one of"):
         load_config(Recipe, None, ["precision=yes"])
+
+
+def test_a_loss_option_of_another_kind_is_refused(tiny_llama):
+    """loss.* keys belong to the kinds whose objective reads them (their registration's
+    loss_options): one set for another kind would be silently ignored, so it is refused in one
+    line naming the kinds that take it."""
+    from headstart.config import load_config
+    from headstart.train.config import TrainConfig
+
+    ok = load_config(TrainConfig, None, [f"target={tiny_llama}", "head.kind=eagle3", "loss.ttt_steps=2"])
+    assert ok.loss.ttt_steps == 2
+    with pytest.raises(HeadstartError) as err:
+        load_config(TrainConfig, None, [f"target={tiny_llama}", "head.kind=medusa", "loss.ttt_steps=2"])
+    assert err.value.what == "loss.ttt_steps is an option of eagle3 heads, not of medusa heads"
+    with pytest.raises(HeadstartError, match="loss.eval_ttt_steps is an option of eagle3 and dflash heads"):
+        load_config(TrainConfig, None, [f"target={tiny_llama}", "head.kind=eagle", "loss.eval_ttt_steps=3"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadSpec
@@ -291,6 +291,20 @@ class TrainConfig:
     (0 = never). Without it RSS climbs for hours (an EAGLE-3 run: 11 GB for a ~3 GB working set);
     each trim makes the next step fault its buffers in again. See headstart/train/heap.py."""
 
+    def _check_loss_options(self, kind: Any) -> None:
+        """A `loss.*` key set away from its default that this kind's objective never reads is
+        refused (it would be silently ignored), naming the kinds that read it."""
+        from headstart import kinds
+
+        for spec in fields(LossConfig):
+            if spec.name in kind.loss_options or getattr(self.loss, spec.name) == spec.default:
+                continue
+            owners = [k.name for k in kinds.KINDS.values() if spec.name in k.loss_options]
+            raise HeadstartError(
+                f"loss.{spec.name} is an option of {' and '.join(owners) or 'no'} heads, not of {kind.name} heads",
+                f"drop loss.{spec.name}" + (f", or use head.kind={owners[0]}" if owners else ""),
+            )
+
     def __post_init__(self) -> None:
         if self.max_steps == 0 and not self.init_from:
             raise HeadstartError(
@@ -331,6 +345,7 @@ class TrainConfig:
                 f"lora.enabled (joint training through LoRA, Medusa-2) is not an option of {self.head.kind} heads",
                 f"set head.kind={' or '.join(joint)}" if joint else "drop lora.enabled",
             )
+        self._check_loss_options(kinds.get(self.head.kind))
         if self.lora.enabled and self.data.mode == "offline":
             raise HeadstartError(
                 "Medusa-2 (lora.enabled) trains the target: it cannot use cached features",
