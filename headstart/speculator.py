@@ -96,7 +96,8 @@ def load_speculator(
     machine, measure once whether the heads beat plain decoding here, and decode plainly when they
     do not (headstart/calibration.py). `draft_model`: draft with a separate model or early-exit:K
     instead of heads (headstart/drafts.py; `draft_larger_ok`: a draft not smaller than the target
-    is tried with a warning), with --tree or the draft models' default chain."""
+    is tried with a warning), or `lookahead[:sizes]`; its tree: `tree`, else the one `headstart tune
+    --draft-model` stored for this machine, else the draft models' default chain."""
     import torch
 
     if draft_model is not None:

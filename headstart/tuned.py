@@ -122,7 +122,8 @@ def draft_tune_file(target: Any, draft: str) -> Path:
 
     from headstart.targets.gguf import cache_root
 
-    name = str(Path(draft).resolve()) if Path(draft).expanduser().exists() else draft
+    draft = draft.strip()
+    name = str(Path(draft).expanduser().resolve()) if Path(draft).expanduser().exists() else draft
     ident = json.dumps([getattr(target, "spec", ""), name])
     return cache_root() / "tuned-drafts" / hashlib.sha256(ident.encode()).hexdigest()[:16] / TUNED_FILE
 
@@ -142,7 +143,16 @@ def stored_draft_tune(target: Any, draft: str) -> dict[str, Any] | None:
         and isinstance(stored.get("draft"), str)
         and isinstance(stored.get("draft_tree"), str)
     ):
-        return stored
+        try:  # what it names must parse: a damaged tune is said and ignored, never fatal
+            if stored["draft"].startswith("lookahead"):
+                from headstart.inference.trees.lookahead import parse_lookahead
+
+                parse_lookahead(stored["draft"])
+            if stored["draft_tree"]:
+                choose_tree(stored["draft_tree"])
+            return stored
+        except HeadstartError:
+            pass
     log.warning(
         f"warning: {path} is damaged (not a draft tune): ignored; rerun `headstart tune --draft-model`"
     )

@@ -1,6 +1,7 @@
 """What `headstart bench` does below its command line: the output rule for a bench folder (its
 mark, --resume of an interrupted run, a finished report never measured over), the run itself
-(methods interleaved prompt by prompt: vanilla, pld, plain, each --heads and --draft-model), and
+(methods interleaved prompt by prompt: vanilla, pld, plain, lookahead, early_exit, each --heads and
+--draft-model), and
 `--merge` of finished shards. `headstart/commands/bench.py` parses the flags and calls `run`."""
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ def _drafts(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _label(spec: str) -> tuple[str, str]:
+    """'LABEL=WHAT' -> (LABEL, WHAT); a value with no label is named by its last path part. A
+    part before '=' holding ':' is no label: `lookahead:window=5,...` is a value of its own."""
     label, sep, path = spec.partition("=")
-    if sep and label and path:
+    if sep and label and path and ":" not in label:
         return label, path
     return Path(spec.rstrip("/")).name or spec, spec
 
@@ -332,8 +335,10 @@ def _methods(args: argparse.Namespace, target: Any, sampling: Any,
             continue
         try:
             speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
-        except HeadstartError:  # no tune picked an exit layer here: half the target's depth
-            spec = f"early-exit:{max(1, target.num_layers // 2)}"
+        except HeadstartError:
+            if name != "early_exit":
+                raise
+            spec = f"early-exit:{max(1, target.num_layers // 2)}"  # no tune picked an exit layer here
             speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
         methods[name] = bench_methods.speculative(speculator.decoder, sampling)
         trees[name] = f"{speculator.heads.describe}, {speculator.tree.text}"

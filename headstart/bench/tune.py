@@ -121,16 +121,20 @@ def tune_draft(target: Any, draft: str, prompts: list[str], max_new_tokens: int 
     from headstart.speculator import load_speculator
 
     trees = candidates or list(DRAFT_TREES)
-    decoders = {}
+    decoders, parts = {}, {}  # candidate name -> decoder, and -> (draft, tree)
     for spec in draft_candidates(target, draft):
-        if spec.startswith("lookahead"):  # its own tree: its sizes are the candidates
-            decoders[spec] = load_speculator(target, draft_model=spec).decoder
+        if spec.startswith("lookahead"):  # its own tree: its sizes are the candidates (--candidates unused)
+            decoders[spec], parts[spec] = load_speculator(target, draft_model=spec).decoder, (spec, "")
             continue
         speculator = load_speculator(target, tree=trees[0], draft_model=spec)  # loaded once per draft
-        decoders |= {f"{spec} {tree}": speculator.new_decoder(tree=tree) for tree in trees}
+        for tree in trees:
+            decoders[f"{spec} {tree}"], parts[f"{spec} {tree}"] = (
+                speculator.new_decoder(tree=tree),
+                (spec, tree),
+            )
     report = measure_trees(target, decoders, prompts, max_new_tokens, prune, LeanPlain(target))
-    best, _, tree = report["tree"].partition(" ")
-    return report | {"draft": best, "draft_tree": tree, "asked": draft}
+    best, tree = parts[report["tree"]]
+    return report | {"draft": best, "draft_tree": tree, "asked": draft.strip()}
 
 
 def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: Any = None) -> None:
@@ -173,8 +177,13 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
         )
         se = plain["gap_se"]
         if se is not None and plain["gap"] < -2 * se:
+            drafter = (
+                "these heads cost more than they save"
+                if heads is not None
+                else "this draft costs more than it saves"
+            )
             print(
-                "note: on this hardware these heads cost more than they save: serve with --no-heads "
+                f"note: on this hardware {drafter}: serve with --no-heads "
                 "(headstart's plain decoding; `generate --no-heads` is transformers' slower generate), or "
                 "train heads that accept more (a verify of k nodes costs the times printed above)"
             )

@@ -25,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="[LABEL=]MODEL",
         help="a draft model to measure as draft:LABEL beside the heads (repeatable): anything --target "
-        "takes with the target's tokenizer, or early-exit:K (the target's first K layers); tree chain:4 "
-        "unless --tree; or lookahead:window=W,ngram=N,guesses=G (its own tree: not with --tree)",
+        "takes with the target's tokenizer, or early-exit:K (the target's first K layers); tree: --tree, else "
+        "the one `headstart tune --draft-model` stored here, else chain:4; or lookahead:window=W,ngram=N,guesses=G "
+        "(its own tree: not with --tree)",
     )
     parser.add_argument(
         "--questions",

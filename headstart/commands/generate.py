@@ -40,7 +40,8 @@ def add_decoding_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="draft with a separate model in place of heads: anything --target takes (a smaller model "
         "with the target's tokenizer), or early-exit:K (the target's own first K layers, no training); "
-        "tree chain:4 unless --tree; or lookahead[:window=W,ngram=N,guesses=G] (Lookahead decoding: "
+        "tree: --tree, else what `headstart tune --draft-model` stored here, else chain:4; or "
+        "lookahead[:window=W,ngram=N,guesses=G] (Lookahead decoding: "
         "Jacobi iterations and an n-gram pool, no model, its own tree)",
     )
     group.add_argument(

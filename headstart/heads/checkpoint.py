@@ -87,7 +87,7 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
     title = f"{config.kind} draft head for {target}"
     shown = [card_metric(k, v) for k, v in sorted(metrics.items())]
     data = ModelCardData(
-        library_name="headstart" if fmt == "headstart" else None,
+        library_name={"headstart": "headstart", "transformers": "transformers"}.get(fmt),
         license="apache-2.0",
         pipeline_tag="text-generation",
         base_model=base_model if _hub_repo(base_model) else hub_id(config.target),
@@ -131,7 +131,8 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
         ]
     else:
         lines.append("not measured")
-    lines += ["", "Load with `headstart.heads.load_heads(path, target)`."]
+    lines += ["", "Draft with it: `headstart generate --draft-model DIR`, or any engine's draft-model speculation."
+              if fmt == "transformers" else "Load with `headstart.heads.load_heads(path, target)`."]  # fmt: skip
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 

@@ -233,7 +233,10 @@ class HeadConfig:
             target["name"] = Path(target["name"]).name
         from headstart.provenance import portable
 
-        return dataclasses.replace(self, target=target, training=portable(self.training))
+        start = self.draft_from  # a sibling from a local folder: by its name, as the target
+        if start and Path(start).expanduser().exists():
+            start = Path(start).name
+        return dataclasses.replace(self, target=target, training=portable(self.training), draft_from=start)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)

@@ -11,6 +11,7 @@ SmolLM2), and the way to fine-tune a draft on the target's own outputs (DistillS
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,11 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
         from headstart.errors import HeadstartError
 
         if spec.draft_from is not None:
+            if spec.num_layers not in (None, 1):
+                raise HeadstartError(
+                    "head.num_layers and head.draft_from both set: a sibling brings its own depth",
+                    "drop head.num_layers (or head.draft_from, to cut the target instead)",
+                )
             return _sibling_fields(str(spec.draft_from), target)
         layers = int(spec.num_layers or 1)
         if layers >= target.num_layers:
@@ -88,7 +94,8 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
                 if source is None and name.endswith("lm_head.weight"):
                     source = embed
                 if source is None or source.shape != tensor.shape:
-                    raise ValueError(f"the target has no tensor {name} of shape {tuple(tensor.shape)}")
+                    where = self.config.draft_from or "the target"
+                    raise ValueError(f"{where} has no tensor {name} of shape {tuple(tensor.shape)}")
                 tensor.copy_(source)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,7 +118,7 @@ def check_vocabulary(draft_tokenizer: Any, target_tokenizer: Any, spec: str) -> 
     raise HeadstartError(
         f"the draft model {spec} has another vocabulary than the target ({len(mine)} tokens against "
         f"{len(theirs)}; {where}, not in the other)",
-        "pick a draft of the target's family (the same tokenizer), or early-exit:K",
+        "pick a draft of the target's family (the same tokenizer), or the target's own layers (early-exit:K, head.num_layers)",
     )
 
 
@@ -137,12 +144,24 @@ def _sibling_fields(name: str, target: Any) -> dict[str, Any]:
             "start from a model with the target's vocabulary (its smaller sibling), or drop head.draft_from",
         )
     layers = int(settings.get("num_hidden_layers") or 0)
-    if settings.get("hidden_size", 0) >= target.hidden_size and layers >= target.num_layers:
+    theirs = target.model.config.to_dict()
+    if _size(settings) >= _size(theirs):
         raise HeadstartError(
-            f"head.draft_from: {name} is not smaller than the target ({layers} layers of {settings.get('hidden_size')})",
+            f"head.draft_from: {name} is not smaller than the target (~{_size(settings) / 1e6:.0f}M against "
+            f"~{_size(theirs) / 1e6:.0f}M parameters)",
             "start from a smaller sibling, or use head.num_layers (the target's first layers)",
         )
+    if Path(name).expanduser().exists():  # a local folder: by its absolute path (a resume may run elsewhere)
+        name = str(Path(name).expanduser().resolve())
     return {"num_layers": layers, "draft_config": _draft_config(settings, layers), "draft_from": name}
+
+
+def _size(config: dict[str, Any]) -> float:
+    """A transformers config's parameter count, roughly: its layers' attention and MLP matrices
+    (4 H^2 + 3 H I each) and its embeddings; enough to tell a smaller sibling from a larger model."""
+    hidden, layers = config.get("hidden_size") or 0, config.get("num_hidden_layers") or 0
+    inner = config.get("intermediate_size") or 4 * hidden
+    return layers * (4 * hidden * hidden + 3 * hidden * inner) + (config.get("vocab_size") or 0) * hidden
 
 
 def _draft_config(target_config: dict[str, Any], layers: int) -> dict[str, Any]:

@@ -404,3 +404,12 @@ def test_a_finished_report_is_not_overwritten(tmp_path, capsys):
     (tmp_path / ".headstart-bench").unlink()  # without it, a report.json is the user's own
     assert main(["bench", "--questions", "mt_bench", "--output", str(tmp_path)]) == 2
     assert "holds no bench run" in capsys.readouterr().err
+
+
+def test_a_draft_spec_holding_equals_signs_is_no_label():
+    from headstart.bench.session import _label
+
+    spec = "lookahead:window=5,ngram=4,guesses=4"
+    assert _label(spec) == (spec, spec)
+    assert _label(f"small={spec}") == ("small", spec)
+    assert _label("runs/x/final") == ("final", "runs/x/final")

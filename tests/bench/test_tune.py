@@ -243,3 +243,19 @@ def test_tune_lookahead_picks_its_sizes(tiny_llama, tmp_path, monkeypatch):
     assert {row["tree"] for row in report["candidates"]} <= {f"lookahead:{s}" for s in LOOKAHEAD_SIZES}
     assert report["draft"] == report["tree"] and report["draft_tree"] == ""
     assert load_speculator(target, draft_model="lookahead").tree.text == report["draft"]
+
+
+def test_a_damaged_draft_tune_is_said_and_ignored(tiny_llama, tmp_path, monkeypatch, caplog):
+    from headstart.speculator import load_speculator
+    from headstart.targets import load_target
+    from headstart.tuned import draft_tune_file
+
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    target = load_target(str(tiny_llama))
+    path = draft_tune_file(target, "early-exit:1")
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps({"draft": "early-exit:1", "draft_tree": "chain:x", "machine": "m", "threads": 1})
+    )
+    assert load_speculator(target, draft_model="early-exit:1").tree.text == "chain:4"  # the default
+    assert "is damaged" in caplog.text

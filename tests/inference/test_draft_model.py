@@ -201,7 +201,8 @@ def test_a_draft_model_head_starts_from_a_sibling(target, sibling, tiny_llama, t
     from headstart.heads import HeadSpec, build_head, load_heads
 
     head = build_head(HeadSpec(kind="draft_model", draft_from=str(sibling)), target)
-    assert head.config.draft_from == str(sibling) and head.config.num_layers == 1
+    assert head.config.draft_from == str(sibling.resolve()) and head.config.num_layers == 1
+    assert head.config.portable().draft_from == sibling.name  # no local path leaves the machine
     theirs = AutoModelForCausalLM.from_pretrained(sibling).state_dict()
     for name, tensor in head.model.state_dict().items():
         assert torch.equal(tensor, theirs[name]), name
@@ -211,5 +212,7 @@ def test_a_draft_model_head_starts_from_a_sibling(target, sibling, tiny_llama, t
     _check_greedy(target, loaded, "chain:3")
     with pytest.raises(HeadstartError, match="not smaller than the target"):
         build_head(HeadSpec(kind="draft_model", draft_from=str(tiny_llama)), target)
+    with pytest.raises(HeadstartError, match="a sibling brings its own depth"):
+        build_head(HeadSpec(kind="draft_model", draft_from=str(sibling), num_layers=2), target)
     with pytest.raises(HeadstartError, match="head.draft_from is an option of draft_model"):
         HeadSpec(kind="eagle3", draft_from=str(sibling))

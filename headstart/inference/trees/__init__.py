@@ -4,10 +4,12 @@ none of them asks which kind of tree it holds.
 - `static.TreeBuffers`: fixed index paths (Medusa-style; `chain:N`, JSON paths, the default tree),
   drafted level by level, children drawn from q under sampling.
 - `dynamic.DynamicTree`: EAGLE-2's tree, expanded by cumulative draft log-probability each step.
+- `lookahead.LookaheadTree`: Lookahead decoding's Jacobi window and n-gram pool as one trie (its
+  drafter, inference/drafters/lookahead.py, proposes it whole).
 - `lookup`: a prompt-lookup branch verified beside either; `draft.DraftTree`: one step's drafted
   tree, batched; `spec`: a `--tree` value parsed once into a `TreeChoice`.
 
-The protocol (both tree classes):
+The protocol (every tree class):
     samples_with_lookup          whether a lookup branch stays exact under sampling (the one rule:
                                  `TreeChoice.for_sampling` and the decoder's refusal read it)
     levels(max_depth)            draft steps taken (a dynamic tree's depth cut to the heads')

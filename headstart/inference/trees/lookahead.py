@@ -122,8 +122,9 @@ def trie(sequences: list[list[Sequence[int]]], root: list[int], size: int, depth
     id where each sequence ends: 0 for an empty one). `depth`: a bound on the sequences'
     lengths (static, so acceptance keeps one shape).
 
-    Built on the host (the pool and the window live there) and copied in one transfer. Children
-    are tried in the order their sequences come (the pool's guesses before the window)."""
+    Built on the host (the pool and the window live there) and copied to the device in one
+    transfer. Children are tried in the order their sequences come (the pool's guesses before the
+    window)."""
     batch = len(root)
     tokens = [[r] + [0] * (size - 1) for r in root]
     parents = [[0] * size for _ in range(batch)]
@@ -152,18 +153,26 @@ def trie(sequences: list[list[Sequence[int]]], root: list[int], size: int, depth
             row_ends.append(node)
         ends.append(row_ends)
     width = max(1, max(len(c) for row in children for c in row))
-    child_table = [[c + [-1] * (width - len(c)) for c in row] for row in children]
-    parent_t = torch.tensor(parents, dtype=torch.long)
-    visible = torch.eye(size, dtype=torch.bool).expand(batch, size, size).clone()
-    for node in range(1, size):  # parents precede children: a node sees its parent's ancestors
-        visible[:, node] |= visible[torch.arange(batch), parent_t[:, node]]
+    # every field as one host tensor (B, n, 4 + n + width), moved in ONE copy and split on the
+    # device; the ancestor matrix built on the host from the parents (they precede children)
+    fields = torch.zeros(batch, size, 4 + size + width, dtype=torch.long)
+    fields[:, :, 0], fields[:, :, 1] = torch.tensor(tokens), torch.tensor(parents)
+    fields[:, :, 2], fields[:, :, 3] = torch.tensor(depths), torch.tensor(valid)
+    seen = fields[:, :, 4 : 4 + size].numpy()  # a view: filled in place
+    for b in range(batch):
+        for node in range(size):
+            if node:
+                seen[b, node] = seen[b, parents[b][node]]
+            seen[b, node, node] = 1
+    fields[:, :, 4 + size :] = torch.tensor([[c + [-1] * (width - len(c)) for c in row] for row in children])
+    moved = fields.to(device)
     return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long).to(device),
-        parents=parent_t.to(device),
-        depths=torch.tensor(depths, dtype=torch.long).to(device),
-        visible=visible.to(device),
-        children=torch.tensor(child_table, dtype=torch.long).to(device),
-        valid=torch.tensor(valid).to(device),
+        tokens=moved[:, :, 0],
+        parents=moved[:, :, 1],
+        depths=moved[:, :, 2],
+        visible=moved[:, :, 4 : 4 + size].bool(),
+        children=moved[:, :, 4 + size :],
+        valid=moved[:, :, 3].bool(),
         draft_probs=None,
         max_depth=depth,
     ), ends

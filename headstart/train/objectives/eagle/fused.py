@@ -8,7 +8,7 @@ autograd keeping each for the backward) moved several (M, Vd) float matrices thr
 step and launched a dozen kernels per step; here rows go through in chunks of `chunk`, the
 gradients of h and W are computed in the forward pass while the chunk's logits are at hand
 (nothing (M, Vd) is kept), and the backward only scales them. The same maths as
-`losses.ttt_loss_at` over `head.logits` (tests/train/test_train_fused.py).
+`loss_terms.ttt_loss_at` over `head.logits` (tests/train/test_train_fused.py).
 """
 
 from __future__ import annotations
