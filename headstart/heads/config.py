@@ -68,6 +68,10 @@ class HeadSpec:
     """EAGLE-3 (reference layout): the draft layer's architecture: the target's own decoder layer
     class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
     to speculators only (the EAGLE release's readers build Llama layers)."""
+    lora_rank: int = 0
+    """draft_model: train LoRA adapters of this rank (peft) on the draft's linear layers instead of
+    every weight (0: full fine-tuning, the default); the saved head holds the merged weights, so it
+    loads and exports as a fully trained one."""
     draft_from: str | None = None
     """draft_model: start from this causal LM (a Hub id or directory sharing the target's
     tokenizer: a smaller sibling, Llama-3.2-1B for Llama-3.1-8B) instead of the target's first
@@ -93,6 +97,10 @@ class HeadSpec:
             )
         if self.draft_vocab_size < 0:
             raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
+        if not 0 <= self.lora_rank <= 1024:
+            raise HeadstartError(
+                f"head.lora_rank must be in 0..1024, got {self.lora_rank}", "use e.g. head.lora_rank=16"
+            )
         if self.init_layers not in ("random", "target"):
             raise HeadstartError(
                 f"unknown head.init_layers '{self.init_layers}'", "use head.init_layers=random (or target)"
@@ -118,7 +126,8 @@ class HeadSpec:
         takes = kind.head_class(self.layout if self.layout in kind.heads else "fc").options
         given = [name for name, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target"),
                                        ("num_layers", self.num_layers > 1),
-                                       ("draft_from", self.draft_from is not None)) if on and name not in takes]  # fmt: skip
+                                       ("draft_from", self.draft_from is not None),
+                                       ("lora_rank", self.lora_rank != 0)) if on and name not in takes]  # fmt: skip
         if given:
             owners = [f"{k.name} ({layout} layout)" for k in kinds.KINDS.values() for layout in k.heads
                       if given[0] in k.head_class(layout).options]  # fmt: skip

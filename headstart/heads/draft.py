@@ -30,7 +30,7 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
 
     kind = "draft_model"
     feature_layers: tuple[int, ...] = ()
-    options = ("num_layers", "draft_from")
+    options = ("num_layers", "draft_from", "lora_rank")
     pack_model = None  # its own packer (inference/drafters/draft_model.py)
 
     @staticmethod
@@ -97,6 +97,45 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
                     where = self.config.draft_from or "the target"
                     raise ValueError(f"{where} has no tensor {name} of shape {tuple(tensor.shape)}")
                 tensor.copy_(source)
+
+    def train_lora(self, rank: int) -> None:
+        """Train LoRA adapters of `rank` on every linear layer of the draft's decoder (peft; its
+        lm_head and embeddings stay as they are) instead of every weight: the base weights frozen,
+        the adapters trainable. Saving merges them (`_save_pretrained`)."""
+        import importlib.util
+
+        if importlib.util.find_spec("peft") is None:
+            raise HeadstartError(
+                "head.lora_rank needs peft, which is not installed", "pip install 'headstart[lora]'"
+            )
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules="all-linear")
+        self.model = get_peft_model(self.model, lora)
+
+    def _save_pretrained(self, save_directory: Any) -> None:
+        """The checkpoint holds plain weights: LoRA adapters (while training with them) are merged
+        into a copy, under the names a model without them has."""
+        from headstart.heads.checkpoint import write_checkpoint
+
+        write_checkpoint(save_directory, self.config, self.plain_state())
+
+    def plain_state(self) -> dict[str, torch.Tensor]:
+        """The state dict as an unwrapped draft's: with LoRA adapters, their merge (W + B A s)."""
+        if not hasattr(self.model, "merge_adapter"):
+            return self.state_dict()
+        self.model.merge_adapter()
+        try:
+            state = {
+                key.replace("model.base_model.model.", "model.", 1).replace(
+                    ".base_layer.", "."
+                ): value.detach().clone()
+                for key, value in self.state_dict().items()
+                if "lora_" not in key
+            }
+        finally:
+            self.model.unmerge_adapter()
+        return state
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids (B, T) -> final hidden states (B, T, H), the lm_head's input."""

@@ -171,7 +171,10 @@ def make_head(p: Plan) -> Any:
     head = initial_head(p) if p.cfg.init_from else fresh_head(p)
     if p.cfg.mixed_precision != "no":
         head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
-    return freeze(head.train().requires_grad_(True), p.cfg.optim.freeze)
+    head = freeze(head.train().requires_grad_(True), p.cfg.optim.freeze)
+    if p.cfg.head.lora_rank:  # a draft model trained through adapters (the head class's option)
+        head.train_lora(p.cfg.head.lora_rank)
+    return head
 
 
 def freeze(head: Any, prefixes: list[str]) -> Any:

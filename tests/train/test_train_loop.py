@@ -10,6 +10,7 @@ import torch
 from tiny_data import self_distilled
 
 from headstart.config import load_config
+from headstart.errors import HeadstartError
 from headstart.heads import load_heads
 from headstart.train.config import TrainConfig
 from headstart.train.loop import train
@@ -241,3 +242,35 @@ def test_a_trained_draft_model_warm_starts_resumes_and_decodes_exactly(target, t
     want = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
                                  eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()  # fmt: skip
     assert out.token_ids[0] == want
+
+
+def test_a_draft_model_trains_through_lora_and_saves_merged_weights(target, tmp_path):
+    """head.lora_rank: only the adapters train (the base weights stay the target's copy), the saved
+    head holds the merged weights under a plain draft's names (it loads without peft and has
+    moved), a resume continues the adapters, and it decodes exactly."""
+    from headstart.heads import HeadSpec, build_head
+    from headstart.inference.decoder import SpeculativeDecoder
+
+    data = self_distilled(target, count=20)
+    args = [*KINDS["draft_model"], "head.lora_rank=4", "trackers=[none]", "optim.lr=5e-2"]
+    summary = train(_cfg(target.spec, tmp_path / "a", *args, "max_steps=4"), data=data, target=target)
+    assert summary["steps"] == 4
+    start = build_head(HeadSpec(kind="draft_model", num_layers=1), target).state_dict()
+    trained = load_heads(tmp_path / "a" / "final", target)
+    mine = trained.state_dict()
+    assert set(mine) == set(start)  # no adapter names: a plain draft's checkpoint
+    moved = [k for k in start if "proj" in k and not torch.equal(mine[k], start[k])]
+    assert moved  # the merged adapters changed the linear layers ...
+    assert torch.equal(mine["model.lm_head.weight"], start["model.lm_head.weight"])  # ... and nothing else
+    assert train(_cfg(target.spec, tmp_path / "a", *args, "max_steps=6"), data=data, target=target,
+                 resume=True)["steps"] == 6  # fmt: skip
+    ids = target.chat.user_prompt_ids("hello there")
+    out = SpeculativeDecoder(target, load_heads(tmp_path / "a" / "final", target), tree="chain:3").generate(
+        [ids], max_new_tokens=12, eos_token_id=None
+    )
+    x = torch.tensor([ids])
+    want = target.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=12, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()  # fmt: skip
+    assert out.token_ids[0] == want
+    with pytest.raises(HeadstartError, match="head.lora_rank is an option of draft_model"):
+        HeadSpec(kind="eagle3", lora_rank=4)
