@@ -7,8 +7,15 @@
 #   for v in base fcnorm qwen3 layers2 vocab16k vocab32k tv kltv mixmath mixall; do
 #     flock /tmp/headstart-heavy.lock experiments/smollm2-ablations/ablate_smollm2_kept.sh $v; done
 #   python3 experiments/smollm2-ablations/ablation_table.py runs/ablate-kept --output docs/results/scaling/smollm2-eagle3-ablations-kept-cpu.json
-# Environment: STEPS (the recipe's 300), TRAIN_ARGS (more overrides for every run), OUT (default
-# runs/ablate-kept). A finished variant (OUT/NAME/results.json) is skipped.
+# Environment: STEPS (the recipe's 300), TRAIN_ARGS (more overrides for every run, last: they win),
+# OUT (default runs/ablate-kept). A finished variant (OUT/NAME/results.json) is skipped.
+# Issue 57's screen (each variant ~20-35 min on one thread of the 2-core CPU):
+#   PATH=$PWD/.venv/bin:$PATH OMP_NUM_THREADS=1 OUT=runs/ablate-se TQDM_DISABLE=1 taskset -c 1 \
+#     experiments/smollm2-ablations/ablate_smollm2_kept.sh VARIANT
+# and its 4x-budget check of the adopted recipe against the base (~2-2.5 h each, one per core,
+# resumable: `headstart train ... --resume` with the same overrides), then the curves:
+#   OUT=runs/ablate-se-4x TRAIN_ARGS="max_steps=1200 eval_every=300 save_every=100 keep_last=1" ... recipe | base
+#   .venv/bin/python experiments/smollm2-ablations/curves.py runs/ablate-se-4x --output docs/results/scaling/NAME.png
 set -euo pipefail
 source "$(dirname "$0")/../keep_aside.sh"
 OUT=${OUT:-runs/ablate-kept}
