@@ -127,7 +127,7 @@ class LookaheadDrafter:
         self.drafted = None
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        keep = rows.tolist()
+        keep = rows.tolist()  # cost: a device read when rows leave (the lists live on the host)
         self.contexts = [self.contexts[i] for i in keep]
         self.levels = [self.levels[i] for i in keep]
         self.pools = [self.pools[i] for i in keep]
