@@ -201,6 +201,11 @@ def load_config(cls: type[C], path: str | Path | None = None, overrides: list[st
     return _build(cls, data)
 
 
+def build(cls: type[C], data: dict[str, Any]) -> C:
+    """`cls` from plain data (a saved config): unknown keys refused, missing ones at their defaults."""
+    return _build(cls, data)
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     """A config as plain YAML-able data (tuples become lists)."""
     return _plain(dataclasses.asdict(config))

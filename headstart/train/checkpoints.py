@@ -18,8 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from headstart.config import build, to_dict
 from headstart.errors import HeadstartError
 from headstart.io import fsync_tree, normal_permissions
+from headstart.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,17 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _filled(saved: dict[str, Any]) -> dict[str, Any]:
+    """The saved settings with every setting added since at its default: a run saved before a
+    setting existed trained with what its default does (new settings default to the old
+    behaviour), so resuming it is not a change. A saved key since removed or renamed cannot be
+    filled: the settings are then compared as saved."""
+    try:
+        return to_dict(build(TrainConfig, saved))
+    except HeadstartError:
+        return saved
+
+
 def check_same_run(config: dict[str, Any], root: str | Path) -> None:
     """`--resume` goes on with the settings its checkpoint was trained with: a changed head is
     refused before the target and data load (its weights would not fit), and so is any other
@@ -142,7 +155,7 @@ def check_same_run(config: dict[str, Any], root: str | Path) -> None:
             f"warning: {found[-1]} does not record its settings; make sure --resume repeats the recipe"
         )
         return
-    before, now = flat(saved), flat(config)
+    before, now = flat(_filled(saved)), flat(config)
     changed = sorted(
         key for key in before.keys() | now.keys()
         if before.get(key) != now.get(key) and not any(key == r or key.startswith(r + ".") for r in RESUMABLE)

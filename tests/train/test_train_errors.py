@@ -374,6 +374,31 @@ def test_resume_refuses_a_changed_head_or_math_before_loading_anything(target, t
     assert loaded == [1]
 
 
+def test_resume_takes_a_setting_added_since_the_run_was_saved_at_its_default(tmp_path):
+    """A run saved before a setting existed (head.lora_rank came later) trained with that setting's
+    default: resuming it is not a change (it was refused as 'head.lora_rank: None -> 0'); the
+    setting at another value still is, and so is a saved key since removed."""
+    from headstart.config import to_dict
+    from headstart.train import checkpoints
+    from headstart.train.config import TrainConfig
+
+    now = to_dict(TrainConfig(target="smollm2"))
+    saved = json.loads(json.dumps(now))
+    del saved["head"]["lora_rank"], saved["optim"]["schedule"]
+    step = tmp_path / "checkpoints" / "step-00000002"
+    step.mkdir(parents=True)
+    (step / checkpoints.STATE).write_text(json.dumps({"step": 2, "config": saved}))
+    checkpoints.check_same_run(now, tmp_path / "checkpoints")
+    changed = json.loads(json.dumps(now))
+    changed["head"]["lora_rank"] = 4
+    with pytest.raises(HeadstartError, match=r"head.lora_rank: 0 -> 4"):
+        checkpoints.check_same_run(changed, tmp_path / "checkpoints")
+    saved["head"]["retired_option"] = 1
+    (step / checkpoints.STATE).write_text(json.dumps({"step": 2, "config": saved}))
+    with pytest.raises(HeadstartError, match=r"head.lora_rank: None -> 0"):
+        checkpoints.check_same_run(now, tmp_path / "checkpoints")
+
+
 def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, capsys, monkeypatch):
     from headstart.cli import main
 
