@@ -28,7 +28,7 @@ import torch
 from headstart.inference import cache as kv
 from headstart.inference.drafters import Drafter, make_drafter
 from headstart.inference.grouping import prefill_groups, prefill_overhead_tokens
-from headstart.inference.pending import PendingObservations
+from headstart.inference.pending import Deferred, PendingObservations
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import PrefillAborted, prepare_prompts
@@ -89,13 +89,17 @@ class Engine:
         # On a CPU a verify's cost grows with its tokens, so a big batch decodes faster plainly;
         # None: always speculate.
         self.speculate_up_to = speculate_up_to
-        # what plain steps commit waits here for the drafter's next draft (inference/pending.py):
-        # head modules only (a drafter object may count its observations), uncaptured (the
-        # captured steps bucket an observe's width): the `_splittable` case, with heads
+        # the batch's rows in groups, each with its drafter (inference/pending.py): what plain
+        # steps commit, and the prompts of requests that join a batch stepping plainly, wait here
+        # for the drafter's next draft: head modules only (a drafter object may count its
+        # observations), uncaptured (the captured steps bucket an observe's width): the
+        # `_splittable` case, with heads
         self.pending = PendingObservations()
-        # at most this many plain steps wait: bounds what they hold (features per row and step) and
-        # the width of the one observe that feeds them (a head's mask is rows x width x cache)
-        self.pending_limit = 64
+        # at most this many positions wait per group past its prompt: bounds what they hold
+        # (features per row and position: ~9 KB for SmolLM2's EAGLE-3 taps) and the width of the
+        # one observe that feeds them (a head's mask is rows x width x cache). A reply shorter than
+        # this that ends while the batch steps plainly never runs the head.
+        self.pending_limit = 512
         self._defers = decoder.heads is not None and self._splittable()
         self.sampling = sampling
         self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
@@ -134,6 +138,10 @@ class Engine:
             groups = prefill_groups(ordered, lengths, self.prefill_tokens, overhead)
         return [done for group in groups for done in self._add_group(group)]
 
+    def _plain_at(self, rows: int) -> bool:
+        """Whether a batch of `rows` steps plainly (its verify would pass `speculate_up_to`)."""
+        return self.speculate_up_to is not None and rows * self.decoder.verify_nodes > self.speculate_up_to
+
     def _splittable(self) -> bool:
         """Whether newcomers may join in several prefills: each makes its own drafter to merge (a
         drafter object cannot), and a captured verify adopts its batch's cache at the prefill."""
@@ -166,13 +174,15 @@ class Engine:
         pad = decoder.target.tokenizer.pad_token_id or 0
         prompts = prepare_prompts([j.prompt[shared:] for j in jobs], None, pad, 1, None, False, device)
         drafter = make_drafter(decoder.heads, decoder.target.vocab_size, decoder._tree_depth())
+        # joining a batch that will step plainly: the prompt's observation waits with the rest
+        deferred = Deferred(drafter) if self._defers and self._plain_at(self.live + len(jobs)) else None
         generators = self._generators(jobs)
         decoder.generator = generators
         start = time.perf_counter()
         abort = (lambda: all(job.cancelled for job in jobs)) if self.abortable else None
         try:
-            state = decoder.prefill(prompts, self.sampling, drafter, (self.prefix, shared) if shared else None,
-                                    abort=abort)  # fmt: skip
+            state = decoder.prefill(prompts, self.sampling, deferred or drafter,
+                                    (self.prefix, shared) if shared else None, abort=abort)  # fmt: skip
         except PrefillAborted:
             for job in jobs:
                 job.finish = "cancelled"
@@ -188,12 +198,17 @@ class Engine:
         # (after a shared prefix the padding sits between it and each row's rest: none leads)
         lead = [0 if shared else width - len(job.prompt) for job in jobs]
         if self.state is None:
-            self.state, self.drafter = state, drafter
+            self.state = state
+            if deferred is None:
+                self.pending.start(drafter, len(jobs))
+            else:
+                self.pending.join(deferred.group)
+            self.drafter = self.pending.drafter
         else:
             grown = max(self.state.visible.shape[1], width)
             self.lead = [n + grown - self.state.visible.shape[1] for n in self.lead]
             lead = [n + grown - width for n in lead]
-            self._merge(state, drafter)
+            self._merge(state, drafter, deferred)
         self.jobs += jobs
         self.lead += lead
         self._set_generators(generators, len(jobs))
@@ -209,8 +224,9 @@ class Engine:
         n = len(ids)
         return n, [bool(n) and len(p) > n and p[:n] == ids for p in prompts]
 
-    def _merge(self, state: DecodeState, drafter: Any) -> None:
-        """Stack the newcomers' rows under the live ones (caches left-padded to one width)."""
+    def _merge(self, state: DecodeState, drafter: Any, deferred: Deferred | None) -> None:
+        """Stack the newcomers' rows under the live ones (caches left-padded to one width); their
+        drafter merges now, or joins as a group of its own when their prefill was deferred."""
         assert self.state is not None
         live = self.state
         width = max(live.visible.shape[1], state.visible.shape[1])
@@ -219,8 +235,10 @@ class Engine:
         live.lengths = torch.cat([live.lengths, state.lengths])
         live.root = torch.cat([live.root, state.root])
         live.rows = list(range(len(self.jobs) + len(state.rows)))
-        self.pending.flush(self.drafter)  # the live rows' drafter is whole before rows stack under it
-        self.drafter.merge(drafter)
+        if deferred is not None:
+            self.pending.join(deferred.group)
+        else:
+            self.drafter = self.pending.merge(drafter, len(state.rows))
 
     def _generators(self, jobs: list[Job]) -> Any:
         if self.sampling.greedy:
@@ -259,34 +277,34 @@ class Engine:
         done = self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
-        decoder, state, drafter = self.decoder, self.state, self.drafter
+        decoder, state = self.decoder, self.state
         assert state is not None
-        plain = (
-            self.speculate_up_to is not None and len(self.jobs) * decoder.verify_nodes > self.speculate_up_to
-        ) or (
+        plain = self._plain_at(len(self.jobs)) or (
             decoder.positions.limited  # most targets: no per-step lengths to gather
             and decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
         )
         contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
         # the step's phases are named for profilers (scripts/gpu/check.py --profile); cost: ~1 us each
         with region("headstart.draft"):
-            if not plain:
-                self.pending.flush(drafter)  # what plain steps committed, in one observe
+            if not plain:  # what plain steps committed and deferred prompts, one observe a group
+                self.drafter = self.pending.flush()
+            drafter = self.drafter
             tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
         self.plain_steps += int(plain)
         with region("headstart.verify"):
             feats = decoder.verify(state, tree, drafter)
             if hasattr(drafter, "verified"):  # Lookahead: its window's next level is in these logits
                 drafter.verified(tree, feats.logits)
-        drafter.end_step()
+        if not plain:  # a plain step drafted nothing to forget (a deferred group's drafter holds no rows)
+            drafter.end_step()
         self.target_forwards += 1
         with region("headstart.accept"):
             acc = decoder.accept(tree, feats, self.sampling)
         observer = self.pending if plain and self._defers else drafter
         with region("headstart.commit"):  # its one host sync, the cache compaction, the observe
             committed, counts = decoder.commit(state, tree, feats, acc, observer)
-        if len(self.pending) >= self.pending_limit:
-            self.pending.flush(drafter)
+        if plain and self._defers:
+            self.pending.feed_over(self.pending_limit)
         return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
 
     def _take(self, committed: list[list[int]], counts: list[int], rows: range, counted: bool) -> list[Job]:
@@ -334,8 +352,8 @@ class Engine:
         assert self.state is not None
         index = torch.tensor(keep, dtype=torch.long, device=self.state.root.device)
         self.state.select_rows(index, list(range(len(keep))))
-        self.drafter.select_rows(index)
-        self.pending.select_rows(index)
+        self.pending.select_rows(keep, index.device)  # each row group's drafter keeps its rows
+        self.drafter = self.pending.drafter
         if self._rows_gen is not None:
             self._rows_gen = self._rows_gen.select(keep)
             self.decoder.generator = self._rows_gen
