@@ -120,9 +120,15 @@ def _coerce(value: Any, tp: Any, flag: str) -> Any:
 
 def _build(cls: type[C], data: dict[str, Any], prefix: str = "") -> C:
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and not f.metadata.get("section")}
+    # a class with a kind's own section (HeadSpec) takes the keys it does not declare itself and
+    # files them (`section`); every other class refuses them here
+    sectioned = any(f.metadata.get("section") for f in dataclasses.fields(cls))
     kwargs = {}
     for key, value in data.items():
+        if key not in fields and sectioned:
+            kwargs[key] = value
+            continue
         if key not in fields:
             raise HeadstartError(
                 f"unknown config key '{prefix}{key}'{_closest(key, list(fields))}",
@@ -206,9 +212,55 @@ def build(cls: type[C], data: dict[str, Any]) -> C:
     return _build(cls, data)
 
 
+def section(cls: type[C] | None, data: dict[str, Any], prefix: str, kind: str,
+            others: dict[str, list[tuple[str, Any]]]) -> C | None:  # fmt: skip
+    """A kind's own section of a recipe's keys: `cls` (a dataclass; None: the kind has no keys of
+    its own) built from `data`. A key only other kinds take (`others`: key -> [(kind, default)]) is
+    refused naming them, unless it sits at its default (it says nothing: configs saved before the
+    sections existed hold every kind's keys); any other unknown key is refused as `_build` does."""
+    own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+    kept = {}
+    for key, value in data.items():
+        if key in own:
+            kept[key] = value
+            continue
+        takers = others.get(key, [])
+        if takers and all(value == default for _, default in takers):
+            continue
+        if takers:
+            names = " and ".join(dict.fromkeys(name for name, _ in takers))
+            raise HeadstartError(
+                f"{prefix}{key} is an option of {names} heads, not of {kind} heads",
+                f"drop {prefix}{key}, or use head.kind={takers[0][0]}",
+            )
+        raise HeadstartError(
+            f"unknown config key '{prefix}{key}'{_closest(key, sorted(own | set(others)))}",
+            f"check the spelling of '{prefix}{key}' in the recipe or on the command line",
+        )
+    return _build(cls, kept, prefix) if cls is not None else None
+
+
 def to_dict(config: Any) -> dict[str, Any]:
-    """A config as plain YAML-able data (tuples become lists)."""
-    return _plain(dataclasses.asdict(config))
+    """A config as plain YAML-able data (tuples become lists); a kind's section (a field marked
+    `section`) is written inline, its keys beside its parent's, as recipes write them."""
+    return _plain(_data(config))
+
+
+def _data(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            item = _data(getattr(value, f.name))
+            if f.metadata.get("section"):
+                out.update(item or {})
+            else:
+                out[f.name] = item
+        return out
+    if isinstance(value, dict):
+        return {k: _data(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_data(v) for v in value)
+    return value
 
 
 def _plain(value: Any) -> Any:

@@ -10,6 +10,7 @@ level up, in the catalogue, which `import headstart` runs (strings only: it load
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Any
@@ -50,9 +51,14 @@ class HeadKind:
     """It can train the target jointly through LoRA adapters (Medusa-2)."""
     free_on_init: tuple[str, ...] = ()
     """Shape fields a warm start (init_from) may change: the head is rebuilt around them."""
-    loss_options: tuple[str, ...] = ()
-    """The `loss.*` keys its objective reads: a recipe that sets another (away from its default)
-    is refused, naming the kinds that take it (as the head class's `options` do for `head.*`)."""
+    head_section: str | None = None
+    """"module:Class" of the dataclass holding its own `head.*` keys (Medusa's num_heads, DFlash's
+    block_size): a recipe's `head:` keys beyond HeadSpec's shared ones are read into it, and read
+    back as `spec.KEY`. None: the kind has no keys of its own."""
+    loss_section: str | None = None
+    """"module:Class" of the dataclass holding the `loss.*` keys its objective reads (`cfg.loss` is
+    one of these). A key of another kind's section set away from its default is refused, naming
+    the kinds that take it."""
 
     def head_class(self, layout: str = "fc") -> type:
         if layout not in self.heads:
@@ -60,6 +66,11 @@ class HeadKind:
                 f"{self.name} heads have no '{layout}' layout", f"use head.layout={' or '.join(self.heads)}"
             )
         return load(self.heads[layout])
+
+    def section(self, which: str) -> type | None:
+        """Its `head` or `loss` section's class (None: it has no keys of its own there)."""
+        ref = self.head_section if which == "head" else self.loss_section
+        return load(ref) if ref else None
 
 
 KINDS: dict[str, HeadKind] = {}
@@ -78,6 +89,18 @@ def get(name: str) -> HeadKind:
     if name not in KINDS:
         raise HeadstartError(f"unknown head kind '{name}'", f"use one of {', '.join(KINDS)}")
     return KINDS[name]
+
+
+def section_keys(which: str) -> dict[str, list[tuple[str, Any]]]:
+    """Every registered kind's `head` or `loss` section keys: key -> [(kind, its default)] (what a
+    recipe's key for another kind is refused against, headstart.config.section)."""
+    keys: dict[str, list[tuple[str, Any]]] = {}
+    for kind in KINDS.values():
+        cls = kind.section(which)
+        for f in dataclasses.fields(cls) if cls is not None else ():
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            keys.setdefault(f.name, []).append((kind.name, default))
+    return keys
 
 
 def names() -> tuple[str, ...]:

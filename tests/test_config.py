@@ -79,7 +79,7 @@ def test_a_bare_no_picks_the_literal_choice_not_a_boolean(tmp_path):
 
 def test_a_loss_option_of_another_kind_is_refused(tiny_llama):
     """loss.* keys belong to the kinds whose objective reads them (their registration's
-    loss_options): one set for another kind would be silently ignored, so it is refused in one
+    loss_section): one set for another kind would be silently ignored, so it is refused in one
     line naming the kinds that take it."""
     from headstart.config import load_config
     from headstart.train.config import TrainConfig

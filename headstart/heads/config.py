@@ -19,33 +19,26 @@ MAX_BLOCKS = 64
 a damaged config must not build a million modules before its weights are compared."""
 
 
-@dataclass
+@dataclass(init=False)
 class HeadSpec:
-    """The head to train, as written in a recipe's `head:` section."""
+    """The head to train, as written in a recipe's `head:` section: the keys every kind reads,
+    and the kind's own keys (HeadKind.head_section, e.g. headstart.heads.medusa.MedusaOptions)
+    in `options`, read back as `spec.KEY` too. Recipes write them all flat (`head.num_heads=4`)."""
 
     kind: str = kinds.DEFAULT
     """A registered head kind (headstart.kinds): medusa (Medusa-1/2), eagle (EAGLE-1/2),
-    eagle3, or dflash (a block drafter: one forward drafts block_size - 1 tokens)."""
-    num_heads: int = 3
-    """Medusa: number of heads K; head k predicts the token k+1 positions after the target's next token."""
+    eagle3, dflash (a block drafter: one forward drafts block_size - 1 tokens) or draft_model."""
     num_layers: int | None = None
     """Medusa: residual blocks `x + SiLU(Linear(x))` per head (default 1). DFlash: draft decoder
     layers (default 1). EAGLE-3 (reference layout): draft decoder layers (default 1;
     the first reads the token and the feature, the others are plain decoder layers, as in
     speculators); more than 1 stays in headstart's own format (export refuses it). draft_model:
     the target's first layers the draft model starts from (fewer than the target's)."""
-    block_size: int = 16
-    """DFlash: tokens per block, the anchor included (block_size - 1 drafted per forward)."""
-    mask_token_id: int | None = None
-    """DFlash: the token id whose (frozen, target) embedding fills the block's mask slots; None:
-    the tokenizer's mask token, else its pad token, else its end-of-sequence token."""
     init_layers: Literal["random", "target"] = "random"
     """DFlash and EAGLE-3 (reference layout): how the draft layers start. random: fresh, as
     speculators, z-lab and the EAGLE release train them; target: copies of the target layer after
     the deepest tap, fc passing that tap (a warm start: see DFlashHead.init_layers_from_target and
     Eagle3Head.init_layers_from_target)."""
-    shared_lm_head: bool = True
-    """Medusa: reuse the target's (frozen) lm_head instead of a trainable copy per head."""
     feature_layers: list[int] | None = None
     """EAGLE-3: three target layer ids (low, middle, high); DFlash: one or more; None = the
     EAGLE-3 reference's taps (headstart.targets.eagle3_layer_ids), which are also speculators'
@@ -57,77 +50,78 @@ class HeadSpec:
     draft step); DFlash scores its training loss and drafts over those N rows of the target's
     lm_head (its checkpoint stays full-vocabulary: other runtimes draft over every token)."""
     layout: Literal["reference", "fc"] = "reference"
-    """EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
+    """Which of the kind's head classes (HeadKind.heads) it builds; kinds with one layout have
+    "fc". EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
     llama.cpp load; `headstart export` writes it) or "fc" (headstart's first layout, not
     exportable). See headstart.heads.eagle."""
-    fc_norm: bool = False
-    """EAGLE-3 (reference layout): an RMS norm on each tapped target state before fc (EAGLE-3.1;
-    speculators' `fc_norm`, weights fc_norm.{i}.weight). SmolLM2's middle and deep states are
-    ~500x the shallow one's scale: unnormed, fc sees mostly them. Exported to speculators only."""
-    draft_layer: Literal["target", "qwen3"] = "target"
-    """EAGLE-3 (reference layout): the draft layer's architecture: the target's own decoder layer
-    class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
-    to speculators only (the EAGLE release's readers build Llama layers)."""
-    lora_rank: int = 0
-    """draft_model: train LoRA adapters of this rank (peft) on the draft's linear layers instead of
-    every weight (0: full fine-tuning, the default); the saved head holds the merged weights, so it
-    loads and exports as a fully trained one."""
-    draft_from: str | None = None
-    """draft_model: start from this causal LM (a Hub id or directory sharing the target's
-    tokenizer: a smaller sibling, Llama-3.2-1B for Llama-3.1-8B) instead of the target's first
-    `num_layers` layers; its own architecture and depth, its lm_head trained untied."""
-    input_norms: bool = True
-    """EAGLE heads in the fc layout: RMS-normalise the token embedding and the feature separately before they are
-    fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings' scale;
-    without the norms the head all but ignores the token it is given."""
+    options: Any = field(default=None, metadata={"section": True})
+    """The kind's own keys (its HeadKind.head_section), written inline in recipes and saved configs."""
+
+    def __init__(self, kind: str = kinds.DEFAULT, num_layers: int | None = None,
+                 init_layers: Literal["random", "target"] = "random", feature_layers: list[int] | None = None,
+                 draft_vocab_size: int = 0, layout: Literal["reference", "fc"] = "reference",
+                 options: Any = None, **keys: Any) -> None:  # fmt: skip
+        from headstart.config import section
+
+        self.kind, self.num_layers, self.init_layers = kind, num_layers, init_layers
+        self.feature_layers, self.draft_vocab_size, self.layout = feature_layers, draft_vocab_size, layout
+        found = kinds.get(kind)  # one line naming the registered kinds
+        self.options = (
+            options
+            if options is not None
+            else section(found.section("head"), keys, "head.", kind, kinds.section_keys("head"))
+        )
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        """`spec.block_size`: the kind's own key (only reached for names HeadSpec lacks)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+            return getattr(options, name)
+        raise AttributeError(f"{self.__dict__.get('kind')} heads have no head.{name}")
 
     def __post_init__(self) -> None:
-        kinds.get(self.kind)  # one line naming the registered kinds
-        if self.num_heads < 1:
-            raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
         if self.num_layers is None:
             self.num_layers = 1
-        if not 2 <= self.block_size <= 64:
-            raise HeadstartError(
-                f"head.block_size must be in 2..64, got {self.block_size}", "set head.block_size=16"
-            )
         if self.num_layers < 1:
             raise HeadstartError(
                 f"head.num_layers must be >= 1, got {self.num_layers}", "set head.num_layers=1"
             )
         if self.draft_vocab_size < 0:
             raise HeadstartError("head.draft_vocab_size must be >= 0", "use 0 for the full vocabulary")
-        if not 0 <= self.lora_rank <= 1024:
-            raise HeadstartError(
-                f"head.lora_rank must be in 0..1024, got {self.lora_rank}", "use e.g. head.lora_rank=16"
-            )
         if self.init_layers not in ("random", "target"):
             raise HeadstartError(
                 f"unknown head.init_layers '{self.init_layers}'", "use head.init_layers=random (or target)"
             )
-        if self.init_layers == "target" and not hasattr(
-            kinds.get(self.kind).head_class(
-                self.layout if self.layout in kinds.get(self.kind).heads else "fc"
-            ),
-            "init_layers_from_target",
-        ):
+        if self.layout not in ("reference", "fc"):
+            raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
+        kind = kinds.get(self.kind)
+        head_class = kind.head_class(self.layout if self.layout in kind.heads else "fc")
+        if self.init_layers == "target" and not hasattr(head_class, "init_layers_from_target"):
             raise HeadstartError(
                 f"head.init_layers=target: {self.kind} heads ({self.layout} layout) have no warm start from "
                 "the target's layers",
                 "drop head.init_layers (DFlash and EAGLE-3's reference layout have one)",
             )
-        if self.layout not in ("reference", "fc"):
-            raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
-        if self.draft_layer not in ("target", "qwen3"):
-            raise HeadstartError(
-                f"unknown head.draft_layer '{self.draft_layer}'", "use head.draft_layer=target (or qwen3)"
+        self._check_layout_options(kind, head_class)
+        self._check_taps(kind)
+
+    def _check_layout_options(self, kind: Any, head_class: type) -> None:
+        """A key only some layouts' classes take (their `options`: EAGLE-3's fc_norm, more than one
+        draft layer) set away from its default for a class that does not take it is refused."""
+        values = {"num_layers": (self.num_layers, 1)}
+        if self.options is not None:
+            values.update(
+                {
+                    f.name: (getattr(self.options, f.name), _default(f))
+                    for f in dataclasses.fields(self.options)
+                }
             )
-        kind = kinds.get(self.kind)
-        takes = kind.head_class(self.layout if self.layout in kind.heads else "fc").options
-        given = [name for name, on in (("fc_norm", self.fc_norm), ("draft_layer", self.draft_layer != "target"),
-                                       ("num_layers", self.num_layers > 1),
-                                       ("draft_from", self.draft_from is not None),
-                                       ("lora_rank", self.lora_rank != 0)) if on and name not in takes]  # fmt: skip
+        bound = {
+            name for k in kinds.KINDS.values() for layout in k.heads for name in k.head_class(layout).options
+        }
+        given = [name for name, (value, default) in values.items()
+                 if name in bound and value != default and name not in head_class.options]  # fmt: skip
         if given:
             owners = [f"{k.name} ({layout} layout)" for k in kinds.KINDS.values() for layout in k.heads
                       if given[0] in k.head_class(layout).options]  # fmt: skip
@@ -136,6 +130,8 @@ class HeadSpec:
                 f"{self.kind} head ({self.layout} layout)",
                 f"drop head.{given[0]}" + (f", or use a {owners[0]} head" if owners else ""),
             )
+
+    def _check_taps(self, kind: Any) -> None:
         least, most = kind.taps or (0, 0)
         if (
             self.feature_layers is not None
@@ -155,6 +151,10 @@ class HeadSpec:
                 f"head.feature_layers must be increasing, without repeats, got {self.feature_layers}",
                 f"set head.feature_layers={sorted(set(self.feature_layers))}",
             )
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
 
 
 LOCAL_KEYS = ("_name_or_path", "_commit_hash")

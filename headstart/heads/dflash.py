@@ -24,6 +24,7 @@ norm), so the format adapters copy the state dict as it is.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -111,6 +112,23 @@ def mask_token(spec: HeadSpec, target: Any) -> int:
         if isinstance(value, int) and 0 <= value < vocab:
             return value
     return vocab - 1
+
+
+@dataclass
+class DFlashOptions:
+    """DFlash's own `head.*` keys (HeadSpec.options for head.kind=dflash)."""
+
+    block_size: int = 16
+    """Tokens per block, the anchor included (block_size - 1 drafted per forward)."""
+    mask_token_id: int | None = None
+    """The token id whose (frozen, target) embedding fills the block's mask slots; None: the
+    tokenizer's mask token, else its pad token, else its end-of-sequence token."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.block_size <= 64:
+            raise HeadstartError(
+                f"head.block_size must be in 2..64, got {self.block_size}", "set head.block_size=16"
+            )
 
 
 class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):

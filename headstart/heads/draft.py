@@ -11,6 +11,7 @@ SmolLM2), and the way to fine-tune a draft on the target's own outputs (DistillS
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,26 @@ from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.vocab import DraftVocab
+
+
+@dataclass
+class DraftOptions:
+    """A draft model's own `head.*` keys (HeadSpec.options for head.kind=draft_model)."""
+
+    lora_rank: int = 0
+    """Train LoRA adapters of this rank (peft) on the draft's linear layers instead of every weight
+    (0: full fine-tuning, the default); the saved head holds the merged weights, so it loads and
+    exports as a fully trained one."""
+    draft_from: str | None = None
+    """Start from this causal LM (a Hub id or directory sharing the target's tokenizer: a smaller
+    sibling, Llama-3.2-1B for Llama-3.1-8B) instead of the target's first `num_layers` layers; its
+    own architecture and depth, its lm_head trained untied."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.lora_rank <= 1024:
+            raise HeadstartError(
+                f"head.lora_rank must be in 0..1024, got {self.lora_rank}", "use e.g. head.lora_rank=16"
+            )
 
 
 class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
@@ -97,6 +118,12 @@ class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):
                     where = self.config.draft_from or "the target"
                     raise ValueError(f"{where} has no tensor {name} of shape {tuple(tensor.shape)}")
                 tensor.copy_(source)
+
+    def before_training(self, spec: Any) -> None:
+        """The trainer's call before the first step: LoRA adapters instead of every weight when
+        the recipe asks (head.lora_rank)."""
+        if spec.lora_rank:
+            self.train_lora(spec.lora_rank)
 
     def train_lora(self, rank: int) -> None:
         """Train LoRA adapters of `rank` on every linear layer of the draft's decoder (peft; its

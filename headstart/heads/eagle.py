@@ -12,7 +12,8 @@ EAGLE-3 comes in two layouts (HeadConfig.layout):
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -38,6 +39,30 @@ def eagle3_fields(spec: Any, target: Any) -> dict[str, Any]:
         if other
         else {},
     }
+
+
+@dataclass
+class EagleOptions:
+    """EAGLE-1's own `head.*` keys (HeadSpec.options for head.kind=eagle)."""
+
+    input_norms: bool = True
+    """The fc layout: RMS-normalise the token embedding and the feature separately before they are
+    fused (EAGLE-3's reference does). SmolLM2's middle/deep features are ~500x the embeddings'
+    scale; without the norms the head all but ignores the token it is given."""
+
+
+@dataclass
+class Eagle3Options(EagleOptions):
+    """EAGLE-3's own `head.*` keys (HeadSpec.options for head.kind=eagle3)."""
+
+    fc_norm: bool = False
+    """The reference layout: an RMS norm on each tapped target state before fc (EAGLE-3.1;
+    speculators' `fc_norm`, weights fc_norm.{i}.weight). SmolLM2's middle and deep states are
+    ~500x the shallow one's scale: unnormed, fc sees mostly them. Exported to speculators only."""
+    draft_layer: Literal["target", "qwen3"] = "target"
+    """The reference layout: the draft layer's architecture: the target's own decoder layer
+    class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
+    to speculators only (the EAGLE release's readers build Llama layers)."""
 
 
 class EagleHead(HeadCheckpoint, nn.Module):

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
 from headstart.heads.vocab import DraftVocab
 from headstart.targets.smallmm import linear
+
+
+@dataclass
+class MedusaOptions:
+    """Medusa's own `head.*` keys (HeadSpec.options for head.kind=medusa)."""
+
+    num_heads: int = 3
+    """Number of heads K; head k predicts the token k+1 positions after the target's next token."""
+    shared_lm_head: bool = True
+    """Reuse the target's (frozen) lm_head instead of a trainable copy per head."""
+
+    def __post_init__(self) -> None:
+        if self.num_heads < 1:
+            raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
 
 
 class ResBlock(nn.Module):

@@ -4,7 +4,7 @@
 its target and data without computing anything.
 """
 
-from headstart.train.config import DataConfig, LoraConfig, LossConfig, OptimConfig, TrainConfig
+from headstart.train.config import DataConfig, LoraConfig, OptimConfig, TrainConfig
 from headstart.train.data import TrainData
 
-__all__ = ["DataConfig", "LoraConfig", "LossConfig", "OptimConfig", "TrainConfig", "TrainData"]
+__all__ = ["DataConfig", "LoraConfig", "OptimConfig", "TrainConfig", "TrainData"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from headstart.config import section
 from headstart.errors import HeadstartError
 from headstart.heads.config import HeadSpec
 
@@ -143,69 +144,6 @@ class OptimConfig:
 
 
 @dataclass
-class LossConfig:
-    medusa_decay: float = 0.8
-    """Medusa: head k (0-based) weighs decay**k."""
-    eagle_feature_weight: float = 1.0
-    """EAGLE-1: weight of the SmoothL1 feature-regression loss."""
-    eagle_ce_weight: float = 0.1
-    """EAGLE-1: weight of the cross-entropy against the target's next-token distribution."""
-    eagle_noise: float = 0.2
-    """EAGLE-1: uniform noise U(-noise/2, noise/2) added to input features while training."""
-    ttt_steps: int = 7
-    """EAGLE-3: training-time-test unroll length (the head runs on its own outputs)."""
-    ttt_decay: float = 0.8
-    """EAGLE-3: step j weighs decay**j."""
-    kl_weight: float = 1.0
-    """EAGLE-3: weight of the soft cross-entropy against the target's draft-vocabulary
-    distribution (forward KL up to a constant), the EAGLE-3 release's loss."""
-    tv_weight: float = 0.0
-    """EAGLE-3: weight of the total-variation distance 0.5 * sum |p - q| between the target's and
-    the draft's draft-vocabulary distributions. 1 - TV is the chance a sampled draft token is
-    accepted, so this loss aims at acceptance directly; kl_weight=0 tv_weight=1 trains on it alone."""
-    eval_steps: int = 5
-    """EAGLE-1 metrics: unroll this many steps on held-out data (EAGLE-3 uses eval_ttt_steps)."""
-    eval_ttt_steps: int = 0
-    """EAGLE-3 and DFlash metrics: score this many draft steps on held-out data (0 = ttt_steps for
-    EAGLE-3, block_size - 1 for DFlash). Set it to compare heads trained at different depths, or
-    of different kinds, on the same held-out steps (experiments/smollm2-ablations/ablate_smollm2.sh)."""
-    dflash_anchors: int = 32
-    """DFlash: blocks per conversation in a training step, anchored at random reply positions
-    (cost: anchors x block_size queries through the draft layers and the lm_head rows)."""
-    dflash_decay: float = 0.0
-    """DFlash: slot k (1..B-1) weighs exp(-(k-1)/gamma); 0 = the paper's gamma for the block size
-    (7 for 16, 5 for 10, 4 for 8)."""
-    dflash_labels: Literal["soft", "hard"] = "soft"
-    """DFlash: soft = the target's distribution at the slot (over the draft vocabulary), as EAGLE-3
-    trains here; hard = the data's token (z-lab's and SpecForge's recipe)."""
-
-    def __post_init__(self) -> None:
-        for name in ("medusa_decay", "eagle_feature_weight", "eagle_ce_weight", "eagle_noise", "ttt_decay",
-                     "kl_weight", "tv_weight"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise HeadstartError(
-                    f"loss.{name} must be >= 0, got {getattr(self, name)}",
-                    f"set loss.{name}={getattr(LossConfig, name)}",
-                )
-        if self.kl_weight + self.tv_weight <= 0:
-            raise HeadstartError(
-                "loss.kl_weight and loss.tv_weight are both 0: the EAGLE-3 loss would be 0",
-                "set loss.kl_weight=1 (and loss.tv_weight=0, the default)",
-            )
-        if self.dflash_anchors < 1 or self.dflash_decay < 0:
-            raise HeadstartError(
-                f"loss.dflash_anchors must be >= 1 and loss.dflash_decay >= 0, got {self.dflash_anchors}, "
-                f"{self.dflash_decay}",
-                "set loss.dflash_anchors=32 and loss.dflash_decay=0 (the paper's decay)",
-            )
-        if self.ttt_steps < 1 or self.eval_steps < 1 or self.eval_ttt_steps < 0:
-            raise HeadstartError(
-                "loss.ttt_steps and loss.eval_steps must be >= 1, loss.eval_ttt_steps >= 0",
-                "set loss.ttt_steps=7 (loss.eval_ttt_steps=0 evaluates as many steps as it trains)",
-            )
-
-
-@dataclass
 class LoraConfig:
     enabled: bool = False
     """Medusa-2: train the target jointly through LoRA adapters (the decoded text then follows the
@@ -242,7 +180,9 @@ class TrainConfig:
     or train longer. The heads must match `head` and the target; EAGLE-3 keeps their draft vocabulary."""
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
+    loss: Any = field(default_factory=dict)
+    """The `loss.*` keys of the head's kind, read into its section (HeadKind.loss_section, e.g.
+    headstart.train.objectives.medusa.MedusaLoss; None for a kind with none): `cfg.loss.KEY`."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     batch_size: int = 4
     """Conversations per process per micro-batch."""
@@ -291,20 +231,6 @@ class TrainConfig:
     (0 = never). Without it RSS climbs for hours (an EAGLE-3 run: 11 GB for a ~3 GB working set);
     each trim makes the next step fault its buffers in again. See headstart/train/heap.py."""
 
-    def _check_loss_options(self, kind: Any) -> None:
-        """A `loss.*` key set away from its default that this kind's objective never reads is
-        refused (it would be silently ignored), naming the kinds that read it."""
-        from headstart import kinds
-
-        for spec in fields(LossConfig):
-            if spec.name in kind.loss_options or getattr(self.loss, spec.name) == spec.default:
-                continue
-            owners = [k.name for k in kinds.KINDS.values() if spec.name in k.loss_options]
-            raise HeadstartError(
-                f"loss.{spec.name} is an option of {' and '.join(owners) or 'no'} heads, not of {kind.name} heads",
-                f"drop loss.{spec.name}" + (f", or use head.kind={owners[0]}" if owners else ""),
-            )
-
     def __post_init__(self) -> None:
         if self.max_steps == 0 and not self.init_from:
             raise HeadstartError(
@@ -345,7 +271,9 @@ class TrainConfig:
                 f"lora.enabled (joint training through LoRA, Medusa-2) is not an option of {self.head.kind} heads",
                 f"set head.kind={' or '.join(joint)}" if joint else "drop lora.enabled",
             )
-        self._check_loss_options(kinds.get(self.head.kind))
+        if isinstance(self.loss, dict):  # a recipe's keys; a section object is kept as given
+            self.loss = section(kinds.get(self.head.kind).section("loss"), self.loss, "loss.", self.head.kind,
+                                kinds.section_keys("loss"))  # fmt: skip
         if self.lora.enabled and self.data.mode == "offline":
             raise HeadstartError(
                 "Medusa-2 (lora.enabled) trains the target: it cannot use cached features",

@@ -172,8 +172,8 @@ def make_head(p: Plan) -> Any:
     if p.cfg.mixed_precision != "no":
         head.float()  # master weights in fp32; accelerate's autocast runs the maths in bf16/fp16
     head = freeze(head.train().requires_grad_(True), p.cfg.optim.freeze)
-    if p.cfg.head.lora_rank:  # a draft model trained through adapters (the head class's option)
-        head.train_lora(p.cfg.head.lora_rank)
+    if hasattr(head, "before_training"):  # the kind's own preparation (a draft model's LoRA adapters)
+        head.before_training(p.cfg.head)
     return head
 
 

@@ -108,7 +108,7 @@ def test_formats_refuse_an_option_they_cannot_hold_in_one_line(llama_target, tmp
     [
         (
             ["head.kind=medusa", "head.fc_norm=true"],
-            r"head.fc_norm is an option of eagle3 \(reference layout\) heads",
+            "head.fc_norm is an option of eagle3 heads, not of medusa heads",
         ),
         (["head.kind=eagle3", "head.layout=fc", "head.num_layers=2"], "head.num_layers is an option"),
         (["head.kind=eagle3", "head.draft_layer=gemma"], "must be one of"),

@@ -14,9 +14,7 @@ from headstart import kinds
 def toy_registered():
     from headstart.kinds import HeadKind, register
 
-    register(
-        HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE")
-    )  # the one line
+    register(HeadKind("toy", {"fc": "toy_kind:ToyHead"}, "toy_kind:ToyDrafter", "toy_kind:toy_loss", "toy CE", head_section="toy_kind:ToyOptions", loss_section="toy_kind:ToyLoss"))  # the one line  # fmt: skip
     yield
     kinds.KINDS.pop("toy")
 
@@ -70,6 +68,43 @@ def test_a_registered_kind_trains_through_the_one_loop(toy_registered, tiny_llam
     assert losses[-1] < losses[0], losses
     assert isinstance(load_heads(tmp_path / "run" / "final", target), ToyHead)
     assert "eval/top1/step0" in summary["final_eval"]
+
+
+def test_a_registered_kind_brings_its_own_keys(toy_registered, tiny_llama, tmp_path):
+    """The toy's own `head.*` and `loss.*` keys (its sections, named by its registration) are
+    typed, reach its head and objective, and are refused for other kinds (and other kinds' keys
+    for it) in one line: no shared class was edited to add them."""
+    import toy_kind
+
+    from headstart.config import load_config, to_dict
+    from headstart.errors import HeadstartError
+    from headstart.targets import load_target
+    from headstart.train.config import TrainConfig
+    from headstart.train.data import TrainData
+    from headstart.train.loop import train
+
+    base = [f"target={tiny_llama}", f"output_dir={tmp_path / 'run'}", "batch_size=4", "max_steps=2",
+            "eval_every=1000", "save_every=0", "data.holdout=4", "trackers=[]"]  # fmt: skip
+    cfg = load_config(
+        TrainConfig, None, [*base, "head.kind=toy", "head.init_std=0.5", "loss.label_smoothing=0.1"]
+    )
+    assert (cfg.head.init_std, cfg.loss.label_smoothing) == (0.5, 0.1)
+    assert to_dict(cfg)["head"]["init_std"] == 0.5 and to_dict(cfg)["loss"] == {"label_smoothing": 0.1}
+    target = load_target(str(tiny_llama))
+    rows = [[1, 5, 6, 7, 8, 9, 10, 11, 12]] * 16
+    train(
+        cfg,
+        data=TrainData(rows, [[0, 0, 1, 1, 1, 1, 1, 1, 1]] * 16, target.fingerprint, "toy data"),
+        target=target,
+    )
+    assert toy_kind.USED == {"init_std": 0.5, "label_smoothing": 0.1}
+    for wrong, message in ((["head.kind=medusa", "head.init_std=0.5"], "head.init_std is an option of toy heads, not of medusa heads"),
+                           (["head.kind=medusa", "loss.label_smoothing=0.1"], "loss.label_smoothing is an option of toy heads"),
+                           (["head.kind=toy", "loss.ttt_steps=3"], "loss.ttt_steps is an option of eagle3 heads, not of toy heads"),
+                           (["head.kind=toy", "head.init_sdt=0.5"], "unknown config key 'head.init_sdt'; did you mean 'init_std'"),
+                           (["head.kind=toy", "head.init_std=big"], "'head.init_std' expects float")):  # fmt: skip
+        with pytest.raises(HeadstartError, match=message):
+            load_config(TrainConfig, None, [*base, *wrong])
 
 
 def test_an_unregistered_kind_is_one_line(tiny_llama):

@@ -1,10 +1,12 @@
 """A toy head kind, written as a new kind's author would (docs/developer/add-a-head-kind.md): a
 head module, a drafter, a training objective, all in this one new file; the test registers it
 with one line. The head: one residual block on the target's last hidden state, projected by the
-target's own lm_head, drafting one token (a one-head Medusa)."""
+target's own lm_head, drafting one token (a one-head Medusa). Its own `head.*` and `loss.*` keys live
+here too (ToyOptions, ToyLoss), named by the same registration line."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +14,24 @@ from torch import nn
 
 from headstart.heads.checkpoint import HeadCheckpoint
 from headstart.heads.config import HeadConfig
+
+USED: dict[str, float] = {}  # what the last training read from the kind's own keys (the test looks)
+
+
+@dataclass
+class ToyOptions:
+    """The toy's own `head.*` key (its head section)."""
+
+    init_std: float = 0.0
+    """The block's weights start at N(0, init_std) for training (0: zeros, the identity)."""
+
+
+@dataclass
+class ToyLoss:
+    """The toy's own `loss.*` key (its loss section)."""
+
+    label_smoothing: float = 0.0
+    """Label smoothing of the toy's cross-entropy."""
 
 
 class ToyHead(HeadCheckpoint, nn.Module):
@@ -29,6 +49,12 @@ class ToyHead(HeadCheckpoint, nn.Module):
         nn.init.zeros_(self.block.weight)
         nn.init.zeros_(self.block.bias)
         self._bound: dict[str, nn.Module] = {}
+
+    def before_training(self, spec: Any) -> None:
+        USED["init_std"] = spec.init_std
+        if spec.init_std:
+            with torch.no_grad():
+                self.block.weight.normal_(0, spec.init_std)
 
     def bind(self, target_model: Any) -> None:
         self._bound["lm_head"] = target_model.get_output_embeddings()
@@ -82,7 +108,10 @@ def toy_loss(
     ids, mask = batch["input_ids"], batch["loss_mask"]
     logits = objective.head(feats.last_hidden)  # (B, T, V)
     scored = losses.ahead(mask, 2).bool()
-    loss = torch.nn.functional.cross_entropy(logits[scored], losses.ahead(ids, 2)[scored])
+    smoothing = USED["label_smoothing"] = objective.cfg.loss.label_smoothing
+    loss = torch.nn.functional.cross_entropy(
+        logits[scored], losses.ahead(ids, 2)[scored], label_smoothing=smoothing
+    )
     out = {"loss": loss, "parts": loss.detach()[None]}
     if evaluate:
         top = logits.topk(objective.cfg.topk, dim=-1).indices  # (B, T, k)

@@ -365,7 +365,8 @@ def test_resume_refuses_a_changed_head_or_math_before_loading_anything(target, t
     train(_short(target, tmp_path, "max_steps=2"), data=_data(target.fingerprint), target=target)
     loaded = []
     monkeypatch.setattr(loop, "_train", lambda *a, **k: loaded.append(1) or {"steps": 0})
-    for change, named in ((["head.kind=eagle3"], "head.kind"), (["head.num_heads=2"], "head.num_heads"),
+    # (another kind: the recipe's num_heads=1 set back to its default, which says nothing to EAGLE)
+    for change, named in ((["head.kind=eagle", "head.num_heads=3"], "head.kind"), (["head.num_heads=2"], "head.num_heads"),
                           (["optim.lr=0.5", "batch_size=3"], "batch_size"), (["seed=7"], "seed")):  # fmt: skip
         with pytest.raises(HeadstartError, match=f"--resume: the recipe differs .*{named}"):
             train(_short(target, tmp_path, "max_steps=4", *change), resume=True)
@@ -379,10 +380,11 @@ def test_resume_takes_a_setting_added_since_the_run_was_saved_at_its_default(tmp
     default: resuming it is not a change (it was refused as 'head.lora_rank: None -> 0'); the
     setting at another value still is, and so is a saved key since removed."""
     from headstart.config import to_dict
+    from headstart.heads import HeadSpec
     from headstart.train import checkpoints
     from headstart.train.config import TrainConfig
 
-    now = to_dict(TrainConfig(target="smollm2"))
+    now = to_dict(TrainConfig(target="smollm2", head=HeadSpec(kind="draft_model")))
     saved = json.loads(json.dumps(now))
     del saved["head"]["lora_rank"], saved["optim"]["schedule"]
     step = tmp_path / "checkpoints" / "step-00000002"

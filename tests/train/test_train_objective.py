@@ -143,4 +143,4 @@ def test_the_eagle3_loss_is_the_weighted_sum_of_its_kl_and_tv_terms(target):
     tv = losses[0.0, 1.0]["parts"]
     assert ((tv > 0) & (tv <= 1)).all()  # a total-variation distance per step
     with pytest.raises(HeadstartError, match="both 0"):
-        load_config(TrainConfig, None, ["loss.kl_weight=0"])
+        load_config(TrainConfig, None, ["head.kind=eagle3", "loss.kl_weight=0"])

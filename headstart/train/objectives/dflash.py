@@ -2,13 +2,41 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
+from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import block, losses
 from headstart.train.losses import ahead
+
+
+@dataclass
+class DFlashLoss:
+    """DFlash's `loss.*` keys (cfg.loss for head.kind=dflash)."""
+
+    dflash_anchors: int = 32
+    """Blocks per conversation in a training step, anchored at random reply positions (cost:
+    anchors x block_size queries through the draft layers and the lm_head rows)."""
+    dflash_decay: float = 0.0
+    """Slot k (1..B-1) weighs exp(-(k-1)/gamma); 0 = the paper's gamma for the block size (7 for
+    16, 5 for 10, 4 for 8)."""
+    dflash_labels: Literal["soft", "hard"] = "soft"
+    """soft = the target's distribution at the slot (over the draft vocabulary), as EAGLE-3 trains
+    here; hard = the data's token (z-lab's and SpecForge's recipe)."""
+    eval_ttt_steps: int = 0
+    """Held-out metrics: score this many draft steps (0 = block_size - 1). Set it to compare heads
+    of different kinds on the same held-out steps (experiments/smollm2-ablations/ablate_smollm2.sh)."""
+
+    def __post_init__(self) -> None:
+        if self.dflash_anchors < 1 or self.dflash_decay < 0 or self.eval_ttt_steps < 0:
+            raise HeadstartError(
+                f"loss.dflash_anchors must be >= 1, loss.dflash_decay and loss.eval_ttt_steps >= 0, got "
+                f"{self.dflash_anchors}, {self.dflash_decay}, {self.eval_ttt_steps}",
+                "set loss.dflash_anchors=32 and loss.dflash_decay=0 (the paper's decay)",
+            )
 
 
 def dflash_loss(

@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import losses
 from headstart.train.losses import ahead, decayed_sum, mean_at, scored
 from headstart.train.objective import shared_counts
+
+
+@dataclass
+class MedusaLoss:
+    """Medusa's `loss.*` keys (cfg.loss for head.kind=medusa)."""
+
+    medusa_decay: float = 0.8
+    """Head k (0-based) weighs decay**k."""
+
+    def __post_init__(self) -> None:
+        if self.medusa_decay < 0:
+            raise HeadstartError(
+                f"loss.medusa_decay must be >= 0, got {self.medusa_decay}", "set loss.medusa_decay=0.8"
+            )
 
 
 def per_head_ce(

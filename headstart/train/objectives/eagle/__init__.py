@@ -8,11 +8,13 @@ This folder holds everything EAGLE's training needs that no other kind does: the
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import torch
 
+from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import losses
 from headstart.train.compiled import compiled
@@ -21,6 +23,63 @@ from headstart.train.objectives.eagle import loss_terms as eagle_losses
 from headstart.train.objectives.eagle.fused import fused_ttt_loss
 from headstart.train.objectives.eagle.plan import TTTPlan, ttt_plan
 from headstart.train.objectives.eagle.unroll import unroll, unroll_scored
+
+
+@dataclass
+class EagleLoss:
+    """EAGLE-1's `loss.*` keys (cfg.loss for head.kind=eagle)."""
+
+    eagle_feature_weight: float = 1.0
+    """Weight of the SmoothL1 feature-regression loss."""
+    eagle_ce_weight: float = 0.1
+    """Weight of the cross-entropy against the target's next-token distribution."""
+    eagle_noise: float = 0.2
+    """Uniform noise U(-noise/2, noise/2) added to input features while training."""
+    eval_steps: int = 5
+    """Held-out metrics: unroll this many steps."""
+
+    def __post_init__(self) -> None:
+        at_least(self, ("eagle_feature_weight", "eagle_ce_weight", "eagle_noise"), 0)
+        at_least(self, ("eval_steps",), 1)
+
+
+@dataclass
+class Eagle3Loss:
+    """EAGLE-3's `loss.*` keys (cfg.loss for head.kind=eagle3)."""
+
+    ttt_steps: int = 7
+    """Training-time-test unroll length (the head runs on its own outputs)."""
+    ttt_decay: float = 0.8
+    """Step j weighs decay**j."""
+    kl_weight: float = 1.0
+    """Weight of the soft cross-entropy against the target's draft-vocabulary distribution
+    (forward KL up to a constant), the EAGLE-3 release's loss."""
+    tv_weight: float = 0.0
+    """Weight of the total-variation distance 0.5 * sum |p - q| between the target's and the
+    draft's draft-vocabulary distributions. 1 - TV is the chance a sampled draft token is
+    accepted, so this loss aims at acceptance directly; kl_weight=0 tv_weight=1 trains on it alone."""
+    eval_ttt_steps: int = 0
+    """Held-out metrics: score this many draft steps (0 = ttt_steps). Set it to compare heads
+    trained at different depths, or of different kinds, on the same held-out steps
+    (experiments/smollm2-ablations/ablate_smollm2.sh)."""
+
+    def __post_init__(self) -> None:
+        at_least(self, ("ttt_decay", "kl_weight", "tv_weight", "eval_ttt_steps"), 0)
+        at_least(self, ("ttt_steps",), 1)
+        if self.kl_weight + self.tv_weight <= 0:
+            raise HeadstartError(
+                "loss.kl_weight and loss.tv_weight are both 0: the EAGLE-3 loss would be 0",
+                "set loss.kl_weight=1 (and loss.tv_weight=0, the default)",
+            )
+
+
+def at_least(section: Any, names: tuple[str, ...], least: float) -> None:
+    for name in names:
+        if getattr(section, name) < least:
+            raise HeadstartError(
+                f"loss.{name} must be >= {least}, got {getattr(section, name)}",
+                f"set loss.{name}={getattr(type(section), name)}",
+            )
 
 
 def eagle1_loss(
