@@ -93,6 +93,33 @@ def early_exit(target: Any, layers: int) -> DraftModel:
     return DraftModel(truncated(target.model, layers), f"{EARLY_EXIT}{layers}", layers, target.model)
 
 
+# ---- its registration's pieces (headstart/catalogue.py: the `early-exit` draft kind) ----
+def load_early_exit(target: Any, spec: str, tree: Any, greedy: bool) -> tuple[DraftModel, Any]:
+    """`--draft-model early-exit:K` and its tree (`tree`, else the default chain); a bare
+    `early-exit` names no exit layer (a tune stored on this machine would have: speculator.py)."""
+    from headstart.inference.trees.spec import choose_tree
+
+    if spec.strip() == EARLY_EXIT.rstrip(":"):
+        raise HeadstartError(
+            "--draft-model early-exit names no exit layer and no tune on this machine picked one",
+            "run `headstart tune --draft-model early-exit` (it measures the exit layer and the tree), or pass early-exit:K",
+        )
+    choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
+    return early_exit(target, _layers(spec, target)), choice if greedy else choice.for_sampling()
+
+
+def exit_candidates(target: Any) -> list[str]:
+    """What a tune of bare `early-exit` compares: exit layers over a quarter to 0.7 of the depth."""
+    layers = int(target.num_layers)
+    ks = sorted({max(1, min(layers - 1, round(layers * share))) for share in (0.25, 0.4, 0.55, 0.7)})
+    return [f"{EARLY_EXIT}{k}" for k in ks]
+
+
+def default_exit(target: Any) -> str:
+    """The bench baseline's exit layer when no tune picked one here: half the depth."""
+    return f"{EARLY_EXIT}{max(1, int(target.num_layers) // 2)}"
+
+
 def truncated(model: nn.Module, layers: int) -> nn.Module:
     """`model` with its first `layers` decoder layers only: shallow copies of the causal LM and its
     decoder with their own module tables and a config saying `layers` (transformers' models loop

@@ -73,7 +73,31 @@ class HeadKind:
         return load(ref) if ref else None
 
 
+@dataclass(frozen=True)
+class DraftKind:
+    """A drafter with nothing to train, named by `--draft-model NAME[:OPTIONS]` (Lookahead
+    decoding, the target's own early exit); a model (a path, a Hub id) is no kind: it drafts as
+    itself. Its pieces, as "module:function", live in its own modules."""
+
+    name: str
+    """What --draft-model names it by (before any ':')."""
+    load: str
+    """(target, spec, tree: str | None, greedy: bool) -> (what the decoder takes where it takes
+    heads, its TreeChoice); refuses a bad spec or a --tree it cannot use in one line."""
+    candidates: str
+    """(target) -> the specs `headstart tune --draft-model NAME` compares (its sizes, exit layers)."""
+    default: str
+    """(target) -> the spec its bench baseline decodes with when no tune stored one here."""
+    baseline: str
+    """The `headstart bench --baselines` name that measures it."""
+    own_tree: bool = False
+    """It builds its own tree each step: --tree does not apply and a tune compares specs only."""
+    check: str | None = None
+    """(spec) -> raises HeadstartError for a spec it would refuse (a stored tune's is checked)."""
+
+
 KINDS: dict[str, HeadKind] = {}
+DRAFT_KINDS: dict[str, DraftKind] = {}
 DEFAULT = "medusa"
 """The kind a recipe's `head:` section gets when it names none."""
 
@@ -82,6 +106,17 @@ def register(kind: HeadKind) -> HeadKind:
     """Make `kind` known by its name (a later registration of the same name replaces it)."""
     KINDS[kind.name] = kind
     return kind
+
+
+def register_draft(kind: DraftKind) -> DraftKind:
+    """Make a drafter with nothing to train known by its name."""
+    DRAFT_KINDS[kind.name] = kind
+    return kind
+
+
+def draft_kind(spec: str) -> DraftKind | None:
+    """The draft kind a --draft-model value names (its part before ':'); None for a model."""
+    return DRAFT_KINDS.get(str(spec).strip().partition(":")[0])
 
 
 def get(name: str) -> HeadKind:

@@ -94,9 +94,9 @@ def load_speculator(
     cannot mix a static tree's drawn drafts with looked-up tokens). `calibrate=True` (the CLI's
     `--speculate auto`): without an explicit tree, unless the stored tune was measured on this
     machine, measure once whether the heads beat plain decoding here, and decode plainly when they
-    do not (headstart/calibration.py). `draft_model`: draft with a separate model or early-exit:K
-    instead of heads (headstart/drafts.py; `draft_larger_ok`: a draft not smaller than the target
-    is tried with a warning), or `lookahead[:sizes]`; its tree: `tree`, else the one `headstart tune
+    do not (headstart/calibration.py). `draft_model`: draft with a separate model instead of heads
+    (headstart/drafts.py; `draft_larger_ok`: a draft not smaller than the target is tried with a
+    warning) or a registered drafter (early-exit:K, lookahead[:sizes]); its tree: `tree`, else the one `headstart tune
     --draft-model` stored for this machine, else the draft models' default chain."""
     import torch
 
@@ -143,7 +143,9 @@ def load_speculator(
 
 def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, heads: Any, plain: bool,
                       greedy: bool, typical: bool, compile: bool, larger_ok: bool) -> Speculator:  # fmt: skip
-    """A speculator drafting with a draft model (headstart/drafts.py) in place of heads."""
+    """A speculator drafting with a draft model (headstart/drafts.py) or a registered drafter with
+    nothing to train (headstart.kinds.DRAFT_KINDS: Lookahead, early exit) in place of heads."""
+    from headstart import kinds
     from headstart.drafts import DEFAULT_TREE, load_draft_model
 
     if heads is not None or plain:
@@ -152,10 +154,12 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
             + ("--heads" if heads is not None else "--no-heads"),
             "pass one of them",
         )
-    if tree is None:  # the tree (a bare `early-exit`: its exit layer; `lookahead`: its sizes) tune stored
+    if tree is None:  # what a tune stored here: the tree (and for a bare kind name, its sizes or layer)
         spec, tree = _tuned_draft(target, spec.strip())
-    if spec.partition(":")[0] == "lookahead":
-        return _lookahead_speculator(target, spec, tree, typical, compile)
+    kind = kinds.draft_kind(spec)
+    if kind is not None:
+        drafter, choice = kinds.load(kind.load)(target, spec, tree, greedy)
+        return Speculator(target, drafter, None, choice, typical=typical, compile=compile)
     choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
     if not greedy:
         choice = choice.for_sampling()
@@ -165,40 +169,17 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
 
 def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None]:
     """(draft, tree) from `headstart tune --draft-model SPEC`'s stored report when it was measured
-    on this machine at this thread count; else (SPEC, None: the default chain). A bare `early-exit`
-    needs that report (it names the exit layer)."""
+    on this machine at this thread count; else (SPEC, None: the default chain)."""
     import torch
 
     from headstart.calibration import stored_tune_fits
-    from headstart.drafts import EARLY_EXIT
     from headstart.tuned import stored_draft_tune
 
     stored = stored_draft_tune(target, spec)
     if stored_tune_fits(stored, str(target.device), torch.get_num_threads()):
         assert stored is not None
-        return stored["draft"], stored["draft_tree"] or None  # "": lookahead's own tree
-    if spec == EARLY_EXIT.rstrip(":"):
-        raise HeadstartError(
-            "--draft-model early-exit names no exit layer and no tune on this machine picked one",
-            "run `headstart tune --draft-model early-exit` (it measures the exit layer and the tree), or pass early-exit:K",
-        )
+        return stored["draft"], stored["draft_tree"] or None  # "": a drafter's own tree
     return spec, None
-
-
-def _lookahead_speculator(target: Any, spec: str, tree: str | TreeChoice | None, typical: bool,
-                          compile: bool) -> Speculator:  # fmt: skip
-    """Lookahead decoding (`--draft-model lookahead[:window=W,ngram=N,guesses=G]`): its own tree,
-    greedy or sampled alike (every node a deterministic proposal)."""
-    from headstart.inference.drafters.lookahead import Lookahead
-    from headstart.inference.trees.lookahead import parse_lookahead
-
-    if tree is not None:
-        raise HeadstartError(
-            "lookahead decoding builds its own tree each step: --tree does not apply",
-            "drop --tree, or size the lookahead: --draft-model lookahead:window=5,ngram=4,guesses=4",
-        )
-    sizes = parse_lookahead(spec)
-    return Speculator(target, Lookahead(sizes), None, choose_tree(sizes), typical=typical, compile=compile)
 
 
 def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | None]:

@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from headstart import kinds
 from headstart.errors import HeadstartError
 from headstart.heads.files import TUNED_FILE
 from headstart.inference.trees.spec import TreeChoice, choose_tree
@@ -144,10 +145,9 @@ def stored_draft_tune(target: Any, draft: str) -> dict[str, Any] | None:
         and isinstance(stored.get("draft_tree"), str)
     ):
         try:  # what it names must parse: a damaged tune is said and ignored, never fatal
-            if stored["draft"].startswith("lookahead"):
-                from headstart.inference.trees.lookahead import parse_lookahead
-
-                parse_lookahead(stored["draft"])
+            kind = kinds.draft_kind(stored["draft"])
+            if kind is not None and kind.check:
+                kinds.load(kind.check)(stored["draft"])
             if stored["draft_tree"]:
                 choose_tree(stored["draft_tree"])
             return stored

@@ -9,7 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from headstart.bench.runner import SPECULATIVE, Record, summarise
+from headstart.bench.runner import Record, is_drafting, summarise
 from headstart.io import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ def build_report(config: dict[str, Any], records: list[Record], greedy: bool) ->
                 sorted(Counter(n for r in records if r.method == name for n in r.accept_lengths).items())
             )
             for name in dict.fromkeys(r.method for r in records)
-            if name.startswith(SPECULATIVE)
+            if is_drafting(name)
         },
     }
 

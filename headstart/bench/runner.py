@@ -16,12 +16,15 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from headstart import kinds
 from headstart.bench.methods import Method, Run
 from headstart.bench.questions import Question
 
-SPECULATIVE = ("headstart:", "draft:", "lookahead", "early_exit")
-"""Method-name prefixes of the drafting methods: heads (`--heads`), draft models (`--draft-model`)
-and the lookahead and early_exit baselines."""
+
+def is_drafting(name: str) -> bool:
+    """Whether a method drafts: heads (`headstart:`), draft models (`draft:`) and the baselines of
+    the registered drafters with nothing to train (lookahead, early_exit)."""
+    return name.startswith(("headstart:", "draft:", *(kind.baseline for kind in kinds.DRAFT_KINDS.values())))
 
 
 @dataclass
@@ -147,7 +150,7 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
         new = sum(r.new_tokens for r in rows)
         wall = sum(r.wall_s for r in rows)
         forwards = sum(r.target_forwards for r in rows)
-        speculative = name.startswith(SPECULATIVE)
+        speculative = is_drafting(name)
         same = [r.token_ids == reference[key] for r in rows if (key := (r.question_id, r.turn)) in reference]
         summary[name] = {
             "tokens_per_s": new / wall if wall else 0.0,
@@ -168,6 +171,6 @@ def summarise(records: list[Record], greedy: bool) -> dict[str, Any]:
     plain = summary.get("plain", {}).get("tokens_per_s")
     for name, figures in summary.items():
         figures["speedup"] = figures["tokens_per_s"] / base if base else None
-        speculative = name.startswith(SPECULATIVE)
+        speculative = is_drafting(name)
         figures["over_plain"] = figures["tokens_per_s"] / plain if plain and speculative else None
     return summary

@@ -11,24 +11,27 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from headstart import kinds
 from headstart.errors import HeadstartError
 
 if TYPE_CHECKING:
     from headstart.bench.questions import Question
     from headstart.bench.runner import PromptFn
 
-BASELINES = ("vanilla", "pld", "plain", "lookahead", "early_exit")
-"""lookahead: Lookahead decoding at the sizes `headstart tune --draft-model lookahead` stored here,
-else its defaults; early_exit: the target's own first layers drafting, at the exit layer and tree
-`headstart tune --draft-model early-exit` stored here, else half the target's layers and chain:4
-(`--draft-model early-exit:K` for others)."""
+
+def baselines() -> tuple[str, ...]:
+    """vanilla, pld, plain, then each registered drafter with nothing to train (headstart.kinds.
+    DRAFT_KINDS: lookahead, early_exit), at what `headstart tune --draft-model NAME` stored here,
+    else its defaults (early exit: half the target's layers, chain:4; `--draft-model early-exit:K`
+    for others)."""
+    return ("vanilla", "pld", "plain", *(kind.baseline for kind in kinds.DRAFT_KINDS.values()))
 
 
 def _baselines(spec: str) -> list[str]:
     names = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))  # once each, in order
-    unknown = [n for n in names if n not in BASELINES]
+    unknown = [n for n in names if n not in baselines()]
     if unknown:
-        raise HeadstartError(f"unknown baseline(s) {unknown}", f"choose from {','.join(BASELINES)}")
+        raise HeadstartError(f"unknown baseline(s) {unknown}", f"choose from {','.join(baselines())}")
     return ["vanilla"] + [n for n in names if n != "vanilla"]
 
 
@@ -330,15 +333,14 @@ def _methods(args: argparse.Namespace, target: Any, sampling: Any,
     if "plain" in baselines:
         methods["plain"] = bench_methods.plain(target, sampling)
     trees = {}
-    for name, spec in (("lookahead", "lookahead"), ("early_exit", "early-exit")):
+    for kind in kinds.DRAFT_KINDS.values():
+        name = kind.baseline
         if name not in baselines:
             continue
         try:
-            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
-        except HeadstartError:
-            if name != "early_exit":
-                raise
-            spec = f"early-exit:{max(1, target.num_layers // 2)}"  # no tune picked an exit layer here
+            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=kind.name)
+        except HeadstartError:  # a bare name no tune here completed (early exit's layer): its default
+            spec = kinds.load(kind.default)(target)
             speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
         methods[name] = bench_methods.speculative(speculator.decoder, sampling)
         trees[name] = f"{speculator.heads.describe}, {speculator.tree.text}"

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from headstart import kinds
 from headstart.bench.timing import CALIBRATION_PROMPTS, LeanPlain, _survivors, measure_trees, paired_gap  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -93,29 +94,19 @@ DRAFT_TREES = (
 """What a draft model's tune tries: one draft forward per level, so chains and one small tree."""
 
 
-LOOKAHEAD_SIZES = ("window=2,ngram=3,guesses=1", "window=3,ngram=3,guesses=2", "window=5,ngram=4,guesses=4",
-                   "window=8,ngram=4,guesses=6", "window=15,ngram=5,guesses=15")  # fmt: skip
-"""What a tune of bare `lookahead` compares: CPU-sized windows up to the paper's GPU sizes."""
-
-
 def draft_candidates(target: Any, draft: str) -> list[str]:
-    """The draft models a tune of `draft` compares: `early-exit` (no K) sweeps the exit layer over
-    a quarter to 0.7 of the target's depth, `lookahead` (no sizes) its window sizes; anything else
-    is itself."""
-    from headstart.drafts import EARLY_EXIT
-
-    if draft.strip() == "lookahead":
-        return [f"lookahead:{sizes}" for sizes in LOOKAHEAD_SIZES]
-    if draft.strip() != EARLY_EXIT.rstrip(":"):
-        return [draft]
-    layers = int(target.num_layers)
-    ks = sorted({max(1, min(layers - 1, round(layers * share))) for share in (0.25, 0.4, 0.55, 0.7)})
-    return [f"{EARLY_EXIT}{k}" for k in ks]
+    """The draft models a tune of `draft` compares: a registered drafter's bare name its own
+    candidates (early exit's layers, Lookahead's sizes: headstart.kinds.DraftKind.candidates);
+    anything else is itself."""
+    kind = kinds.draft_kind(draft)
+    if kind is not None and draft.strip() == kind.name:
+        return list(kinds.load(kind.candidates)(target))
+    return [draft]
 
 
 def tune_draft(target: Any, draft: str, prompts: list[str], max_new_tokens: int = 128,
                candidates: list[str] | None = None, prune: float = 0.7) -> dict[str, Any]:  # fmt: skip
-    """Measure a draft model's trees (and, for `early-exit` without K, its exit layer) on
+    """Measure a draft model's trees (and, for a registered drafter's bare name, its candidates) on
     `prompts` against plain decoding; the report's `tree` names the best as "DRAFT TREE", its
     `draft` and `draft_tree` the two parts (what `--draft-model DRAFT` then decodes with)."""
     from headstart.speculator import load_speculator
@@ -123,7 +114,8 @@ def tune_draft(target: Any, draft: str, prompts: list[str], max_new_tokens: int 
     trees = candidates or list(DRAFT_TREES)
     decoders, parts = {}, {}  # candidate name -> decoder, and -> (draft, tree)
     for spec in draft_candidates(target, draft):
-        if spec.startswith("lookahead"):  # its own tree: its sizes are the candidates (--candidates unused)
+        kind = kinds.draft_kind(spec)
+        if kind is not None and kind.own_tree:  # its specs are the candidates (--candidates unused)
             decoders[spec], parts[spec] = load_speculator(target, draft_model=spec).decoder, (spec, "")
             continue
         speculator = load_speculator(target, tree=trees[0], draft_model=spec)  # loaded once per draft

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from headstart.bench.session import BASELINES
+from headstart.bench.session import baselines
 from headstart.commands.common import add_target_arguments, load_target_from_args
 
 
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baselines",
         default="vanilla,pld,plain",
-        help=f"comma list from {','.join(BASELINES)} (vanilla is always run; plain: headstart's own forward "
+        help=f"comma list from {','.join(baselines())} (vanilla is always run; plain: headstart's own forward "
         "and CPU kernels without drafts, to tell the kernels' gain from speculation's)",
     )
     parser.add_argument(

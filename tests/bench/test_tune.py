@@ -219,7 +219,7 @@ def test_tune_a_draft_model_picks_the_exit_layer_and_tree(tiny_llama, tmp_path, 
 def test_tune_lookahead_picks_its_sizes(tiny_llama, tmp_path, monkeypatch):
     """`tune --draft-model lookahead`: its window sizes are the candidates (its tree is its own);
     bare `--draft-model lookahead` then decodes at the stored sizes."""
-    from headstart.bench.tune import LOOKAHEAD_SIZES
+    from headstart.inference.drafters.lookahead import TUNE_SIZES as LOOKAHEAD_SIZES
     from headstart.speculator import load_speculator
     from headstart.targets import load_target
     from headstart.tuned import draft_tune_file

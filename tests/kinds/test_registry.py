@@ -3,6 +3,8 @@ the kinds: the registry is the one switch."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from headstart import kinds
@@ -22,6 +24,17 @@ def test_every_reference_of_a_kind_loads(name):
     objective = kinds.load(kind.objective)
     assert callable(objective) and callable(objective.parts)
     assert set(kind.formats) <= set(ADAPTERS)
+    for section in ("head", "loss"):  # a dataclass whose every key has a default (recipes may omit any)
+        cls = kind.section(section)
+        assert cls is None or dataclasses.is_dataclass(cls) and cls() is not None
+
+
+@pytest.mark.parametrize("name", list(kinds.DRAFT_KINDS))
+def test_every_reference_of_a_draft_kind_loads(name):
+    kind = kinds.DRAFT_KINDS[name]
+    for ref in (kind.load, kind.candidates, kind.default, kind.check):
+        assert ref is None or callable(kinds.load(ref)), ref
+    assert kinds.draft_kind(f"{name}:x=1") is kind and kinds.draft_kind(f"/models/{name}") is None
 
 
 def test_the_built_in_kinds_are_registered():

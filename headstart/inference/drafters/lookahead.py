@@ -24,8 +24,36 @@ from typing import Any
 
 import torch
 
-from headstart.inference.trees.lookahead import LookaheadTree, trie
+from headstart.errors import HeadstartError
+from headstart.inference.trees.lookahead import LookaheadTree, parse_lookahead, trie
 from headstart.inference.trees.lookup import Lookup
+
+TUNE_SIZES = ("window=2,ngram=3,guesses=1", "window=3,ngram=3,guesses=2", "window=5,ngram=4,guesses=4",
+              "window=8,ngram=4,guesses=6", "window=15,ngram=5,guesses=15")  # fmt: skip
+"""What a tune of bare `lookahead` compares: CPU-sized windows up to the paper's GPU sizes."""
+
+
+# ---- its registration's pieces (headstart/catalogue.py) ----
+def load(target: Any, spec: str, tree: Any, greedy: bool) -> tuple[Lookahead, Any]:
+    """`--draft-model lookahead[:window=W,ngram=N,guesses=G]`: its own tree, greedy or sampled
+    alike (every node a deterministic proposal)."""
+    from headstart.inference.trees.spec import choose_tree
+
+    if tree is not None:
+        raise HeadstartError(
+            "lookahead decoding builds its own tree each step: --tree does not apply",
+            "drop --tree, or size the lookahead: --draft-model lookahead:window=5,ngram=4,guesses=4",
+        )
+    sizes = parse_lookahead(spec)
+    return Lookahead(sizes), choose_tree(sizes)
+
+
+def tune_candidates(target: Any) -> list[str]:
+    return [f"lookahead:{sizes}" for sizes in TUNE_SIZES]
+
+
+def default_spec(target: Any) -> str:
+    return "lookahead"  # its default sizes
 
 
 @dataclass(frozen=True)
