@@ -89,7 +89,8 @@ def load_draft_model(spec: str, target: Any, *, allow_larger: bool = False) -> D
 
 def early_exit(target: Any, layers: int) -> DraftModel:
     """The target's first `layers` decoder layers, its final norm and lm_head, as a causal LM of
-    its own (the modules shared, not copied; its KV cache its own)."""
+    its own (the modules shared, not copied; its drafter reads the target's KV cache for those
+layers instead of keeping one: inference/drafters/draft_model.py)."""
     return DraftModel(truncated(target.model, layers), f"{EARLY_EXIT}{layers}", layers, target.model)
 
 

@@ -192,6 +192,8 @@ class SpeculativeDecoder:
         observer: the drafter, or the engine's pending observations until it next drafts)."""
         if plain:
             return draft_static(ROOT_ONLY, drafter, state.root, sampling, self.generator)
+        if hasattr(drafter, "before_draft"):  # a drafter over the target's own cache (early exit) reads it
+            drafter.before_draft(state)
         tree = self.tree.draft(drafter, state.root, sampling, self.generator, self.max_depth)
         if self.lookup is None or contexts is None:
             return tree

@@ -78,8 +78,9 @@ def test_early_exit_is_exact_on_every_family(tiny_root, family):
     out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
     for ids, got in zip(prompts, out.token_ids, strict=True):
         assert got == reference(target, ids, 16, eos=False)
-    # the drafter's logits are the draft model's own (Gemma's soft-cap, Cohere's scale included)
-    drafter = DraftModelDrafter(draft, target.vocab_size)
+    # the drafter's logits are the draft model's own (Gemma's soft-cap, Cohere's scale included);
+    # checked on a draft keeping its own cache (early exit reads the target's: below)
+    drafter = DraftModelDrafter(DraftModel(draft.model, "cut", pack_model=target.model), target.vocab_size)
     ids = torch.tensor([prompts[0]])
     steps = ids.shape[1] - 1
     drafter.start(ids[:, 0])
@@ -87,6 +88,37 @@ def test_early_exit_is_exact_on_every_family(tiny_root, family):
                     torch.tensor([steps - 1]))  # fmt: skip
     expected = draft.model(ids).logits[0, -1].float()
     assert torch.allclose(drafter.root_logits()[0], expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_early_exit_reads_the_targets_cache_and_drafts_as_its_own_would(tiny_root, family, monkeypatch):
+    """Early exit keeps no cache: its layers' entries for committed tokens are the target's
+    (OverTarget reads them), so `observe` runs nothing and each draft runs the root and the
+    tree's nodes only. Its drafts are the same as the same layers keeping a cache of their own
+    (the same tau, step by step), on every family (sliding windows, no-RoPE layers, soft-caps),
+    batched and left-padded; replies identical to generate."""
+    from headstart.drafts import truncated
+
+    target = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:3]]
+    runs, tokens = {}, []
+    real = DraftModelDrafter._forward
+    monkeypatch.setattr(
+        DraftModelDrafter, "_forward", lambda self, t, *a: tokens.append(t.numel()) or real(self, t, *a)
+    )
+    k = target.num_layers - 1  # the deepest exit: drafts a random tiny target accepts
+    for name, draft in (("shared", early_exit(target, k)),
+                        ("own", DraftModel(truncated(target.model, k), "cut", pack_model=target.model))):  # fmt: skip
+        tokens.clear()
+        out = SpeculativeDecoder(target, draft, tree="chain:3").generate(
+            prompts, max_new_tokens=16, eos_token_id=None
+        )
+        for ids, got in zip(prompts, out.token_ids, strict=True):
+            assert got == reference(target, ids, 16, eos=False), name
+        runs[name] = (out.stats.tau, sum(tokens))
+    assert runs["shared"][0] == runs["own"][0], runs
+    assert runs["shared"][0] > 1.0 or family == "olmo2", runs  # olmo2's tiny random layers: none accepted
+    assert runs["shared"][1] < runs["own"][1]  # no forward over the prompts and committed tokens
 
 
 def test_early_exit_shares_the_targets_weights(target):
@@ -181,10 +213,12 @@ def test_a_missing_draft_model_says_so(target, tmp_path):
         load_draft_model(str(tmp_path / "nothing-here"), target)
 
 
-def test_a_draft_model_through_the_captured_verify(target, sibling):
-    """--compile: the verify runs as the captured graph, the draft model eagerly; still exact."""
-    decoder = SpeculativeDecoder(target, load_draft_model(str(sibling), target), tree="chain:3", compile=True,
-                                 compile_backend="aot_eager")  # fmt: skip
+@pytest.mark.parametrize("which", ["sibling", "early-exit"])
+def test_a_draft_model_through_the_captured_verify(target, sibling, which):
+    """--compile: the verify runs as the captured graph, the draft model eagerly (early exit over
+    the captured verify's own cache buffers); still exact."""
+    draft = load_draft_model(str(sibling), target) if which == "sibling" else early_exit(target, 1)
+    decoder = SpeculativeDecoder(target, draft, tree="chain:3", compile=True, compile_backend="aot_eager")
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
     out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
     for ids, got in zip(prompts, out.token_ids, strict=True):

@@ -8,6 +8,14 @@ are dropped at `end_step` (the accepted ones come back as committed tokens at th
 by one truncation. `observe` hands it the NEXT tokens of committed positions (the token at
 position p + 1 for the target's position p): the draft model reads token p + 1 at position p + 1.
 Only the prompt's first token never comes as a next token: the decoder passes it to `start`.
+
+Early exit (the target's own first K layers) keeps no cache of its own: the target's cache already
+holds exactly what those layers make of every committed token (the same modules, tokens and
+positions). `observe` does nothing; before each draft (`before_draft`, the decoder's state) the
+drafter runs the root alone through its K layers over the target's committed entries of those
+layers, read and never written (`OverTarget`), and the tree's levels after it. Saved per step: a
+K-layer forward over each committed token (1 + accepted a row); cost: each draft forward copies
+the target's K layers' entries once (`torch.cat`, O(context), as transformers' own DynamicLayer).
 """
 
 from __future__ import annotations
@@ -15,11 +23,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from headstart.inference import cache as kv
 from headstart.inference.drafters.common import stack_visible
 from headstart.targets.features import forward, new_cache
 from headstart.targets.packing import PackedLinears, packed
+
+
+class OverTarget(DynamicLayer):
+    """A draft layer's cache over the target's own layer of the same index: the target's entries
+    (read, never written), then the draft's own (this step's root and drafted nodes)."""
+
+    def __init__(self, target_layer: Any) -> None:
+        super().__init__()
+        self.target_layer = target_layer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        keys, values = super().update(key_states, value_states)
+        target = self.target_layer
+        return torch.cat([target.keys, keys], dim=-2), torch.cat([target.values, values], dim=-2)
+
+    def get_seq_length(self) -> int:
+        return int(self.target_layer.keys.shape[-2]) + super().get_seq_length()
+
+
+def over_target(target_cache: Any, layers: int) -> DynamicCache:
+    """A draft cache whose first `layers` layers sit over the target cache's."""
+    cache = DynamicCache()
+    cache.layers = [OverTarget(target_cache.layers[i]) for i in range(layers)]
+    return cache
 
 
 class DraftModelDrafter:
@@ -32,7 +66,9 @@ class DraftModelDrafter:
         self.draft = draft
         self.model = draft.model
         self.vocab_size = vocab_size
-        self.cache = new_cache(self.model)
+        # early exit reads the target's own cache (module docstring); a separate draft keeps its own
+        self.shared = getattr(draft, "early_exit", None) is not None
+        self.cache = None if self.shared else new_cache(self.model)
         self.visible: torch.Tensor | None = None  # (B, P) committed cache entries that are real
         self.committed = 0  # cache entries holding committed positions
         self.entries: list[torch.Tensor] = []  # node ids (B, k) of drafted entries, in cache order
@@ -46,7 +82,24 @@ class DraftModelDrafter:
 
     def start(self, first_tokens: torch.Tensor) -> None:
         """The token at each row's position 0 (the decoder's prefill, before the first observe)."""
-        self.first = first_tokens
+        if not self.shared:  # the target's cache has it
+            self.first = first_tokens
+
+    def before_draft(self, state: Any) -> None:
+        """Early exit: the root's children from the root alone, run over the target's committed
+        entries of the draft's layers (`state`: the decoder's, its cache holding every committed
+        position, `visible` which of its columns are real, the root not yet in it)."""
+        if not self.shared:
+            return
+        self.cache = over_target(state.cache, int(self.model.config.num_hidden_layers))
+        batch = state.root.shape[0]
+        ones = state.visible.new_ones(batch, 1, 1)
+        allowed = torch.cat([state.visible[:, None, :], ones], dim=-1)  # (B, 1, P + 1)
+        hidden = self._forward(state.root[:, None], state.lengths[:, None], allowed)
+        self.root = self._logits(hidden[:, 0])
+        self.visible = torch.cat([state.visible, ones[:, 0]], dim=1)  # the root: the tree's prefix
+        self.root_pos = state.lengths
+        self.committed = 0
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """The draft's final hidden states (B, k, H), the lm_head's input, over `tokens` (B, k) at
@@ -89,7 +142,9 @@ class DraftModelDrafter:
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         """Feed committed tokens: `next_tokens` (B, T) sit at `positions + 1`; the target's
-        features are not read."""
+        features are not read. Early exit: nothing (the target's cache holds them)."""
+        if self.shared:
+            return
         tokens, where, real = next_tokens, positions + 1, valid
         if self.first is not None:  # the prompt's first token, at position 0, ahead of the rest
             assert self.first is not None
@@ -135,11 +190,17 @@ class DraftModelDrafter:
         return self._logits(hidden)
 
     def end_step(self) -> None:
-        """Drop the drafted entries: only committed positions stay in the draft's cache."""
-        kv.truncate(self.cache, self.committed)
+        """Drop the drafted entries: only committed positions stay in the draft's cache (early
+        exit: none at all; the next draft reads the target's cache afresh)."""
+        if self.shared:
+            self.cache, self.root, self.visible, self.root_pos = None, None, None, None
+        else:
+            kv.truncate(self.cache, self.committed)
         self.entries = []
 
     def select_rows(self, rows: torch.Tensor) -> None:
+        if self.shared:  # nothing of its own between steps
+            return
         kv.select_rows(self.cache, rows)
         for name in ("visible", "root_pos", "root"):
             value = getattr(self, name)
@@ -148,6 +209,8 @@ class DraftModelDrafter:
 
     def merge(self, other: DraftModelDrafter) -> None:
         """Append `other`'s rows between steps (requests joining a running batch)."""
+        if self.shared:
+            return
         assert self.visible is not None and other.visible is not None and not self.entries
         assert self.root is not None and other.root is not None
         assert self.root_pos is not None and other.root_pos is not None
