@@ -49,6 +49,12 @@ class DraftModel:
         return next(self.model.parameters()).dtype
 
     @property
+    def reads_target_cache(self) -> bool:
+        """Early exit: what its layers make of the committed tokens is in the target's own KV
+        cache already, so its drafter reads that instead of keeping a cache."""
+        return self.early_exit is not None
+
+    @property
     def describe(self) -> str:
         if self.early_exit is not None:
             return f"early exit after layer {self.early_exit} of the target"
@@ -89,8 +95,8 @@ def load_draft_model(spec: str, target: Any, *, allow_larger: bool = False) -> D
 
 def early_exit(target: Any, layers: int) -> DraftModel:
     """The target's first `layers` decoder layers, its final norm and lm_head, as a causal LM of
-    its own (the modules shared, not copied; its drafter reads the target's KV cache for those
-layers instead of keeping one: inference/drafters/draft_model.py)."""
+        its own (the modules shared, not copied; its drafter reads the target's KV cache for those
+    layers instead of keeping one: inference/drafters/draft_model.py)."""
     return DraftModel(truncated(target.model, layers), f"{EARLY_EXIT}{layers}", layers, target.model)
 
 

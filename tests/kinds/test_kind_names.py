@@ -35,9 +35,11 @@ def owners() -> dict[str, set[str]]:
             module = ref.partition(":")[0]
             if module.startswith("headstart."):
                 path = module.removeprefix("headstart.").replace(".", "/")
-                if (PACKAGE / path).is_dir():  # a kind's folder: its __init__
-                    path += "/__init__"
-                owned.setdefault(path + ".py", set()).add(name)
+                files = [path + ".py"]
+                if (PACKAGE / path).is_dir():  # a kind's folder (train/objectives/eagle/): every file in it
+                    files = [f.relative_to(PACKAGE).as_posix() for f in (PACKAGE / path).glob("*.py")]
+                for file in files:
+                    owned.setdefault(file, set()).add(name)
     return owned
 
 

@@ -67,7 +67,7 @@ class DraftModelDrafter:
         self.model = draft.model
         self.vocab_size = vocab_size
         # early exit reads the target's own cache (module docstring); a separate draft keeps its own
-        self.shared = getattr(draft, "early_exit", None) is not None
+        self.shared = bool(getattr(draft, "reads_target_cache", False))
         self.cache = None if self.shared else new_cache(self.model)
         self.visible: torch.Tensor | None = None  # (B, P) committed cache entries that are real
         self.committed = 0  # cache entries holding committed positions

@@ -1,4 +1,6 @@
-"""DFlash's training objective: blocks at sampled anchors, each slot's loss weighted by its depth."""
+"""DFlash's training objective: blocks at sampled anchors, each slot's loss weighted by its depth.
+This folder holds everything DFlash's training needs that no other kind does (block.py: the
+anchors, the block's inputs and masks, the slot weights)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import torch
 
 from headstart.errors import HeadstartError
 from headstart.targets.features import Features
-from headstart.train import block, losses
+from headstart.train import losses
 from headstart.train.losses import ahead
+from headstart.train.objectives.dflash import block
 
 
 @dataclass
@@ -43,7 +46,7 @@ def dflash_loss(
     objective: Any, feats: Features, batch: dict[str, Any], evaluate: bool, joint: bool = False
 ) -> dict[str, torch.Tensor]:
     """DFlash: blocks at sampled anchors (every candidate when evaluating, in chunks), each
-    slot's loss weighted by its depth (headstart.train.block)."""
+    slot's loss weighted by its depth (block.py beside it)."""
     head, cfg = objective.head, objective.cfg.loss
     ids, mask = batch["input_ids"], batch["loss_mask"]
     g = head.fuse(feats.last_hidden, feats.layers)  # (B, T, H)
