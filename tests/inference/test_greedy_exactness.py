@@ -89,7 +89,8 @@ def _real_heads(kind: str, target):
 
     if kind in ("real-medusa-vocab", "real-dflash-vocab"):  # drafts over 100 tokens only
         counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
-        spec = HeadSpec(kind=kind.split("-")[1], draft_vocab_size=100, block_size=4)
+        name = kind.split("-")[1]
+        spec = HeadSpec(kind=name, draft_vocab_size=100, **({"block_size": 4} if name == "dflash" else {}))
         return build_head(spec, target, token_counts=counts)
     spec = HeadSpec(kind=kind.removeprefix("real-"), draft_vocab_size=0)
     return build_head(spec, target)
