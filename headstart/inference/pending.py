@@ -39,11 +39,9 @@ class Group:
     # the first tokens it would have been handed at the prefill (drafters reading tokens)
     fresh: bool = False
     first: torch.Tensor | None = None
-
-    def waiting(self) -> int:
-        """Positions waiting past the prompt (what bounds a group's wait)."""
-        items = self.items[1:] if self.fresh else self.items
-        return sum(item[2].shape[1] for item in items)
+    waiting: int = 0
+    """Positions waiting past the prompt (what bounds a group's wait), counted as plain steps add
+    them (not summed over the items at every step)."""
 
     def feed(self) -> None:
         """Hand every waiting position to the drafter in one `observe` (after the deferred
@@ -52,7 +50,7 @@ class Group:
             self.drafter.start(self.first)
             self.first = None
         items, self.items = self.items, []
-        self.fresh = False
+        self.fresh, self.waiting = False, 0
         if items:
             self.drafter.observe(*_joined(items))
 
@@ -94,10 +92,6 @@ class PendingObservations:
     def __init__(self) -> None:
         self.groups: list[Group] = []
 
-    def __len__(self) -> int:
-        """Observations waiting in the widest-waiting group."""
-        return max((len(g.items) for g in self.groups), default=0)
-
     @property
     def drafter(self) -> Any:
         """The first group's drafter: the batch's one once `flush` merged the groups."""
@@ -127,13 +121,11 @@ class PendingObservations:
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
                 positions: torch.Tensor, valid: torch.Tensor, last: torch.Tensor) -> None:  # fmt: skip
         item = (last_hidden, layers, next_tokens, positions, valid, last)
-        if len(self.groups) == 1:
-            self.groups[0].items.append(item)
-            return
         begin = 0
         for group in self.groups:  # views: each group holds its rows of the step's tensors
             rows = slice(begin, begin + group.rows)
-            group.items.append(_rows(item, rows))
+            group.items.append(item if len(self.groups) == 1 else _rows(item, rows))
+            group.waiting += next_tokens.shape[1]
             begin += group.rows
 
     def select_rows(self, keep: list[int], device: torch.device) -> None:
@@ -158,7 +150,7 @@ class PendingObservations:
         they hold (features per row and position) and the width of the one observe that feeds
         them (a head's mask is rows x width x cache). A fed group stays a group of its own."""
         for group in self.groups:
-            if group.waiting() >= limit:
+            if group.waiting >= limit:
                 group.feed()
 
     def flush(self) -> Any:

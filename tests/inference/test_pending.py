@@ -50,7 +50,7 @@ def _run(target, heads, prompts, defer: bool, limit: int = 512):
     engine.add(jobs[2:])  # joins a batch stepping plainly: its prompt waits too (a group of its own)
     for _ in range(4):
         engine.step()
-        assert all(g.waiting() < limit for g in engine.pending.groups)  # a full group is fed at once
+        assert all(g.waiting < limit for g in engine.pending.groups)  # a full group is fed at once
     assert engine.live == 2 and engine.plain_steps == 7
     waiting = [(g.rows, len(g.items), g.fresh) for g in engine.pending.groups]
     drafter = engine.pending.flush()
@@ -148,7 +148,7 @@ def test_flush_joins_the_waiting_positions_in_order():
     assert layers[3][0, :, 0].tolist() == [11.0, 12.0, 12.0, 13.0]
     assert tokens.tolist() == [[1, 2, 2, 3]] and valid.shape == (1, 4)
     assert last.tolist() == [3]  # the newest observation's own last (0), after 3 earlier positions
-    assert len(pending) == 0
+    assert [len(g.items) for g in pending.groups] == [0]
     pending.flush()  # nothing waiting: no call
     assert len(seen) == 2
 

@@ -40,7 +40,7 @@ def toy_draft_registered():
     kinds.register_draft(kinds.DraftKind("toy-exit", f"{__name__}:load_toy", f"{__name__}:toy_candidates", f"{__name__}:toy_default", "toy_exit"))  # the one line  # fmt: skip
     LOADED.clear()
     yield
-    kinds.DRAFT_KINDS.pop("toy-exit")
+    kinds.DRAFT_KINDS.pop("toy-exit", None)
 
 
 def test_a_registered_draft_kind_decodes_exactly_by_name(toy_draft_registered, tiny_llama):
@@ -73,4 +73,3 @@ def test_tune_and_bench_find_a_registered_draft_kind(toy_draft_registered, tiny_
     assert "toy_exit" in baselines() and is_drafting("toy_exit") and not is_drafting("plain")
     kinds.DRAFT_KINDS.pop("toy-exit")
     assert "toy_exit" not in baselines() and not is_drafting("toy_exit")
-    kinds.register_draft(kinds.DraftKind("toy-exit", "", "", "", "toy_exit"))  # for the fixture's pop

@@ -27,6 +27,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference.trees.lookahead import LookaheadTree, parse_lookahead, trie
 from headstart.inference.trees.lookup import Lookup
+from headstart.inference.trees.spec import TreeChoice, choose_tree
 
 TUNE_SIZES = ("window=2,ngram=3,guesses=1", "window=3,ngram=3,guesses=2", "window=5,ngram=4,guesses=4",
               "window=8,ngram=4,guesses=6", "window=15,ngram=5,guesses=15")  # fmt: skip
@@ -34,11 +35,9 @@ TUNE_SIZES = ("window=2,ngram=3,guesses=1", "window=3,ngram=3,guesses=2", "windo
 
 
 # ---- its registration's pieces (headstart/catalogue.py) ----
-def load(target: Any, spec: str, tree: Any, greedy: bool) -> tuple[Lookahead, Any]:
+def load(target: Any, spec: str, tree: Any, greedy: bool) -> tuple[Lookahead, TreeChoice]:
     """`--draft-model lookahead[:window=W,ngram=N,guesses=G]`: its own tree, greedy or sampled
     alike (every node a deterministic proposal)."""
-    from headstart.inference.trees.spec import choose_tree
-
     if tree is not None:
         raise HeadstartError(
             "lookahead decoding builds its own tree each step: --tree does not apply",
