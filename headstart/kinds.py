@@ -59,6 +59,11 @@ class HeadKind:
     """"module:Class" of the dataclass holding the `loss.*` keys its objective reads (`cfg.loss` is
     one of these). A key of another kind's section set away from its default is refused, naming
     the kinds that take it."""
+    config_section: str | None = None
+    """"module:Class" of the dataclass holding its own fields of a checkpoint's config.json
+    (Medusa's num_heads, DFlash's block_size; HeadConfig.options), written beside the shared ones;
+    a field marked `headstart.heads.config.SHAPE` must match for a warm start (init_from). Files
+    written before the sections hold every kind's fields: another kind's at its default is dropped."""
 
     def head_class(self, layout: str = "fc") -> type:
         if layout not in self.heads:
@@ -68,8 +73,8 @@ class HeadKind:
         return load(self.heads[layout])
 
     def section(self, which: str) -> type | None:
-        """Its `head` or `loss` section's class (None: it has no keys of its own there)."""
-        ref = self.head_section if which == "head" else self.loss_section
+        """Its `head`, `loss` or `config` section's class (None: it has no keys of its own there)."""
+        ref = {"head": self.head_section, "loss": self.loss_section, "config": self.config_section}[which]
         return load(ref) if ref else None
 
 
@@ -127,7 +132,7 @@ def get(name: str) -> HeadKind:
 
 
 def section_keys(which: str) -> dict[str, list[tuple[str, Any]]]:
-    """Every registered kind's `head` or `loss` section keys: key -> [(kind, its default)] (what a
+    """Every registered kind's `head`, `loss` or `config` section keys: key -> [(kind, its default)] (what a
     recipe's key for another kind is refused against, headstart.config.section)."""
     keys: dict[str, list[tuple[str, Any]]] = {}
     for kind in KINDS.values():

@@ -85,6 +85,7 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
     metrics = {k: v for k, v in (train.pop("metrics", {}) or {}).items() if isinstance(v, int | float)}
     sources = list(train.pop("datasets", []) or [])
     title = f"{config.kind} draft head for {target}"
+    own = f"{config.options.card()}, " if hasattr(config.options, "card") else ""  # the kind's own fields
     shown = [card_metric(k, v) for k, v in sorted(metrics.items())]
     data = ModelCardData(
         library_name={"headstart": "headstart", "transformers": "transformers"}.get(fmt),
@@ -109,14 +110,8 @@ def model_card(config: HeadConfig, fmt: str = "headstart", base_model: str | Non
         "outputs are exactly the target's; the head only proposes tokens for the target to verify.",
         "",
         f"- target: `{target}` ({config.target.get('architecture')}, hidden {config.hidden_size}, vocab {config.vocab_size})",
-        f"- head: {config.kind}, heads {config.num_heads}, layers {config.num_layers}, "
-        f"feature layers {list(config.feature_layers) or 'last hidden'}, draft vocab {config.draft_vocab_size}"
-        + (
-            f", block {config.block_size} (one forward drafts {config.block_size - 1} tokens), mask token "
-            f"{config.mask_token_id}"
-            if config.block_size  # a block drafter's (DFlash); 0 for the others
-            else ""
-        ),  # fmt: skip
+        f"- head: {config.kind}, {own}layers {config.num_layers}, "
+        f"feature layers {list(config.feature_layers) or 'last hidden'}, draft vocab {config.draft_vocab_size}",
         f"- training data: {train.pop('data', 'not recorded')}",
         f"- prompt sources: {', '.join(sources) or 'not recorded'}",
         f"- training steps: {train.pop('steps', 'not recorded')}",
@@ -163,15 +158,15 @@ class HeadCheckpoint(
 
     config: HeadConfig
     layout = "fc"
+    """HeadConfig.layout of the checkpoints this class reads."""
     options: tuple[str, ...] = ("num_layers",)
-    """The kind-specific head.* options (HeadSpec.KIND_OPTIONS) this class takes; a recipe that
-    sets another to a non-default value is refused in one line naming it."""
+    """The head.* keys only some layouts take (num_layers beyond 1, EAGLE-3's reference-layout
+    keys) that this class takes; a recipe setting another away from its default is refused in one
+    line naming the layouts that take it (HeadSpec._check_layout_options)."""
 
     @classmethod
     def check_config(cls, config: HeadConfig) -> None:
         """A kind's own checks of a saved config (DFlash: its block and mask token); none here."""
-
-    """HeadConfig.layout of the checkpoints this class reads."""
 
     def save_pretrained(self, path: str | Path, **kwargs: Any) -> Path:  # type: ignore[override]
         """Write the head's files into `path` (each whole or not at all; other files in `path` stay,

@@ -14,7 +14,6 @@ from headstart.errors import HeadstartError
 
 FORMAT = "headstart-heads/1"
 MAX_BLOCKS = 64
-"""DFlash draft layers by default (head.num_layers); chosen by measurement on SmolLM2, see the README."""
 """Upper bound on a checkpoint's num_heads and num_layers (Medusa uses ~3-5 heads of 1-2 layers):
 a damaged config must not build a million modules before its weights are compared."""
 
@@ -153,17 +152,21 @@ class HeadSpec:
             )
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
-
-
 LOCAL_KEYS = ("_name_or_path", "_commit_hash")
 """transformers config fields that say where this machine loaded a model from."""
 
 
-@dataclass
+SHAPE = {"shape": True}
+"""Field metadata of a kind's config section: a warm start (init_from) must match the recipe in it
+(the head's modules are built from it); unmarked fields (DFlash's block_size) may change."""
+
+
+@dataclass(init=False)
 class HeadConfig:
-    """A head checkpoint's config.json: its shape, the target it belongs to, how it was trained."""
+    """A head checkpoint's config.json: its shape, the target it belongs to, how it was trained.
+    The fields every kind has, and the kind's own (HeadKind.config_section, e.g.
+    headstart.heads.medusa.MedusaConfig) in `options`, read back as `config.KEY` and written
+    inline: the file stays one flat mapping."""
 
     kind: str
     hidden_size: int
@@ -172,44 +175,54 @@ class HeadConfig:
     """The target's fingerprint (headstart.targets.load.fingerprint)."""
     target_config: dict[str, Any]
     """The target's transformers config (EAGLE heads build their decoder layer from it)."""
-    num_heads: int = 1
     num_layers: int = 1
-    shared_lm_head: bool = True
     feature_layers: list[int] = field(default_factory=list)
     draft_vocab_size: int = 0
-    input_norms: bool = False
-    """EAGLE heads: norms on the embedding and the feature before fc (False: checkpoints made
-    before they existed, which have none)."""
-    fc_norm: bool = False
-    """EAGLE-3 (reference layout): an RMS norm on each tapped state before fc (HeadSpec.fc_norm)."""
     layout: str = "fc"
     """EAGLE-3: "reference" or "fc" (HeadSpec.layout); "fc" for every checkpoint written before
-    the field existed."""
-    own_embeddings: bool = False
-    """EAGLE-3 (imported): the checkpoint ships its own token embeddings (`embed_tokens.weight`)
-    instead of sharing the target's."""
-    block_size: int = 0
-    """DFlash: tokens per block, the anchor included (0 for other kinds)."""
-    mask_token_id: int = -1
-    """DFlash: the token whose embedding fills the block's mask slots (-1 for other kinds)."""
-    draft_from: str = ""
-    """draft_model: the model the draft started from (HeadSpec.draft_from; "" for the target's
-    own first layers). Read once, when the head is built; kept as its provenance."""
-    draft_config: dict[str, Any] = field(default_factory=dict)
-    """DFlash, and EAGLE-3 with a draft layer of another architecture (HeadSpec.draft_layer): the
-    draft layers' transformers config (model_type qwen3; sizes from the target when built, as
-    given when imported). Empty: EAGLE heads build their layer from target_config."""
+    the field existed, and for kinds with one layout."""
     training: dict[str, Any] = field(default_factory=dict)
     """Free-form: data, steps, held-out accuracies (written by the trainer, shown in the model card)."""
     format: str = FORMAT
+    options: Any = field(default=None, metadata={"section": True})
+    """The kind's own fields (its HeadKind.config_section; None: it has none)."""
+
+    def __init__(self, kind: str, hidden_size: int, vocab_size: int, target: dict[str, Any],
+                 target_config: dict[str, Any], num_layers: int = 1, feature_layers: list[int] | None = None,
+                 draft_vocab_size: int = 0, layout: str = "fc", training: dict[str, Any] | None = None,
+                 format: str = FORMAT, options: Any = None, **fields: Any) -> None:  # fmt: skip
+        from headstart.config import section
+
+        self.kind, self.hidden_size, self.vocab_size = kind, hidden_size, vocab_size
+        self.target, self.target_config, self.num_layers = target, target_config, num_layers
+        self.feature_layers = list(feature_layers or [])
+        self.draft_vocab_size, self.layout, self.format = draft_vocab_size, layout, format
+        self.training = dict(training or {})
+        found = kinds.get(kind)  # one line naming the registered kinds
+        self.options = (
+            options
+            if options is not None
+            else section(found.section("config"), fields, "", kind, kinds.section_keys("config"))
+        )
+        self.__post_init__()
+
+    def __getattr__(self, name: str) -> Any:
+        """`config.block_size`: the kind's own field (only reached for names HeadConfig lacks)."""
+        options = self.__dict__.get("options")
+        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
+            return getattr(options, name)
+        raise AttributeError(f"{self.__dict__.get('kind')} head configs have no field '{name}'")
 
     def __post_init__(self) -> None:
         # transformers' record of where the target was loaded from (for the embedded GGUF: this
-        # machine's conversion cache) is no part of the head and must not travel with it
-        for key in LOCAL_KEYS:
-            self.target_config.pop(key, None)
-            self.draft_config.pop(key, None)
-        kinds.get(self.kind)  # one line naming the registered kinds
+        # machine's conversion cache) is no part of the head and must not travel with it; a kind's
+        # own transformers configs (its draft layers') neither
+        own = (
+            [getattr(self.options, f.name) for f in dataclasses.fields(self.options)] if self.options else []
+        )
+        for config in [self.target_config, *(value for value in own if isinstance(value, dict))]:
+            for key in LOCAL_KEYS:
+                config.pop(key, None)
         if self.format != FORMAT:
             raise HeadstartError(f"unsupported head format '{self.format}'", f"this headstart reads {FORMAT}")
         if not self.draft_vocab_size:
@@ -221,6 +234,17 @@ class HeadConfig:
                 f"{self.kind} heads have the {' or '.join(kind.heads)} layout",
             )
         kind.head_class(self.layout).check_config(self)
+
+    def shape(self) -> tuple[str, ...]:
+        """The fields a warm start (init_from) must share with the recipe's head: the shared
+        ones, and the kind's own marked SHAPE."""
+        own = (
+            [f.name for f in dataclasses.fields(self.options) if f.metadata.get("shape")]
+            if self.options
+            else []
+        )
+        return ("kind", "hidden_size", "vocab_size", "num_layers", "feature_layers", "draft_vocab_size",
+                "layout", *own)  # fmt: skip
 
     @classmethod
     def for_target(cls, target: Any, kind: str, **fields: Any) -> HeadConfig:
@@ -236,90 +260,128 @@ class HeadConfig:
 
     def portable(self) -> HeadConfig:
         """This config as it may leave the machine (export, push): a target loaded from a local
-        folder or file is named by that folder's name, not this machine's path."""
+        folder or file is named by that folder's name, not this machine's path (and so is
+        anything of the kind's own that names one: its section's `portable()`)."""
         target = dict(self.target)
         if target.get("kind") not in ("hub", "embedded") and isinstance(target.get("name"), str):
             target["name"] = Path(target["name"]).name
         from headstart.provenance import portable
 
-        start = self.draft_from  # a sibling from a local folder: by its name, as the target
-        if start and Path(start).expanduser().exists():
-            start = Path(start).name
-        return dataclasses.replace(self, target=target, training=portable(self.training), draft_from=start)
+        options = self.options.portable() if hasattr(self.options, "portable") else self.options
+        return dataclasses.replace(self, target=target, training=portable(self.training), options=options)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        """The file: one flat mapping, the kind's own fields beside the shared ones."""
+        from headstart.config import to_dict
+
+        return json.dumps(to_dict(self), indent=2, sort_keys=True)
 
     @classmethod
     def read(cls, path: str | Path) -> HeadConfig:
         """The config.json of a head directory, every field checked against its type: a missing
         key, a string where a number belongs or an unknown key is one line naming the key and
-        the file (a hand-edited or damaged checkpoint must not fail later as a shape error)."""
-        from headstart.config import _coerce
+        the file (a hand-edited or damaged checkpoint must not fail later as a shape error).
+        Files written before the kinds' sections hold every kind's fields: another kind's at its
+        default is dropped, away from it refused."""
         from headstart.heads.files import read_json
 
         file = Path(path) / "config.json"
         data = read_json(file)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        if "kind" not in data or not set(fields).issuperset(data):
-            unknown = sorted(set(data) - set(fields))
+        shared = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("section")}
+        others = kinds.section_keys("config")
+        if "kind" not in data or not (set(shared) | set(others)).issuperset(data):
+            unknown = sorted(set(data) - set(shared) - set(others))
             raise HeadstartError(
                 f"{file} is not a headstart head config"
                 + (f" (unknown keys: {', '.join(unknown[:5])})" if unknown else " (no 'kind')"),
                 "pass a directory written by headstart train or export",
             )
-        required = [
-            name for name, f in fields.items() if f.default is MISSING and f.default_factory is MISSING
-        ]
-        missing = [name for name in required if name not in data]
+        own_class = kinds.get(str(data["kind"])).section("config")  # one line naming the kinds
+        own = {f.name for f in dataclasses.fields(own_class)} if own_class is not None else set()
+        data = {
+            k: v for k, v in data.items() if k in shared or k in own or _foreign(file, k, v, data, others)
+        }
+        missing = [name for name, f in shared.items() if _default(f) is MISSING and name not in data]
         if missing:
             raise HeadstartError(
                 f"{file} lacks {', '.join(repr(m) for m in missing)}",
                 "restore the file from the run that wrote it, or re-export the heads",
             )
-        hints = typing.get_type_hints(cls)
         nulls = [k for k, v in data.items() if v is None and k != "training"]  # no field is optional
         if nulls:
             raise HeadstartError(
                 f"{file} holds null for {', '.join(repr(k) for k in nulls)}",
                 "restore the file from the run that wrote it",
             )
-        values = {k: _coerce(v, hints[k], f"{k} in {file}") for k, v in data.items()}
-        for key in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
-            if values.get(key, 1) < 1:
-                raise HeadstartError(f"{key} in {file} must be >= 1, got {values[key]}", "restore the file")
-        for key in ("num_heads", "num_layers"):  # checked before modules are built from them
-            if values.get(key, 1) > MAX_BLOCKS:
-                raise HeadstartError(
-                    f"{key} in {file} is {values[key]}: no draft head has more than {MAX_BLOCKS}",
-                    "restore the file from the run that wrote it",
-                )
-        for key in ("hidden_size", "vocab_size"):
-            recorded = values["target"].get(key)
-            if recorded is not None and recorded != values[key]:
-                raise HeadstartError(
-                    f"{file}: {key} {values[key]} disagrees with the target it records ({recorded})",
-                    "restore the file from the run that wrote it",
-                )
-        if not 0 <= values.get("draft_vocab_size", 0) <= values["vocab_size"]:
+        values = _coerced(data, cls, own_class, file)
+        _check_read(values, file)
+        try:
+            return cls(**values)
+        except HeadstartError as error:  # a kind's own check (its section, its head class)
+            raise HeadstartError(f"{file}: {error.what}", error.fix) from error
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else MISSING  # type: ignore[misc]
+
+
+def _foreign(file: Path, key: str, value: Any, data: dict[str, Any], others: dict[str, list]) -> bool:
+    """False for another kind's field at its default (dropped); refused away from it."""
+    takers = others[key]
+    if all(value == default for _, default in takers):
+        return False
+    names = " and ".join(dict.fromkeys(name for name, _ in takers))
+    raise HeadstartError(
+        f"{file}: {key}={value!r} is a field of {names} heads, not of this {data['kind']} head",
+        "restore the file from the run that wrote it",
+    )
+
+
+def _coerced(data: dict[str, Any], cls: type, own_class: type | None, file: Path) -> dict[str, Any]:
+    from headstart.config import _coerce
+
+    hints = typing.get_type_hints(cls) | (typing.get_type_hints(own_class) if own_class is not None else {})
+    values = {k: _coerce(v, hints[k], f"{k} in {file}") for k, v in data.items()}
+    values["training"] = values.get("training") or {}
+    return values
+
+
+def _check_read(values: dict[str, Any], file: Path) -> None:
+    """The shared fields' bounds, before any module is built from them."""
+    for key in ("hidden_size", "vocab_size", "num_layers"):
+        if values.get(key, 1) < 1:
+            raise HeadstartError(f"{key} in {file} must be >= 1, got {values[key]}", "restore the file")
+    if values.get("num_layers", 1) > MAX_BLOCKS:
+        raise HeadstartError(
+            f"num_layers in {file} is {values['num_layers']}: no draft head has more than {MAX_BLOCKS}",
+            "restore the file from the run that wrote it",
+        )
+    for key in ("hidden_size", "vocab_size"):
+        recorded = values["target"].get(key)
+        if recorded is not None and recorded != values[key]:
             raise HeadstartError(
-                f"draft_vocab_size in {file} must be between 0 and vocab_size ({values['vocab_size']}), "
-                f"got {values['draft_vocab_size']}",
+                f"{file}: {key} {values[key]} disagrees with the target it records ({recorded})",
                 "restore the file from the run that wrote it",
             )
-        values["training"] = values.get("training") or {}
-        layers = values.get("feature_layers") or []
-        depth = values["target"].get("num_layers")
-        if isinstance(depth, int) and any(not 0 <= i < depth for i in layers):
-            raise HeadstartError(
-                f"feature_layers {layers} in {file} name layers the {depth}-layer target does not have",
-                "restore the file from the run that wrote it",
-            )
-        taps = kinds.get(values["kind"]).taps if values.get("kind") in kinds.KINDS else None
-        if taps and not taps[0] <= len(layers) <= (taps[1] or 10**6):
-            raise HeadstartError(
-                f"feature_layers in {file} must name the target layers a {values['kind']} head reads "
-                f"({taps[0]}{'' if taps[1] == taps[0] else ' or more'}), got {layers}",
-                "restore the file from the run that wrote it (e.g. feature_layers: [1, 14, 26])",
-            )
-        return cls(**values)
+    if not 0 <= values.get("draft_vocab_size", 0) <= values["vocab_size"]:
+        raise HeadstartError(
+            f"draft_vocab_size in {file} must be between 0 and vocab_size ({values['vocab_size']}), "
+            f"got {values['draft_vocab_size']}",
+            "restore the file from the run that wrote it",
+        )
+    layers = values.get("feature_layers") or []
+    depth = values["target"].get("num_layers")
+    if isinstance(depth, int) and any(not 0 <= i < depth for i in layers):
+        raise HeadstartError(
+            f"feature_layers {layers} in {file} name layers the {depth}-layer target does not have",
+            "restore the file from the run that wrote it",
+        )
+    taps = kinds.get(values["kind"]).taps
+    if taps and not taps[0] <= len(layers) <= (taps[1] or 10**6):
+        raise HeadstartError(
+            f"feature_layers in {file} must name the target layers a {values['kind']} head reads "
+            f"({taps[0]}{'' if taps[1] == taps[0] else ' or more'}), got {layers}",
+            "restore the file from the run that wrote it (e.g. feature_layers: [1, 14, 26])",
+        )

@@ -24,7 +24,7 @@ norm), so the format adapters copy the state dict as it is.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig, HeadSpec
+from headstart.heads.config import SHAPE, HeadConfig, HeadSpec
 from headstart.heads.layer import copy_alike, same_norm
 from headstart.heads.vocab import DraftVocab
 from headstart.targets.features import cache_keyword, tree_attention_mask
@@ -129,6 +129,24 @@ class DFlashOptions:
             raise HeadstartError(
                 f"head.block_size must be in 2..64, got {self.block_size}", "set head.block_size=16"
             )
+
+
+@dataclass
+class DFlashConfig:
+    """DFlash's own fields of a checkpoint's config.json (HeadConfig.options for kind dflash)."""
+
+    block_size: int = 0
+    """Tokens per block, the anchor included (0: none recorded, refused by DFlashHead.check_config)."""
+    mask_token_id: int = -1
+    """The token whose embedding fills the block's mask slots."""
+    draft_config: dict[str, Any] = field(default_factory=dict, metadata=SHAPE)
+    """The draft layers' transformers config (model_type qwen3; sizes from the target when built,
+    as given when imported)."""
+
+    def card(self) -> str:
+        """Its part of the model card's head line."""
+        return (f"block {self.block_size} (one forward drafts {self.block_size - 1} tokens), "
+                f"mask token {self.mask_token_id}")  # fmt: skip
 
 
 class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):

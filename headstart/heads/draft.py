@@ -11,7 +11,7 @@ SmolLM2), and the way to fine-tune a draft on the target's own outputs (DistillS
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig
+from headstart.heads.config import SHAPE, HeadConfig
 from headstart.heads.vocab import DraftVocab
 
 
@@ -42,6 +42,24 @@ class DraftOptions:
             raise HeadstartError(
                 f"head.lora_rank must be in 0..1024, got {self.lora_rank}", "use e.g. head.lora_rank=16"
             )
+
+
+@dataclass
+class DraftModelConfig:
+    """A draft model's own fields of a checkpoint's config.json (HeadConfig.options for kind
+    draft_model)."""
+
+    draft_from: str = ""
+    """The model the draft started from (DraftOptions.draft_from; "" for the target's own first
+    layers). Read once, when the head is built; kept as its provenance."""
+    draft_config: dict[str, Any] = field(default_factory=dict, metadata=SHAPE)
+    """The draft model's transformers config (empty: the target's, cut to num_layers)."""
+
+    def portable(self) -> DraftModelConfig:
+        """A sibling loaded from a local folder is named by that folder's name, as the target."""
+        if self.draft_from and Path(self.draft_from).expanduser().exists():
+            return replace(self, draft_from=Path(self.draft_from).name)
+        return self
 
 
 class DraftLM(DraftVocab, HeadCheckpoint, nn.Module):

@@ -12,7 +12,7 @@ EAGLE-3 comes in two layouts (HeadConfig.layout):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -20,7 +20,7 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig
+from headstart.heads.config import SHAPE, HeadConfig
 from headstart.heads.layer import DraftLayer
 from headstart.heads.vocab import DraftVocab
 
@@ -63,6 +63,30 @@ class Eagle3Options(EagleOptions):
     """The reference layout: the draft layer's architecture: the target's own decoder layer
     class, or Qwen3's (RMS norms on each head's queries and keys) at the target's sizes. Exported
     to speculators only (the EAGLE release's readers build Llama layers)."""
+
+
+@dataclass
+class EagleConfig:
+    """EAGLE-1's own fields of a checkpoint's config.json (HeadConfig.options for kind eagle)."""
+
+    input_norms: bool = field(default=False, metadata=SHAPE)
+    """Norms on the embedding and the feature before fc (EagleOptions.input_norms; False:
+    checkpoints made before they existed, which have none)."""
+
+
+@dataclass
+class Eagle3Config(EagleConfig):
+    """EAGLE-3's own fields of a checkpoint's config.json (HeadConfig.options for kind eagle3)."""
+
+    fc_norm: bool = field(default=False, metadata=SHAPE)
+    """The reference layout: an RMS norm on each tapped state before fc (Eagle3Options.fc_norm)."""
+    own_embeddings: bool = False
+    """Imported: the checkpoint ships its own token embeddings (`embed_tokens.weight`) instead of
+    sharing the target's."""
+    draft_config: dict[str, Any] = field(default_factory=dict, metadata=SHAPE)
+    """A draft layer of another architecture (Eagle3Options.draft_layer): its transformers config
+    (sizes from the target when built, as given when imported). Empty: the target's own layer,
+    built from target_config."""
 
 
 class EagleHead(HeadCheckpoint, nn.Module):

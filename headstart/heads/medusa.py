@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,7 +10,7 @@ from torch import nn
 
 from headstart.errors import HeadstartError
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig
+from headstart.heads.config import MAX_BLOCKS, SHAPE, HeadConfig
 from headstart.heads.vocab import DraftVocab
 from headstart.targets.smallmm import linear
 
@@ -27,6 +27,26 @@ class MedusaOptions:
     def __post_init__(self) -> None:
         if self.num_heads < 1:
             raise HeadstartError(f"head.num_heads must be >= 1, got {self.num_heads}", "set head.num_heads=3")
+
+
+@dataclass
+class MedusaConfig:
+    """Medusa's own fields of a checkpoint's config.json (HeadConfig.options for kind medusa)."""
+
+    num_heads: int = field(default=1, metadata=SHAPE)
+    shared_lm_head: bool = field(default=True, metadata=SHAPE)
+
+    def __post_init__(self) -> None:
+        # checked before modules are built from it: a damaged file must not build a million heads
+        if not 1 <= self.num_heads <= MAX_BLOCKS:
+            raise HeadstartError(
+                f"num_heads is {self.num_heads}: Medusa heads number 1 to {MAX_BLOCKS}",
+                "restore the file from the run that wrote it",
+            )
+
+    def card(self) -> str:
+        """Its part of the model card's head line."""
+        return f"heads {self.num_heads}"
 
 
 class ResBlock(nn.Module):

@@ -200,10 +200,6 @@ def fresh_head(p: Plan) -> Any:
     return build_head(p.cfg.head, p.target, token_counts=counts, seed=p.cfg.seed)
 
 
-# Structural fields a checkpoint must share with the recipe's head to continue from it (a Medusa
-# draft vocabulary only picks rows at drafting time: the recipe may add or change it).
-SHAPE_FIELDS = ("kind", "hidden_size", "vocab_size", "num_heads", "num_layers", "shared_lm_head",
-                "feature_layers", "draft_vocab_size", "input_norms", "layout", "fc_norm", "draft_config")  # fmt: skip
 VOCAB_MAPS = ("d2t", "t2d")
 
 
@@ -233,8 +229,11 @@ def initial_head(p: Plan) -> Any:
     relayout = wanted.kind == found.kind and (wanted.layout, found.layout) == ("reference", "fc")
     if relayout:  # a warm start from the older layout (headstart.heads.relayout)
         free = ("layout", "input_norms")
-    diff = [f"{k}: recipe {getattr(wanted, k)!r}, heads {getattr(found, k)!r}" for k in SHAPE_FIELDS
-            if k not in free and list_or(getattr(wanted, k)) != list_or(getattr(found, k))]  # fmt: skip
+    # the structure a checkpoint must share with the recipe's head to continue from it
+    # (HeadConfig.shape; a Medusa draft vocabulary only picks rows at drafting time: free_on_init)
+    shape = dict.fromkeys(wanted.shape() + found.shape())
+    diff = [f"{k}: recipe {getattr(wanted, k, None)!r}, heads {getattr(found, k, None)!r}" for k in shape
+            if k not in free and list_or(getattr(wanted, k, None)) != list_or(getattr(found, k, None))]  # fmt: skip
     if diff:
         raise HeadstartError(
             f"init_from={path} does not match the recipe's head ({'; '.join(diff)})",

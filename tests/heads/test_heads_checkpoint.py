@@ -111,3 +111,34 @@ def test_model_card_metadata_comes_from_training(llama_target, tmp_path):
     }
     assert str(tmp_path) not in card.text and f".../{tmp_path.parent.name}/{tmp_path.name}" in card.text
     assert "training steps: 5" in card.text
+
+
+def test_a_config_holds_its_kinds_own_fields_and_reads_older_files(llama_target, tmp_path):
+    """config.json: the shared fields and the kind's own section (HeadKind.config_section), one
+    flat mapping without other kinds' fields; a file written before the sections (every kind's
+    fields, the others at their defaults) reads as before; another kind's field away from its
+    default, or a Medusa head count no head has, is one line naming the file."""
+    from headstart.heads.config import HeadConfig
+
+    head = build_head(HeadSpec(kind="medusa", num_heads=2), llama_target)
+    path = head.save_pretrained(tmp_path / "m")
+    saved = json.loads((path / "config.json").read_text())
+    assert saved["num_heads"] == 2 and saved["shared_lm_head"] is True
+    assert not {"block_size", "mask_token_id", "input_norms", "fc_norm", "own_embeddings", "draft_from",
+                "draft_config", "options"} & set(saved)  # fmt: skip
+    assert "heads 2, layers 1" in (path / "README.md").read_text()
+    as_saved = HeadConfig.read(path)
+    older = saved | {"input_norms": False, "fc_norm": False, "own_embeddings": False, "block_size": 0,
+                     "mask_token_id": -1, "draft_from": "", "draft_config": {}}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(older))
+    assert HeadConfig.read(path) == as_saved and load_heads(path, llama_target).config.num_heads == 2
+    for damage, message in (({"block_size": 8}, "block_size=8 is a field of dflash heads, not of this medusa head"),
+                            ({"draft_config": {"model_type": "qwen3"}}, "is a field of eagle3 and dflash and draft_model heads"),
+                            ({"num_heads": 500}, "num_heads is 500: Medusa heads number 1 to 64"),
+                            ({"shared_lm_head": "sure"}, "'shared_lm_head in .*' must be true or false")):  # fmt: skip
+        (path / "config.json").write_text(json.dumps(saved | damage))
+        with pytest.raises(HeadstartError, match=message) as err:
+            HeadConfig.read(path)
+        assert str(path / "config.json") in err.value.what
+    with pytest.raises(AttributeError, match="medusa head configs have no field 'block_size'"):
+        _ = head.config.block_size

@@ -1,19 +1,20 @@
 """A toy head kind, written as a new kind's author would (docs/developer/add-a-head-kind.md): a
 head module, a drafter, a training objective, all in this one new file; the test registers it
 with one line. The head: one residual block on the target's last hidden state, projected by the
-target's own lm_head, drafting one token (a one-head Medusa). Its own `head.*` and `loss.*` keys live
-here too (ToyOptions, ToyLoss), named by the same registration line."""
+target's own lm_head, drafting one token (a one-head Medusa). Its own `head.*` and `loss.*` keys and
+its own fields of a checkpoint's config.json live here too (ToyOptions, ToyLoss, ToyConfig), named
+by the same registration line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
 from headstart.heads.checkpoint import HeadCheckpoint
-from headstart.heads.config import HeadConfig
+from headstart.heads.config import SHAPE, HeadConfig
 
 USED: dict[str, float] = {}  # what the last training read from the kind's own keys (the test looks)
 
@@ -24,6 +25,16 @@ class ToyOptions:
 
     init_std: float = 0.0
     """The block's weights start at N(0, init_std) for training (0: zeros, the identity)."""
+    bias: bool = True
+    """The block has a bias."""
+
+
+@dataclass
+class ToyConfig:
+    """The toy's own field of a checkpoint's config.json (its config section): the head's
+    modules are built from it, so a warm start must match it (SHAPE)."""
+
+    bias: bool = field(default=True, metadata=SHAPE)
 
 
 @dataclass
@@ -40,14 +51,15 @@ class ToyHead(HeadCheckpoint, nn.Module):
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:
-        return {}
+        return {"bias": spec.bias}
 
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
-        self.block = nn.Linear(config.hidden_size, config.hidden_size)
+        self.block = nn.Linear(config.hidden_size, config.hidden_size, bias=config.bias)
         nn.init.zeros_(self.block.weight)
-        nn.init.zeros_(self.block.bias)
+        if config.bias:
+            nn.init.zeros_(self.block.bias)
         self._bound: dict[str, nn.Module] = {}
 
     def before_training(self, spec: Any) -> None:
