@@ -47,8 +47,9 @@ class HeadKind:
     """The trees `headstart tune` tries: `static` (fixed-depth heads: chains, forked and the
     default static tree), `dynamic` (autoregressive drafters: EAGLE-2's dynamic trees too) or
     `block` (one forward drafts every depth: deeper dynamic trees cost no extra draft pass)."""
-    joint_lora: bool = False
-    """It can train the target jointly through LoRA adapters (Medusa-2)."""
+    joint_lora: str = ""
+    """Its loss in words when it trains the target jointly through LoRA adapters ("Medusa-2 (joint
+    LoRA)"); empty: it cannot."""
     free_on_init: tuple[str, ...] = ()
     """Shape fields a warm start (init_from) may change: the head is rebuilt around them."""
     head_section: str | None = None

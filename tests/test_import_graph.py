@@ -144,6 +144,13 @@ def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):
 def test_no_module_asks_which_kind_of_tree_it_holds():
     """Outside headstart/inference/trees/, trees are used through their protocol: no isinstance
     on a tree class (each such switch was a place a new tree kind had to be added)."""
+    trees = {
+        node.name
+        for path in (PACKAGE / "inference" / "trees").glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+    }
+    assert {"TreeBuffers", "DynamicTree", "LookaheadTree"} <= trees  # every class defined there
     found = []
     for path in PACKAGE.rglob("*.py"):
         if "inference/trees/" in path.as_posix():
@@ -151,10 +158,13 @@ def test_no_module_asks_which_kind_of_tree_it_holds():
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
-                and getattr(node.func, "id", "") == "isinstance"
+                and getattr(node.func, "id", "") in ("isinstance", "issubclass")
                 and len(node.args) == 2
             ):
-                named = ast.unparse(node.args[1])
-                if "TreeBuffers" in named or "DynamicTree" in named:
+                named = {
+                    n.id if isinstance(n, ast.Name) else getattr(n, "attr", "")
+                    for n in ast.walk(node.args[1])
+                }
+                if named & trees:
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found

@@ -164,6 +164,10 @@ class HeadCheckpoint(
     keys) that this class takes; a recipe setting another away from its default is refused in one
     line naming the layouts that take it (HeadSpec._check_layout_options)."""
 
+    draft_slots = 0
+    """Positions one draft forward appends to the head's cache beyond the tree's nodes (DFlash:
+    its block after the context); the decoder's preallocation counts them."""
+
     @classmethod
     def check_config(cls, config: HeadConfig) -> None:
         """A kind's own checks of a saved config (DFlash: its block and mask token); none here."""

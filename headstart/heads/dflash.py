@@ -188,7 +188,7 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
         self.config = config
         hidden = config.hidden_size
         self.feature_layers: tuple[int, ...] = tuple(config.feature_layers)
-        self.block_size = config.block_size
+        self.block_size = self.draft_slots = config.block_size  # its block follows the context
         self.mask_token_id = config.mask_token_id
         self.layer_config = draft_layers_config(config)
         layer_cls, rotary_cls, norm_cls = layer_classes(self.layer_config)

@@ -85,9 +85,9 @@ class SpeculativeDecoder:
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
         pool, before the cut), plus the verify's margin."""
-        block = int(getattr(self.heads, "block_size", 0) or 0)  # DFlash: the block after the context
+        extra = int(getattr(self.heads, "draft_slots", 0))  # positions a draft adds beyond the tree
         lookup = self.lookup.tokens if self.lookup is not None else 0
-        return self.tree.draft_nodes(self.max_depth, lookup) + self.verify_width() + block
+        return self.tree.draft_nodes(self.max_depth, lookup) + self.verify_width() + extra
 
     def must_step_plainly(self, lengths: list[int]) -> bool:
         """A plain step (the root alone) where a verify of this tree at these row lengths could
@@ -257,7 +257,7 @@ class SpeculativeDecoder:
         """The step's one device-to-host read (tests/inference/test_host_syncs.py allows only it)."""
         return values.tolist()
 
-    # ---- the loop ----------------------------------------------------------------------------
+    # ---- helpers of the steps --------------------------------------------------------------------
     def _tree_depth(self) -> int | None:
         """How many levels the tree drafts (a dynamic tree: its depth, cut to the heads')."""
         return self.tree.levels(self.max_depth)
@@ -273,6 +273,7 @@ class SpeculativeDecoder:
             return logits.argmax(-1)
         return sample(probabilities(logits, sampling), self.generator)
 
+    # ---- the loop (run by headstart.inference.engine, one loop for every caller) ---------------
     @torch.no_grad()
     def generate(
         self,

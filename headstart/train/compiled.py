@@ -1,7 +1,8 @@
-"""The training step's two graphs under `compile: true`: the frozen target's feature forward and
-the EAGLE-3 head's training-time-test unroll (forward and backward), each one torch.compile
-graph with dynamic shapes, so batches of any length run the same graphs after the first two
-(the first compiles, a second of another length makes the shapes symbolic; then no recompile:
+"""torch.compile for the training step (`compile: true`): the frozen target's feature forward
+(here) and `compiled`, which an objective wraps its own step in (EAGLE-3's training-time-test
+unroll, forward and backward: headstart.train.objectives.eagle), each one graph with dynamic
+shapes, so batches of any length run the same graphs after the first two (the first compiles, a
+second of another length makes the shapes symbolic; then no recompile:
 tests/train/test_train_compiled.py).
 
 Why: eager, both are chains of small kernels (norms, rotary, SiLU, residual adds, masks) around

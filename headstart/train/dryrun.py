@@ -74,7 +74,8 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None, resume: bool
         )
     from headstart import kinds
 
-    loss = "Medusa-2 (joint LoRA)" if cfg.lora.enabled else kinds.get(cfg.head.kind).loss.format(cfg=cfg)
+    kind = kinds.get(cfg.head.kind)
+    loss = kind.joint_lora if cfg.lora.enabled else kind.loss.format(cfg=cfg)
     return {
         "target": cfg.target,
         "head": to_dict(cfg.head),

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from headstart import kinds
 from headstart.config import to_dict
 from headstart.interrupts import StopRequest, stop_at_step_end
 from headstart.logs import progress_off
@@ -45,8 +46,6 @@ def _loader(
 ) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
     dataset = Conversations(p.data, indices, p.cfg.data.max_length)
-    from headstart import kinds
-
     # a kind's training step may read its indices from a plan made here, on the host, by the
     # collate (EAGLE-3: train/objectives/eagle/plan.py): its objective's `planner`
     plan_for = getattr(kinds.load(kinds.get(p.cfg.head.kind).objective), "planner", None)
@@ -599,7 +598,7 @@ def save_final(model: Objective, cfg: TrainConfig, p: Any, summary: dict[str, An
         "command": summary.get("command"),
         "steps": summary["steps"],
         "global_batch": cfg.batch_size * cfg.grad_accum * summary["processes"],
-        "loss": cfg.head.kind if not cfg.lora.enabled else "medusa-2 (joint, LoRA)",
+        "loss": cfg.head.kind if not cfg.lora.enabled else kinds.get(cfg.head.kind).joint_lora,
         "metrics": {k: v for k, v in summary["final_eval"].items() if isinstance(v, float)},
     }
     if cfg.init_from and detect_format(cfg.init_from) != "headstart":

@@ -7,12 +7,12 @@ here is aligned to the query position t of the head, padded with zeros on the ri
     EAGLE unroll step j at t predicts x_{t+2+j}, trained towards z_{t+1+j} (soft labels).
 A prediction counts when its predicted token is a reply token: mask = ahead(loss_mask, 2 + i).
 Optional `count(s)` arguments replace the local token counts of each term (see masked_mean).
+What only one kind uses lives with its objective (train/objectives/<kind>).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def ahead(x: torch.Tensor, shift: int) -> torch.Tensor:
@@ -32,20 +32,8 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, count: torch.Tensor | 
     return (values * mask).sum() / (mask.sum() if count is None else count).clamp(min=1.0)
 
 
-def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy per position: logits (B, T, V), labels (B, T) -> (B, T)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(
-        labels.shape
-    )
-
-
-def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """-sum_v softmax(target) * log_softmax(logits) per position: (B, T, V) x2 -> (B, T)."""
-    return soft_ce_probs(logits, target_logits.float().softmax(-1))
-
-
 def soft_ce_probs(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """`soft_ce` against a distribution already normalised: (..., V) x2 -> (...)."""
+    """-sum_v target_probs * log_softmax(logits) per position: (..., V) x2 -> (...)."""
     return -(target_probs * logits.float().log_softmax(-1)).sum(-1)
 
 
@@ -64,16 +52,6 @@ def decayed_sum(per_term: torch.Tensor, decay: float) -> torch.Tensor:
     """sum_i decay**i * per_term[i] (heads / TTT steps further ahead weigh less)."""
     weights = decay ** torch.arange(per_term.shape[0], device=per_term.device, dtype=per_term.dtype)
     return (weights * per_term).sum()
-
-
-def lm_loss(
-    target_logits: torch.Tensor,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    count: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The target's own next-token CE on reply tokens (Medusa-2's joint term)."""
-    return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1), count)
 
 
 def soft_label_index(needed: torch.Tensor) -> torch.Tensor:

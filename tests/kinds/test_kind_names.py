@@ -1,6 +1,7 @@
 """A new head kind costs files, not switches: no module outside the registry and a kind's own
-modules (its head, drafter and objective, as its registration names them, and the format
-adapters) holds a kind's name as a string literal. The few that must (a foreign format's marker,
+modules (its head, drafter, objective and sections, as its registration names them, and the
+adapters of the formats it lists, with the helpers they import) holds a kind's name as a string
+literal. The few that must (a foreign format's marker,
 a user-facing preset) are listed here, each with its reason."""
 
 from __future__ import annotations
@@ -20,14 +21,25 @@ ALLOWED = {
     ("distill/features.py", "eagle3"): "the same preset, parsed",
     ("catalogue.py", "*"): "the registrations",
     ("kinds.py", "medusa"): "the kind a recipe's head: section gets when it names none",
+    ("heads/formats/__init__.py", "medusa"): "--format medusa (vLLM's Medusa layout), a format's name",
+    ("heads/formats/__init__.py", "dflash"): "--format dflash (z-lab's layout), a format's name",
+    ("heads/formats/__init__.py", "eagle"): "--format eagle (the EAGLE-3 release's layout), a format's name",
+    ("heads/formats/eagle.py", "eagle"): "the same format's name, in its refusals",
 }
 
 
 def owners() -> dict[str, set[str]]:
     """Module path (relative to the package) -> the kinds whose registration names it."""
     owned: dict[str, set[str]] = {}
+    from headstart.heads.formats import ADAPTERS
+
     every = [(kind.name, [*kind.heads.values(), kind.drafter, kind.objective, kind.head_section or "",
-                          kind.loss_section or ""]) for kind in kinds.KINDS.values()]  # fmt: skip
+                          kind.loss_section or "", kind.config_section or "",
+                          *(helpers(ADAPTERS[fmt]) for fmt in kind.formats if fmt != "headstart")])
+             for kind in kinds.KINDS.values()]  # fmt: skip
+    every = [
+        (name, [r for ref in refs for r in ([ref] if isinstance(ref, str) else ref)]) for name, refs in every
+    ]
     every += [(kind.name, [kind.load, kind.candidates, kind.default, kind.check or ""])
               for kind in kinds.DRAFT_KINDS.values()]  # fmt: skip
     for name, refs in every:
@@ -43,14 +55,26 @@ def owners() -> dict[str, set[str]]:
     return owned
 
 
+def helpers(adapter: str) -> list[str]:
+    """A format's adapter module and the modules of heads/formats/ it imports (its layout helpers)."""
+    path = PACKAGE / (adapter.removeprefix("headstart.").replace(".", "/") + ".py")
+    found = [adapter]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == "headstart.heads.formats":
+            found += [f"headstart.heads.formats.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("headstart.heads.formats."):
+            found.append(node.module or "")
+    return [
+        m for m in found if (PACKAGE / (m.removeprefix("headstart.").replace(".", "/") + ".py")).is_file()
+    ]
+
+
 def test_kind_names_live_only_with_their_kinds():
     """Head kinds and the drafters with nothing to train (their bench baseline names too)."""
     drafters = {n for kind in kinds.DRAFT_KINDS.values() for n in (kind.name, kind.baseline)}
     names, owned, found = set(kinds.names()) | drafters, owners(), []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = path.relative_to(PACKAGE).as_posix()
-        if where.startswith("heads/formats/"):  # the adapters: a format name may equal a kind's
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
                 mine = owned.get(where, set())

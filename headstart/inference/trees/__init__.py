@@ -9,7 +9,7 @@ none of them asks which kind of tree it holds.
 - `lookup`: a prompt-lookup branch verified beside either; `draft.DraftTree`: one step's drafted
   tree, batched; `spec`: a `--tree` value parsed once into a `TreeChoice`.
 
-The protocol (every tree class):
+The protocol (`protocol.Tree`, which every tree class keeps):
     samples_with_lookup          whether a lookup branch stays exact under sampling (the one rule:
                                  `TreeChoice.for_sampling` and the decoder's refusal read it)
     levels(max_depth)            draft steps taken (a dynamic tree's depth cut to the heads')
@@ -23,9 +23,10 @@ The protocol (every tree class):
 from headstart.inference.trees.draft import DraftTree
 from headstart.inference.trees.dynamic import DynamicTree, draft_dynamic
 from headstart.inference.trees.lookup import Lookup, extend_with_lookup, split_lookup
+from headstart.inference.trees.protocol import Tree
 from headstart.inference.trees.spec import TreeChoice, TreeSpec, choose_tree, parse_tree
 from headstart.inference.trees.static import TreeBuffers, build_tree, default_tree, draft_static, static_plan
 
-__all__ = ["DraftTree", "DynamicTree", "Lookup", "TreeBuffers", "TreeChoice", "TreeSpec", "build_tree",
+__all__ = ["DraftTree", "DynamicTree", "Lookup", "Tree", "TreeBuffers", "TreeChoice", "TreeSpec", "build_tree",
            "choose_tree", "default_tree", "draft_dynamic", "draft_static", "extend_with_lookup", "parse_tree",
            "split_lookup", "static_plan"]  # fmt: skip

@@ -21,9 +21,11 @@ from headstart.errors import HeadstartError
 from headstart.inference.trees.dynamic import DynamicTree
 from headstart.inference.trees.lookahead import LookaheadTree
 from headstart.inference.trees.lookup import SUFFIX, Lookup, split_lookup
+from headstart.inference.trees.protocol import Tree
 from headstart.inference.trees.static import TreeBuffers, build_tree, chain, check_tree_size, default_tree
 
-TreeSpec = TreeBuffers | DynamicTree | LookaheadTree
+TreeSpec = Tree
+"""Any tree keeping the protocol (the name the decoder's signatures use)."""
 
 
 def _paths_from_json(data: Any, source: str) -> TreeBuffers:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import losses
-from headstart.train.losses import ahead, decayed_sum, mean_at, scored
+from headstart.train.losses import ahead, decayed_sum, masked_mean, mean_at, scored
 from headstart.train.objective import shared_counts
 
 
@@ -91,7 +91,7 @@ def medusa_loss(
         )
     out = {"loss": loss, "parts": per_head}
     if objective.trains_target:  # Medusa-2: also log the target's own loss during warm-up
-        lm = losses.lm_loss(feats.logits, ids, mask, lm_count)
+        lm = lm_loss(feats.logits, ids, mask, lm_count)
         out["parts"] = torch.cat([per_head, lm.detach()[None]])
         if joint:  # after warm-up the target trains through its LoRA adapters
             out["loss"] = objective.cfg.lora.lm_weight * lm + objective.cfg.lora.heads_weight * loss
@@ -109,3 +109,20 @@ medusa_loss.parts = lambda cfg: (
         ["lm_loss"] if cfg.lora.enabled else []
     )
 )
+
+
+def lm_loss(
+    target_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    count: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The target's own next-token CE on reply tokens (Medusa-2's joint term, through LoRA)."""
+    return masked_mean(token_ce(target_logits, ahead(input_ids, 1)), ahead(loss_mask, 1), count)
+
+
+def token_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy per position: logits (B, T, V), labels (B, T) -> (B, T)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none").view(
+        labels.shape
+    )

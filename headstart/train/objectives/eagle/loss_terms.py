@@ -12,10 +12,14 @@ from headstart.train.losses import (
     masked_mean,
     mean_at,
     scored,
-    soft_ce,
     soft_ce_probs,
     soft_label_index,
 )
+
+
+def soft_ce(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """-sum_v softmax(target) * log_softmax(logits) per position: (B, T, V) x2 -> (B, T)."""
+    return soft_ce_probs(logits, target_logits.float().softmax(-1))
 
 
 def eagle1_loss(

@@ -1,0 +1,45 @@
+"""The one contract every token tree keeps (static, dynamic, Lookahead's): what the decoder, the
+engine and the tuner ask of a tree, so that none of them asks which kind it holds
+(tests/test_import_graph.py fails on an isinstance on a tree class outside inference/trees/)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from headstart.inference.plain import SamplingConfig
+    from headstart.inference.trees.draft import DraftTree
+
+
+@runtime_checkable
+class Tree(Protocol):
+    samples_with_lookup: bool
+    """Whether a prompt-lookup branch stays exact beside it under sampling (its drafts are
+    one-point proposals); the one rule, applied by TreeChoice.for_sampling."""
+
+    def levels(self, max_depth: int | None) -> int:
+        """Draft steps one decode step takes (a dynamic tree's depth cut to the heads')."""
+        ...
+
+    def verify_nodes(self, max_depth: int | None) -> int:
+        """Nodes one row's verify holds, the root included, a lookup branch excluded."""
+        ...
+
+    def verify_bound(self) -> int:
+        """The most nodes a verify of it can hold (the KV cache's margin)."""
+        ...
+
+    def draft_nodes(self, max_depth: int | None, lookup: int) -> int:
+        """The most nodes one step drafts into a head's own cache, with a lookup branch of `lookup`."""
+        ...
+
+    def prepare(self, device: torch.device) -> None:
+        """Anything built once per device (a static tree's index buffers)."""
+        ...
+
+    def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
+              max_depth: int | None) -> DraftTree:  # fmt: skip
+        """One step's drafted tree under each row's root, batched."""
+        ...

@@ -1,0 +1,44 @@
+"""Every tree class keeps the one protocol (headstart.inference.trees.protocol.Tree), and each
+`--tree` syntax parses to a value that keeps it: the decoder, engine and tuner rely on nothing else."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+from headstart.inference import trees
+from headstart.inference.trees import Tree, choose_tree
+from headstart.inference.trees.lookahead import parse_lookahead
+
+TREES = Path(trees.__file__).parent
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["chain:3", "[[0],[0,0],[1]]", "dynamic", "dynamic:depth=3,top_k=2,total_tokens=6", "chain:2+lookup:4"],
+)
+def test_every_tree_syntax_parses_to_the_protocol(spec):
+    choice = choose_tree(spec)
+    tree = choice.resolve(4)
+    assert isinstance(tree, Tree), type(tree)
+    assert tree.verify_nodes(4) >= 1 and tree.verify_bound() >= tree.verify_nodes(4)
+    assert tree.draft_nodes(4, 0) <= tree.draft_nodes(4, 4)
+
+
+def test_lookahead_and_the_default_tree_keep_it():
+    assert isinstance(parse_lookahead("lookahead:window=4,ngram=3,guesses=2"), Tree)
+    assert isinstance(choose_tree(None).resolve(3), Tree)
+
+
+def test_every_class_with_a_draft_method_in_trees_keeps_it():
+    """A new tree class in inference/trees/ that drafts is checked against the protocol's methods."""
+    wanted = {name for name, _ in inspect.getmembers(Tree, inspect.isfunction) if not name.startswith("_")}
+    for path in TREES.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name != "Tree":
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                if "draft" in methods:
+                    assert wanted <= methods, (path.name, node.name, wanted - methods)
