@@ -9,7 +9,7 @@ the engine already had. The verdict is cached per machine (CPU model and ISA, or
 thread count, target and heads, under the user's cache folder: the second run measures nothing.
 
 What it measures: plain decoding (the lean loop a set-aside run decodes with) and a handful of trees (the stored one, chains of 1 and 2, one
-forked tree) on CALIBRATION prompts, interleaved prompt by prompt (headstart.bench.timing), greedy,
+forked tree) on CALIBRATION prompts, interleaved prompt by prompt (headstart.inference.timing), greedy,
 a short reply each. A tree is used only when it beats plain decoding by more than MARGIN: the
 verdict errs towards plain decoding, never more than the noise slower than it.
 cost: ~15-25 s on the 2-core CPU for SmolLM2 (3 prompts x 5 methods x 48 tokens, warm-ups
@@ -76,8 +76,8 @@ def calibrate(target: Any, heads: Any, stored_tree: str | None, greedy: bool) ->
     """Measure plain decoding against a few trees of `heads` here; the verdict (cached by the caller)."""
     import torch
 
-    from headstart.bench.timing import CALIBRATION_PROMPTS, LeanPlain, measure_trees
     from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.timing import CALIBRATION_PROMPTS, LeanPlain, measure_trees
 
     candidates = list(
         dict.fromkeys([*([stored_tree] if stored_tree else []), "chain:1", "chain:2", "[[0],[0,0],[1]]"])

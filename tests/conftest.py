@@ -39,11 +39,11 @@ def tiny_llama(tiny_root) -> Path:
 
 @pytest.fixture
 def slow_plain(monkeypatch):
-    """Plain decoding (the timing's reference, bench.timing.LeanPlain) timed 1 s slower a call, so
+    """Plain decoding (the timing's reference, inference.timing.LeanPlain) timed 1 s slower a call, so
     that random heads on a tiny model beat it and `headstart tune` stores their best tree (tune
     refuses to store a tree slower than plain decoding: tests/bench/test_tune.py shows that with
     real timings), and calibration keeps it."""
-    from headstart.bench import timing
+    from headstart.inference import timing
 
     faster = timing.LeanPlain.generate
 

@@ -151,8 +151,8 @@ def test_threads_flag_sets_torch_threads(tiny_llama, capsys):
 def test_info_names_windowed_and_unverifiable_layers(tiny_root):
     from tiny import FAMILIES, make_target_dir
 
-    from headstart.commands.info import attention_summary
     from headstart.targets import load_target
+    from headstart.targets.describe import attention_summary
 
     gemma = load_target(
         str(make_target_dir(tiny_root, "gemma3_text", seed=11, **FAMILIES["gemma3_text"])), weights=False

@@ -1,7 +1,8 @@
 """The package's import graph, read with ast (no third-party tool): no import circle between modules
 (imports inside functions count: a lazy import is still a dependency; so does a registry's
-"headstart.module:attribute" string, imported when first asked for), and no import from a lower
-package up into the command line (`headstart.commands`, `headstart.cli`)."""
+"headstart.module:attribute" string, imported when first asked for), no import from a lower
+package up into the command line (`headstart.commands`, `headstart.cli`), and the package's parts
+in layers (LAYERS): each imports only parts of lower layers."""
 
 from __future__ import annotations
 
@@ -115,6 +116,42 @@ def test_nothing_below_the_command_line_imports_it():
         if target.startswith(TOP)
     )
     assert not upward, "\n".join(upward)
+
+
+LAYERS = (
+    ("errors",),
+    ("io", "logs", "hardware", "interrupts", "kinds", "config", "provenance"),
+    ("outputs",),
+    ("targets",),  # the frozen target: loading, features, attention, kernels
+    ("target", "heads", "inference"),  # heads and the decode loop know nothing of each other
+    ("drafts", "tuned", "distill", "serve", "calibration"),
+    ("train", "speculator"),
+    ("decoding", "bench"),
+    ("catalogue",),  # the registrations, naming every kind's modules
+    ("headstart",),  # the package's __init__
+    ("commands",),
+    ("cli",),
+    ("__main__",),
+)
+"""The package's top-level parts, lowest first (a part: headstart.X and everything under it)."""
+
+
+def part(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_each_part_imports_only_lower_layers():
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    edges = graph()
+    unplaced = sorted({part(m) for m in edges} - set(rank))
+    assert not unplaced, f"place these parts of the package in LAYERS: {unplaced}"
+    wrong = sorted(
+        f"{source} imports {target} (layer {rank[part(target)]} >= {rank[part(source)]})"
+        for source, targets in edges.items()
+        for target in targets
+        if part(source) != part(target) and rank[part(target)] >= rank[part(source)]
+    )
+    assert not wrong, "imports against the layers (move the code down, or the import):\n" + "\n".join(wrong)
 
 
 def test_the_checker_sees_circles_and_lazy_imports(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from headstart import kinds
-from headstart.bench.timing import CALIBRATION_PROMPTS, LeanPlain, _survivors, measure_trees, paired_gap  # noqa: F401
+from headstart.inference.timing import CALIBRATION_PROMPTS, LeanPlain, _survivors, measure_trees, paired_gap  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,22 @@ def candidate_trees(kind: str, max_depth: int | None) -> list[str]:
     # small dynamic trees with a lookup branch: exact under sampling too (unlike static + lookup)
     looked += [f"{dynamic[i]}+lookup:4" for i in (0, 1)]
     return chains + forks + looked + dynamic
+
+
+def calibration_prompts(path: str | None, limit: int) -> list[str]:
+    """The first turns of `limit` questions of the JSONL file at `path`, or of the built-in
+    calibration prompts (one line when `limit` asks for more than there are)."""
+    from headstart.bench.questions import load_questions
+    from headstart.errors import HeadstartError
+
+    if path:
+        return [q.turns[0] for q in load_questions(path, limit=limit)]
+    if limit > len(CALIBRATION_PROMPTS):
+        raise HeadstartError(
+            f"--limit {limit}: there are {len(CALIBRATION_PROMPTS)} built-in calibration prompts",
+            "pass --prompts FILE (e.g. MT-bench's question.jsonl) for more",
+        )
+    return list(CALIBRATION_PROMPTS[:limit])
 
 
 def tune(

@@ -51,26 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def recorded_target(path: object) -> str:
-    """The target a headstart heads directory says it was trained for (its load spec: a Hub id,
-    a path, smollm2), else smollm2 (the published formats name a verifier, not a loadable spec)."""
-    from pathlib import Path
-
-    from headstart.heads.config import HeadConfig
-
-    try:
-        name = HeadConfig.read(Path(str(path))).target.get("name")
-    except HeadstartError:
-        return "smollm2"
-    return name if isinstance(name, str) and name else "smollm2"
-
-
 def run(args: argparse.Namespace) -> int:
-    from headstart import kinds
     from headstart.commands.common import quiet_transformers
     from headstart.heads import load_heads
-    from headstart.heads.config import HeadConfig
-    from headstart.heads.defaults import shipped_heads
+    from headstart.heads.defaults import recorded_target, shipped_for_format
     from headstart.heads.formats import export_heads, is_export
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_output
@@ -87,27 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.heads:
         path = resolve_heads(args.heads, flag="heads directory")
     else:
-        target = args.target or "smollm2"
-        shipped = {HeadConfig.read(folder).kind: folder for folder in shipped_heads(target).values()}
-        kind = args.kind or next((k for k in shipped if args.format in kinds.get(k).formats), None)
-        if kind is None:
-            raise HeadstartError(
-                f"no shipped heads for target '{target}' can be written as --format {args.format}",
-                "pass a heads directory or Hub id",
-            )
-        if kind not in shipped:
-            raise HeadstartError(
-                f"no shipped {kind} heads for target '{target}'"
-                + (f" (shipped: {', '.join(shipped)})" if shipped else ""),
-                f"use --kind {' or '.join(shipped)}" if shipped else "pass a heads directory or Hub id",
-            )
-        formats = kinds.get(kind).formats
-        if args.format not in formats:
-            raise HeadstartError(
-                f"{kind} heads cannot be written as --format {args.format}",
-                f"use --format {' or '.join(formats)}, or another --kind",
-            )
-        path = shipped[kind]
+        path = shipped_for_format(args.target or "smollm2", args.format, args.kind)
     target_spec = args.target or recorded_target(path)
     # before anything loads: an output that would destroy files or cannot be written is refused
     output = check_output(

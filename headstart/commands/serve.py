@@ -81,6 +81,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise HeadstartError(
             f"--max-body-mb must be > 0, got {args.max_body_mb}", "use e.g. --max-body-mb 16"
         )
+    from headstart.serve.lifecycle import check_listen
+
     check_listen(args.host, args.port)
     for origin in args.allowed_origins:
         if origin != "*" and not origin.startswith(("http://", "https://")):
@@ -97,41 +99,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         )
 
 
-def check_listen(host: str, port: int) -> None:
-    """--host is an address of this machine and --port free there: one line now, not a traceback
-    from uvicorn after the target has loaded. The probe socket is closed at once (port 0: any)."""
-    import errno
-    import socket
-
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
-    except (socket.gaierror, UnicodeError, ValueError) as err:
-        raise HeadstartError(
-            f"--host {host!r} is not an address this machine can listen on ({getattr(err, 'strerror', None) or err})",
-            "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
-        ) from None
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn sets it too
-        try:
-            probe.bind(address)
-        except OSError as err:
-            taken = err.errno == errno.EADDRINUSE
-            raise HeadstartError(
-                f"cannot listen on {host}:{port} ({err.strerror})",
-                "choose another --port, or stop what listens there"
-                if taken
-                else "use 127.0.0.1, 0.0.0.0 or an address of this machine for --host",
-            ) from None
-
-
 def run(args: argparse.Namespace) -> int:
     from headstart.commands.common import check_generation_args
     from headstart.commands.generate import decoding_from_args
     from headstart.serve.app import build_app
-    from headstart.serve.metrics import Metrics
-    from headstart.serve.scheduler import Scheduler
-    from headstart.serve.served import Served
+    from headstart.serve.lifecycle import serve_until_stopped
+    from headstart.serve.served import assemble
 
     check_arguments(args)
     args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed = 1, 0.0, 1.0, 0, None
@@ -151,28 +124,12 @@ def run(args: argparse.Namespace) -> int:
             "warning: %s has no chat template: /v1/chat/completions will refuse requests", target.spec
         )
     decoding = decoding_from_args(args, target)  # the heads and tree `generate` would take (the tuned one)
-    speculator = decoding.speculator
-    context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
-    from headstart.targets.exactness import context_note, positions
-
-    limits = positions(target.model)
-    note = context_note(limits, context)
-    if note is not None:  # longrope/dynamic RoPE: requests must end below its switch
-        log.warning("warning: %s; serving a context of %d", note, limits.switch)
-        context = int(limits.switch)
-    metrics = Metrics()
-    probe = speculator.new_decoder()
-    limit = args.speculate_up_to
-    if limit is None and target.device.type == "cpu":
-        limit = probe.verify_nodes  # measured: 8 rows decode 2x faster plainly than with trees on 2 cores
-    scheduler = Scheduler(speculator.new_decoder, metrics,
-                          max_batch=args.max_batch, max_queue=args.max_queue, speculate_up_to=limit,
-                          prefix_cache=args.prefix_cache)  # fmt: skip
-    served = Served(target=target, scheduler=scheduler, metrics=metrics, model=args.served_model_name or args.target,
-                    context=context, max_tokens=min(args.max_tokens or context, context),
-                    default_tokens=args.default_max_tokens, api_key=args.api_key, mode=decoding.mode,
-                    allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20), body_timeout=args.body_timeout)  # fmt: skip
-    from headstart.serve.lifecycle import serve_until_stopped
-
-    return serve_until_stopped(build_app(served), scheduler, args.host, args.port, args.grace,
+    served = assemble(
+        target, decoding, model=args.served_model_name or args.target, max_batch=args.max_batch,
+        max_queue=args.max_queue, speculate_up_to=args.speculate_up_to, prefix_cache=args.prefix_cache,
+        max_tokens=args.max_tokens, default_tokens=args.default_max_tokens, api_key=args.api_key,
+        allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20),
+        body_timeout=args.body_timeout,
+    )  # fmt: skip
+    return serve_until_stopped(build_app(served), served.scheduler, args.host, args.port, args.grace,
                                f"serving {target.spec} as '{served.model}' ({decoding.mode})")  # fmt: skip

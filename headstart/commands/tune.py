@@ -37,8 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from headstart.bench.questions import load_questions
-    from headstart.bench.tune import CALIBRATION_PROMPTS, conclude, tune, tune_draft
+    from headstart.bench.tune import calibration_prompts, conclude, tune, tune_draft
     from headstart.heads.resolve import resolve_heads
     from headstart.outputs import check_writable
     from headstart.tuned import tuned_file
@@ -56,18 +55,9 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens)):
         if value < 1:
             raise HeadstartError(f"{flag} must be >= 1, got {value}", f"use e.g. {flag} 6")
-    if not args.prompts and args.limit > len(CALIBRATION_PROMPTS):
-        raise HeadstartError(
-            f"--limit {args.limit}: there are {len(CALIBRATION_PROMPTS)} built-in calibration prompts",
-            "pass --prompts FILE (e.g. MT-bench's question.jsonl) for more",
-        )
     if not args.dry_run and args.heads is not None:  # where the tree goes: fail now, not after minutes
         check_writable(tuned_file(args.heads).parent, "tuned tree's directory")
-    prompts = (
-        [q.turns[0] for q in load_questions(args.prompts, limit=args.limit)]
-        if args.prompts
-        else list(CALIBRATION_PROMPTS[: args.limit])
-    )
+    prompts = calibration_prompts(args.prompts, args.limit)
     target = load_target_from_args(args)
     candidates = [c.strip() for c in args.candidates.split(";") if c.strip()] if args.candidates else None
     if args.draft is not None:

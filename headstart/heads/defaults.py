@@ -32,3 +32,45 @@ def default_heads(target_spec: str) -> Path | None:
     """The preferred shipped heads for `target_spec`, or None."""
     heads = shipped_heads(target_spec)
     return next(iter(heads.values()), None)
+
+
+def shipped_for_format(target_spec: str, fmt: str, kind: str | None = None) -> Path:
+    """The shipped heads for `target_spec` that `headstart export --format fmt` writes: the
+    `kind` asked for, else the first shipped kind the format can hold; one line when none fits."""
+    from headstart import kinds
+    from headstart.errors import HeadstartError
+    from headstart.heads.config import HeadConfig
+
+    shipped = {HeadConfig.read(folder).kind: folder for folder in shipped_heads(target_spec).values()}
+    kind = kind or next((k for k in shipped if fmt in kinds.get(k).formats), None)
+    if kind is None:
+        raise HeadstartError(
+            f"no shipped heads for target '{target_spec}' can be written as --format {fmt}",
+            "pass a heads directory or Hub id",
+        )
+    if kind not in shipped:
+        raise HeadstartError(
+            f"no shipped {kind} heads for target '{target_spec}'"
+            + (f" (shipped: {', '.join(shipped)})" if shipped else ""),
+            f"use --kind {' or '.join(shipped)}" if shipped else "pass a heads directory or Hub id",
+        )
+    formats = kinds.get(kind).formats
+    if fmt not in formats:
+        raise HeadstartError(
+            f"{kind} heads cannot be written as --format {fmt}",
+            f"use --format {' or '.join(formats)}, or another --kind",
+        )
+    return shipped[kind]
+
+
+def recorded_target(path: str | Path) -> str:
+    """The target a headstart heads directory says it was trained for (its load spec: a Hub id,
+    a path, smollm2), else smollm2 (the published formats name a verifier, not a loadable spec)."""
+    from headstart.errors import HeadstartError
+    from headstart.heads.config import HeadConfig
+
+    try:
+        name = HeadConfig.read(Path(str(path))).target.get("name")
+    except HeadstartError:
+        return EMBEDDED_NAME
+    return name if isinstance(name, str) and name else EMBEDDED_NAME

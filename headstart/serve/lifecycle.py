@@ -78,3 +78,31 @@ def serve_until_stopped(app: Any, scheduler: Any, host: str, port: int, grace: f
         scheduler.cancel_running()
     log.info("stopped")
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """--host is an address of this machine and --port free there: one line now, not a traceback
+    from uvicorn after the target has loaded. The probe socket is closed at once (port 0: any)."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]  # fmt: skip
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        raise HeadstartError(
+            f"--host {host!r} is not an address this machine can listen on ({getattr(err, 'strerror', None) or err})",
+            "use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or one of its own addresses",
+        ) from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn sets it too
+        try:
+            probe.bind(address)
+        except OSError as err:
+            taken = err.errno == errno.EADDRINUSE
+            raise HeadstartError(
+                f"cannot listen on {host}:{port} ({err.strerror})",
+                "choose another --port, or stop what listens there"
+                if taken
+                else "use 127.0.0.1, 0.0.0.0 or an address of this machine for --host",
+            ) from None

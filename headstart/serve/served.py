@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from headstart.serve.metrics import Metrics
 from headstart.serve.scheduler import Scheduler
+
+log = logging.getLogger("headstart.serve")
 
 
 @dataclass
@@ -25,3 +28,30 @@ class Served:
         16 * 2**20
     )  # bytes a request body may hold (--max-body-mb): 413 past it, before it is read
     body_timeout: float = 30.0  # seconds a request body may take to arrive (--body-timeout): 408 past it
+
+
+def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queue: int,
+             speculate_up_to: int | None, prefix_cache: bool, max_tokens: int | None, default_tokens: int,
+             api_key: str | None, allowed_origins: tuple[str, ...], max_body: int, body_timeout: float) -> Served:  # fmt: skip
+    """The server's shared state around `decoding` (headstart.decoding.Decoding): the context a
+    request must fit (cut below a longrope/dynamic RoPE switch), its scheduler and metrics. On a
+    CPU a batch steps plainly past one tree's worth of rows unless `speculate_up_to` says."""
+    from headstart.targets.exactness import context_note, positions
+
+    context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
+    limits = positions(target.model)
+    note = context_note(limits, context)
+    if note is not None:  # longrope/dynamic RoPE: requests must end below its switch
+        log.warning("warning: %s; serving a context of %d", note, limits.switch)
+        context = int(limits.switch)
+    metrics = Metrics()
+    speculator = decoding.speculator
+    if speculate_up_to is None and target.device.type == "cpu":
+        # measured: 8 rows decode 2x faster plainly than with trees on 2 cores
+        speculate_up_to = speculator.new_decoder().verify_nodes
+    scheduler = Scheduler(speculator.new_decoder, metrics, max_batch=max_batch, max_queue=max_queue,
+                          speculate_up_to=speculate_up_to, prefix_cache=prefix_cache)  # fmt: skip
+    return Served(target=target, scheduler=scheduler, metrics=metrics, model=model, context=context,
+                  max_tokens=min(max_tokens or context, context), default_tokens=default_tokens, api_key=api_key,
+                  mode=decoding.mode, allowed_origins=allowed_origins, max_body=max_body,
+                  body_timeout=body_timeout)  # fmt: skip

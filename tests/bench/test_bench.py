@@ -215,7 +215,7 @@ def test_unknown_baseline(tiny_llama, tmp_path):
 
 
 def test_verify_cost_curve_keeps_context_fixed(tiny_llama):
-    from headstart.bench.cost import verify_cost_ms
+    from headstart.inference.verify_cost import verify_cost_ms
     from headstart.targets import load_target
 
     target = load_target(str(tiny_llama))

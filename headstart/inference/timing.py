@@ -68,8 +68,8 @@ def _measure(
     report then says how the best tree compares with no speculation (`over_plain`)."""
     import torch
 
-    from headstart.bench.cost import verify_cost_ms
     from headstart.hardware import machine
+    from headstart.inference.verify_cost import verify_cost_ms
 
     totals, reference = _decode_all(target, decoders, candidates, prompts, max_new_tokens, prune, plain)
     results, within_noise = _ranked(totals)
