@@ -43,6 +43,9 @@ def _optional(tp: Any) -> bool:
     return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
+EVALUATION_ONLY = {"resumable": True}
+"""Field metadata of a setting that only changes how a run is evaluated or logged (a kind's
+`loss.eval_steps`): `--resume` may change it (headstart.train.checkpoints)."""
 YAML_BOOLS = {False: ("no", "off", "false"), True: ("yes", "on", "true")}
 
 

@@ -25,7 +25,8 @@ class HeadKind:
     name: str
     """The `head.kind` recipes and checkpoints name."""
     heads: dict[str, str]
-    """Layout -> "module:Class" of its nn.Module (most kinds have one layout, "fc")."""
+    """Layout -> "module:Class" of its nn.Module, the default layout first (most kinds have one
+    layout, "fc")."""
     drafter: str
     """"module:Class" of its drafter (the decoder's view of it: headstart.inference.drafters.Drafter)."""
     objective: str
@@ -65,6 +66,11 @@ class HeadKind:
     (Medusa's num_heads, DFlash's block_size; HeadConfig.options), written beside the shared ones;
     a field marked `headstart.heads.config.SHAPE` must match for a warm start (init_from). Files
     written before the sections hold every kind's fields: another kind's at its default is dropped."""
+
+    @property
+    def default_layout(self) -> str:
+        """The layout a recipe that names none builds (the first of `heads`)."""
+        return next(iter(self.heads))
 
     def head_class(self, layout: str = "fc") -> type:
         if layout not in self.heads:

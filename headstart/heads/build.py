@@ -43,8 +43,7 @@ def head_config(spec: HeadSpec, target: Any) -> HeadConfig:
             f"set head.draft_vocab_size <= {vocab} (0 = full vocabulary)",
         )
     fields = {"draft_vocab_size": spec.draft_vocab_size or vocab}
-    layout = spec.layout if spec.layout in kind.heads else "fc"  # the recipe's default suits eagle3 only
-    fields.update(kind.head_class(layout).spec_fields(spec, target))
+    fields.update(kind.head_class(spec.layout).spec_fields(spec, target))
     return HeadConfig.for_target(target, spec.kind, feature_layers=layers, **fields)
 
 

@@ -48,23 +48,28 @@ class HeadSpec:
     lm_head; Medusa trains over the full vocabulary and drafts over the N tokens only (a cheaper
     draft step); DFlash scores its training loss and drafts over those N rows of the target's
     lm_head (its checkpoint stays full-vocabulary: other runtimes draft over every token)."""
-    layout: Literal["reference", "fc"] = "reference"
-    """Which of the kind's head classes (HeadKind.heads) it builds; kinds with one layout have
-    "fc". EAGLE-3: "reference" (the EAGLE-3 release's layout, which vLLM, SGLang, speculators and
-    llama.cpp load; `headstart export` writes it) or "fc" (headstart's first layout, not
-    exportable). See headstart.heads.eagle."""
+    layout: str | None = None
+    """Which of the kind's head classes (HeadKind.heads) it builds; None: the kind's default (its
+    first layout), and kinds with one layout have "fc". EAGLE-3: "reference" (the default: the
+    EAGLE-3 release's layout, which vLLM, SGLang, speculators and llama.cpp load; `headstart
+    export` writes it) or "fc" (headstart's first layout, not exportable). See
+    headstart.heads.eagle. Another kind's layout name says nothing (saved configs hold
+    "reference" for every kind: it was the shared default)."""
     options: Any = field(default=None, metadata={"section": True})
     """The kind's own keys (its HeadKind.head_section), written inline in recipes and saved configs."""
 
     def __init__(self, kind: str = kinds.DEFAULT, num_layers: int | None = None,
                  init_layers: Literal["random", "target"] = "random", feature_layers: list[int] | None = None,
-                 draft_vocab_size: int = 0, layout: Literal["reference", "fc"] = "reference",
+                 draft_vocab_size: int = 0, layout: str | None = None,
                  options: Any = None, **keys: Any) -> None:  # fmt: skip
         from headstart.config import section
 
         self.kind, self.num_layers, self.init_layers = kind, num_layers, init_layers
-        self.feature_layers, self.draft_vocab_size, self.layout = feature_layers, draft_vocab_size, layout
         found = kinds.get(kind)  # one line naming the registered kinds
+        others = {name for k in kinds.KINDS.values() for name in k.heads}
+        if layout is None or (layout not in found.heads and layout in others):
+            layout = found.default_layout
+        self.feature_layers, self.draft_vocab_size, self.layout = feature_layers, draft_vocab_size, layout
         self.options = (
             options
             if options is not None
@@ -92,10 +97,13 @@ class HeadSpec:
             raise HeadstartError(
                 f"unknown head.init_layers '{self.init_layers}'", "use head.init_layers=random (or target)"
             )
-        if self.layout not in ("reference", "fc"):
-            raise HeadstartError(f"unknown head.layout '{self.layout}'", "use head.layout=reference (or fc)")
         kind = kinds.get(self.kind)
-        head_class = kind.head_class(self.layout if self.layout in kind.heads else "fc")
+        if self.layout not in kind.heads:
+            raise HeadstartError(
+                f"unknown head.layout '{self.layout}'",
+                f"use head.layout={' or '.join(kind.heads)}, or leave it out",
+            )
+        head_class = kind.head_class(self.layout)
         if self.init_layers == "target" and not hasattr(head_class, "init_layers_from_target"):
             raise HeadstartError(
                 f"head.init_layers=target: {self.kind} heads ({self.layout} layout) have no warm start from "

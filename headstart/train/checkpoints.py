@@ -113,7 +113,25 @@ def load_checkpoint(accelerator: Any, root: str | Path) -> dict[str, Any]:
 # where the target loads).
 RESUMABLE = ("max_steps", "time_budget_s", "eval_every", "eval_batches", "log_every", "save_every", "keep_last",
              "trackers", "tracker_project", "output_dir", "heap_trim_every", "compile", "cpu", "topk", "target",
-             "init_from", "data.eval_path", "loss.eval_steps", "loss.eval_ttt_steps")  # fmt: skip
+             "init_from", "data.eval_path")  # fmt: skip
+"""Settings `--resume` may change; each kind's loss section adds its fields marked EVALUATION_ONLY."""
+
+
+def resumable() -> tuple[str, ...]:
+    """RESUMABLE and every kind's `loss.*` keys that only change its evaluation."""
+    import dataclasses
+
+    from headstart import kinds
+
+    sections = [kind.section("loss") for kind in kinds.KINDS.values()]
+    own = {
+        f"loss.{f.name}"
+        for section in sections
+        if section is not None
+        for f in dataclasses.fields(section)
+        if f.metadata.get("resumable")
+    }
+    return RESUMABLE + tuple(sorted(own))
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -155,10 +173,10 @@ def check_same_run(config: dict[str, Any], root: str | Path) -> None:
             f"warning: {found[-1]} does not record its settings; make sure --resume repeats the recipe"
         )
         return
-    before, now = flat(_filled(saved)), flat(config)
+    before, now, free = flat(_filled(saved)), flat(config), resumable()
     changed = sorted(
         key for key in before.keys() | now.keys()
-        if before.get(key) != now.get(key) and not any(key == r or key.startswith(r + ".") for r in RESUMABLE)
+        if before.get(key) != now.get(key) and not any(key == r or key.startswith(r + ".") for r in free)
     )  # fmt: skip
     if not changed:
         return

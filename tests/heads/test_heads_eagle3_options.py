@@ -113,6 +113,10 @@ def test_formats_refuse_an_option_they_cannot_hold_in_one_line(llama_target, tmp
         (["head.kind=eagle3", "head.layout=fc", "head.num_layers=2"], "head.num_layers is an option"),
         (["head.kind=eagle3", "head.draft_layer=gemma"], "must be one of"),
         (["head.kind=dflash", "head.draft_layer=qwen3"], "head.draft_layer is an option"),
+        (
+            ["head.kind=eagle3", "head.layout=tree"],
+            "unknown head.layout 'tree' .fix: use head.layout=reference or fc",
+        ),
     ],
 )
 def test_options_are_typed_and_refused_where_they_mean_nothing(overrides, message):
@@ -129,3 +133,12 @@ def test_defaults_are_todays_head(llama_target):
     head = build_head(spec, llama_target)
     assert not any(k.startswith(("fc_norm", "midlayer.more")) for k in head.state_dict())
     assert type(head.midlayer.layer).__name__ == "LlamaDecoderLayer" and not head.config.draft_config
+
+
+def test_each_kind_builds_its_own_default_layout():
+    """head.layout left out: the kind's first layout (HeadKind.heads), EAGLE-3's reference, "fc"
+    for kinds with one; "reference" on another kind (every saved config held it, the old shared
+    default) says nothing."""
+    assert HeadSpec(kind="eagle3").layout == "reference" and HeadSpec(kind="medusa").layout == "fc"
+    assert HeadSpec(kind="dflash", layout="reference").layout == "fc"
+    assert HeadSpec(kind="eagle3", layout="fc").layout == "fc"

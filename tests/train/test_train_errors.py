@@ -426,3 +426,25 @@ def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, 
     plan = json.loads(capsys.readouterr().out)
     assert plan["missing_data"] == ["data.path is empty (name the directories `headstart distill` wrote)"]
     assert plan["output_problems"] == [] and not (tmp_path / "new").exists()
+
+
+def test_resume_may_change_what_a_kind_marks_evaluation_only(tmp_path):
+    """A kind's loss section marks its evaluation-only keys (EVALUATION_ONLY: EAGLE-3's
+    loss.eval_ttt_steps) and --resume lets them change, as it lets eval_every; its other keys
+    (loss.ttt_steps) change what the run computes and are refused."""
+    from headstart.config import to_dict
+    from headstart.heads import HeadSpec
+    from headstart.train import checkpoints
+    from headstart.train.config import TrainConfig
+
+    saved = to_dict(TrainConfig(target="smollm2", head=HeadSpec(kind="eagle3")))
+    step = tmp_path / "checkpoints" / "step-00000002"
+    step.mkdir(parents=True)
+    (step / checkpoints.STATE).write_text(json.dumps({"step": 2, "config": saved}))
+    evaluation = json.loads(json.dumps(saved))
+    evaluation["loss"]["eval_ttt_steps"] = 3
+    checkpoints.check_same_run(evaluation, tmp_path / "checkpoints")
+    math = json.loads(json.dumps(saved))
+    math["loss"]["ttt_steps"] = 3
+    with pytest.raises(HeadstartError, match=r"loss.ttt_steps: 7 -> 3"):
+        checkpoints.check_same_run(math, tmp_path / "checkpoints")

@@ -4,11 +4,12 @@ anchors, the block's inputs and masks, the slot weights)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
+from headstart.config import EVALUATION_ONLY
 from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import losses
@@ -29,7 +30,7 @@ class DFlashLoss:
     dflash_labels: Literal["soft", "hard"] = "soft"
     """soft = the target's distribution at the slot (over the draft vocabulary), as EAGLE-3 trains
     here; hard = the data's token (z-lab's and SpecForge's recipe)."""
-    eval_ttt_steps: int = 0
+    eval_ttt_steps: int = field(default=0, metadata=EVALUATION_ONLY)
     """Held-out metrics: score this many draft steps (0 = block_size - 1). Set it to compare heads
     of different kinds on the same held-out steps (experiments/smollm2-ablations/ablate_smollm2.sh)."""
 

@@ -8,12 +8,13 @@ This folder holds everything EAGLE's training needs that no other kind does: the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
 
+from headstart.config import EVALUATION_ONLY
 from headstart.errors import HeadstartError
 from headstart.targets.features import Features
 from headstart.train import losses
@@ -35,7 +36,7 @@ class EagleLoss:
     """Weight of the cross-entropy against the target's next-token distribution."""
     eagle_noise: float = 0.2
     """Uniform noise U(-noise/2, noise/2) added to input features while training."""
-    eval_steps: int = 5
+    eval_steps: int = field(default=5, metadata=EVALUATION_ONLY)
     """Held-out metrics: unroll this many steps."""
 
     def __post_init__(self) -> None:
@@ -58,7 +59,7 @@ class Eagle3Loss:
     """Weight of the total-variation distance 0.5 * sum |p - q| between the target's and the
     draft's draft-vocabulary distributions. 1 - TV is the chance a sampled draft token is
     accepted, so this loss aims at acceptance directly; kl_weight=0 tv_weight=1 trains on it alone."""
-    eval_ttt_steps: int = 0
+    eval_ttt_steps: int = field(default=0, metadata=EVALUATION_ONLY)
     """Held-out metrics: score this many draft steps (0 = ttt_steps). Set it to compare heads
     trained at different depths, or of different kinds, on the same held-out steps
     (experiments/smollm2-ablations/ablate_smollm2.sh)."""
