@@ -164,6 +164,10 @@ class HeadCheckpoint(
     keys) that this class takes; a recipe setting another away from its default is refused in one
     line naming the layouts that take it (HeadSpec._check_layout_options)."""
 
+    relayout_from: dict[str, tuple[str, ...]] = {}
+    """Layouts of the same kind it warm-starts from (init_from), each with the config fields that
+    may then differ; such a class has `relayout(old, fresh, target, conversations)` (EAGLE-3's
+    reference layout from its fc layout)."""
     draft_slots = 0
     """Positions one draft forward appends to the head's cache beyond the tree's nodes (DFlash:
     its block after the context); the decoder's preallocation counts them."""

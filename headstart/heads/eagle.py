@@ -230,6 +230,24 @@ class Eagle3Head(Eagle3FcHead):
 
     layout = "reference"
     options: tuple[str, ...] = ("num_layers", "fc_norm", "draft_layer")
+    relayout_from = {"fc": ("layout", "input_norms")}
+    """A warm start (init_from) from heads of these layouts of the kind, and the config fields
+    that may then differ: `relayout` rebuilds the head around them (headstart.heads.relayout)."""
+
+    @staticmethod
+    def relayout(
+        old: nn.Module, fresh: nn.Module, target: Any, conversations: list[torch.Tensor]
+    ) -> nn.Module:
+        """`fresh` warm-started from fc-layout heads `old`, the scales of the norms the reference
+        layout adds measured on `conversations` (cost: one target forward each)."""
+        import logging
+
+        from headstart.heads.relayout import calibrate, reference_from_fc, sample_for_calibration
+
+        with torch.no_grad():
+            scales = calibrate(old, *sample_for_calibration(old, target, conversations))
+        logging.getLogger("headstart.heads").info("warm start from the fc layout: %s", scales)
+        return reference_from_fc(old, fresh, scales)
 
     @staticmethod
     def spec_fields(spec: Any, target: Any) -> dict[str, Any]:

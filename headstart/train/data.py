@@ -268,7 +268,7 @@ class Conversations(torch.utils.data.Dataset):
 def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.Tensor], Any] | None = None
             ) -> dict[str, Any]:  # fmt: skip
     """Right-pad to the longest item: causal attention never lets a real token see padding.
-    `plan`: called on the padded loss mask, its result kept as batch["ttt"] (the EAGLE-3 step's
+    `plan`: called on the padded loss mask, its result kept as batch["plan"] (the EAGLE-3 step's
     host-side indices, headstart.train.objectives.eagle.plan: computed here, on the host, they cost no device sync)."""
     width = max(len(it["input_ids"]) for it in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
@@ -287,7 +287,7 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.
                 out[row, : len(it["features"][name])] = it["features"][name]
             batch["features"][name] = out  # (B, T, H)
     if plan is not None:
-        batch["ttt"] = plan(mask)
+        batch["plan"] = plan(mask)
     return batch
 
 

@@ -224,11 +224,14 @@ def initial_head(p: Plan) -> Any:
     found = saved.config if saved is not None else HeadConfig.read(path)
     from headstart import kinds
 
-    free: tuple[str, ...] = kinds.get(wanted.kind).free_on_init
-    # a warm start from the older layout of the same kind (headstart.heads.relayout: EAGLE-3's)
-    relayout = wanted.kind == found.kind and (wanted.layout, found.layout) == ("reference", "fc")
-    if relayout:  # a warm start from the older layout (headstart.heads.relayout)
-        free = ("layout", "input_norms")
+    # a warm start from another layout of the same kind that the recipe's class rebuilds from
+    wanted_class = kinds.get(wanted.kind).head_class(wanted.layout)
+    relayout = (
+        wanted.kind == found.kind
+        and found.layout != wanted.layout
+        and found.layout in wanted_class.relayout_from
+    )
+    free = wanted_class.relayout_from[found.layout] if relayout else kinds.get(wanted.kind).free_on_init
     # the structure a checkpoint must share with the recipe's head to continue from it
     # (HeadConfig.shape; a Medusa draft vocabulary only picks rows at drafting time: free_on_init)
     shape = dict.fromkeys(wanted.shape() + found.shape())
@@ -241,8 +244,12 @@ def initial_head(p: Plan) -> Any:
         )
     if saved is None:
         saved = load_heads(path, p.target)  # checks the target fingerprint, binds
-    if relayout:
-        return reference_from_fc_run(p, saved.to(dtype=torch.float32))
+    if relayout:  # its scales measured on the first training conversations (8 target forwards)
+        conversations = [torch.tensor(p.data.input_ids[j][: p.cfg.data.max_length]) for j in p.train_idx[:8]]
+        head = wanted_class.relayout(
+            saved.to(dtype=torch.float32), fresh_head(p).float(), p.target, conversations
+        )
+        return head.to(dtype=p.target.dtype)
     if wanted.draft_vocab_size == found.draft_vocab_size:
         return saved.to(dtype=p.target.dtype)
     # Medusa with a new draft vocabulary: the saved weights in a head built with the recipe's
@@ -252,21 +259,6 @@ def initial_head(p: Plan) -> Any:
     assert not unexpected and set(missing) <= set(VOCAB_MAPS), (missing, unexpected)
     head.config.training = dict(saved.config.training)
     return head
-
-
-def reference_from_fc_run(p: Plan, fc_head: Any) -> Any:
-    """A reference-layout head warm-started from fc-layout heads, its scales measured on
-    the first training conversations (cost: 8 target forwards)."""
-    from headstart.heads.relayout import calibrate, reference_from_fc, sample_for_calibration
-
-    conversations = [torch.tensor(p.data.input_ids[j][: p.cfg.data.max_length]) for j in p.train_idx[:8]]
-    with torch.no_grad():
-        scales = calibrate(fc_head, *sample_for_calibration(fc_head, p.target, conversations))
-    head = reference_from_fc(fc_head, fresh_head(p).float(), scales)
-    logging.getLogger("headstart.train").info(
-        "warm start from the fc layout at %s: %s", p.cfg.init_from, scales
-    )
-    return head.to(dtype=p.target.dtype)
 
 
 def list_or(value: Any) -> Any:

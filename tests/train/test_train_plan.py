@@ -40,7 +40,7 @@ def test_the_collated_plan_gives_the_loss_and_gradients_of_the_steps_own(target,
     objective, batch = _objective(target, "head.kind=eagle3", "head.draft_vocab_size=64", "loss.ttt_steps=4")
     objective.eval()
     planned = collate(_items(batch), 0, lambda mask: ttt_plan(mask, 4, bucket=bucket))
-    assert "ttt" not in batch and planned["ttt"].first >= (bucket if bucket > 1 else 1)
+    assert "plan" not in batch and planned["plan"].first >= (bucket if bucket > 1 else 1)
     own, given = _loss_and_grads(objective, batch), _loss_and_grads(objective, planned)
     torch.testing.assert_close(own[0], given[0], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(own[1], given[1], rtol=1e-6, atol=1e-7)
@@ -79,7 +79,7 @@ def test_with_a_plan_the_training_loss_is_one_graph(target):
     h0 = objective.head.fuse(feats.last_hidden, feats.layers)
 
     def step(h0, ids, mask):
-        return ttt_train_loss(objective, h0, feats, ids, mask, None, planned["ttt"])
+        return ttt_train_loss(objective, h0, feats, ids, mask, None, planned["plan"])
 
     traced = torch.compile(step, fullgraph=True, backend="eager")
     got = traced(h0, planned["input_ids"], planned["loss_mask"])

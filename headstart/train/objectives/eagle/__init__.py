@@ -120,7 +120,7 @@ def eagle3_loss(
     depth = (cfg.eval_ttt_steps or cfg.ttt_steps) if evaluate else cfg.ttt_steps
     counts = shared_counts(mask, [2 + j for j in range(depth)])
     if not evaluate:
-        loss, per_step = ttt_train_loss(objective, h0, feats, ids, mask, counts, batch.get("ttt"))
+        loss, per_step = ttt_train_loss(objective, h0, feats, ids, mask, counts, batch.get("plan"))
         return {"loss": loss, "parts": per_step}
     steps = unroll(head, h0, ids, depth)  # every position: the hit counts need each step's top-k
     target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
