@@ -28,16 +28,14 @@ from headstart.inference.sampling import Generator, probabilities, sample
 from headstart.inference.stops import StopRule
 from headstart.inference.trees import draft_static
 from headstart.inference.trees.draft import DraftTree
-from headstart.inference.trees.lookup import extend_with_lookup
 from headstart.inference.trees.spec import TreeChoice, TreeSpec, choose_tree
-from headstart.inference.trees.static import build_tree
+from headstart.inference.trees.static import ROOT_ONLY
 from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
 from headstart.targets import Features, Target, forward, new_cache, tree_attention_mask
 from headstart.targets.exactness import check_no_processors, context_note, must_step_plainly, positions
 from headstart.targets.layer_kinds import check_tree_verifiable
 from headstart.targets.packing import PackedLinears, packed
 
-ROOT_ONLY = build_tree([])
 """The tree of a plain step: the root, nothing drafted."""
 
 
@@ -62,11 +60,9 @@ class SpeculativeDecoder:
         probe = make_drafter(heads, target.vocab_size)
         self.max_depth = probe.max_depth
         self.feature_layers: tuple[int, ...] = tuple(probe.feature_layers)  # the target layers it reads
-        choice = choose_tree(tree)
-        self.lookup = choice.lookup
         # positions a verify must not straddle or pass (targets/exactness.py)
         self.positions = positions(target.model)
-        self.tree = choice.resolve(self.max_depth) if heads is not None else ROOT_ONLY
+        self.tree = choose_tree(tree).resolve(self.max_depth, drafted=heads is not None)
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
@@ -86,8 +82,7 @@ class SpeculativeDecoder:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
         pool, before the cut), plus the verify's margin."""
         extra = int(getattr(self.heads, "draft_slots", 0))  # positions a draft adds beyond the tree
-        lookup = self.lookup.tokens if self.lookup is not None else 0
-        return self.tree.draft_nodes(self.max_depth, lookup) + self.verify_width() + extra
+        return self.tree.draft_nodes(self.max_depth, 0) + self.verify_width() + extra
 
     def must_step_plainly(self, lengths: list[int]) -> bool:
         """A plain step (the root alone) where a verify of this tree at these row lengths could
@@ -96,7 +91,7 @@ class SpeculativeDecoder:
 
     def verify_width(self) -> int:
         """The most tree nodes one verify appends to the cache (the preallocation's margin)."""
-        return self.tree.verify_bound() + (self.lookup.tokens if self.lookup is not None else 0)
+        return self.tree.verify_bound()
 
     # ---- steps -------------------------------------------------------------------------------
     def prefill(self, prompts: Prompts, sampling: SamplingConfig, drafter: Any,
@@ -194,10 +189,7 @@ class SpeculativeDecoder:
             return draft_static(ROOT_ONLY, drafter, state.root, sampling, self.generator)
         if hasattr(drafter, "before_draft"):  # a drafter over the target's own cache (early exit) reads it
             drafter.before_draft(state)
-        tree = self.tree.draft(drafter, state.root, sampling, self.generator, self.max_depth)
-        if self.lookup is None or contexts is None:
-            return tree
-        return extend_with_lookup(tree, *self.lookup.propose_rows(contexts, state.root.device))
+        return self.tree.draft(drafter, state.root, sampling, self.generator, self.max_depth, contexts)
 
     def verify(self, state: DecodeState, tree: DraftTree, drafter: Any) -> Features:
         positions = state.lengths[:, None] + tree.depths  # (B, n)
@@ -265,8 +257,7 @@ class SpeculativeDecoder:
     @property
     def verify_nodes(self) -> int:
         """Tree nodes in one row's verify forward (root and any lookup branch included)."""
-        extra = self.lookup.tokens if self.lookup else 0
-        return self.tree.verify_nodes(self.max_depth) + extra
+        return self.tree.verify_nodes(self.max_depth)
 
     def _choose(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         if sampling.greedy:
@@ -322,12 +313,8 @@ class SpeculativeDecoder:
             raise HeadstartError(
                 "streaming needs a single prompt", "drop the streamer or decode one prompt at a time"
             )
-        if self.lookup and not sampling.greedy and not self.tree.samples_with_lookup:
-            raise HeadstartError(
-                "a lookup branch with sampling needs a dynamic tree (a static tree's drafts are drawn "
-                "from the draft distribution, and exact acceptance cannot mix those with looked-up tokens)",
-                "use --tree dynamic+lookup:4, or decode greedily",
-            )
+        if not sampling.greedy:
+            self.tree.check_sampling()
         from headstart.inference.engine import Engine, Job
 
         rows = [row[m].tolist() for row, m in zip(prompts.host_ids, prompts.host_valid, strict=True)]

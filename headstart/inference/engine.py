@@ -283,7 +283,9 @@ class Engine:
             decoder.positions.limited  # most targets: no per-step lengths to gather
             and decoder.must_step_plainly([len(j.prompt) + len(j.emitted) for j in self.jobs])
         )
-        contexts = [j.prompt + j.emitted for j in self.jobs] if decoder.lookup and not plain else None
+        contexts = (
+            [j.prompt + j.emitted for j in self.jobs] if decoder.tree.reads_context and not plain else None
+        )
         # the step's phases are named for profilers (scripts/gpu/check.py --profile); cost: ~1 us each
         with region("headstart.draft"):
             if not plain:  # what plain steps committed and deferred prompts, one observe a group

@@ -42,3 +42,20 @@ def test_every_class_with_a_draft_method_in_trees_keeps_it():
                 methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
                 if "draft" in methods:
                     assert wanted <= methods, (path.name, node.name, wanted - methods)
+
+
+def test_a_lookup_branch_is_a_tree_over_its_base():
+    """`+lookup:K` resolves to one Tree (lookup.WithLookup): its counts include the branch, it
+    reads the rows' contexts, and it refuses sampling beside a static tree (the one rule), not
+    beside a dynamic one; without heads it is the root alone plus the branch."""
+    from headstart.errors import HeadstartError
+
+    static, dynamic = choose_tree("chain:2+lookup:4"), choose_tree("dynamic+lookup:3")
+    tree, base = static.resolve(4), choose_tree("chain:2").resolve(4)
+    assert tree.verify_nodes(4) == base.verify_nodes(4) + 4 and tree.verify_bound() == base.verify_bound() + 4
+    assert tree.reads_context and not base.reads_context and tree.levels(4) == base.levels(4)
+    with pytest.raises(HeadstartError, match="a lookup branch with sampling needs a dynamic tree"):
+        tree.check_sampling()
+    dynamic.resolve(4).check_sampling()
+    plain = static.resolve(4, drafted=False)
+    assert plain.verify_nodes(4) == 1 + 4 and plain.levels(4) == 0

@@ -55,8 +55,14 @@ class DynamicTree:
     def prepare(self, device: torch.device) -> None:
         """Nothing: its shape is drafted each step."""
 
+    reads_context = False
+    """It drafts from the heads alone, not from the rows' committed tokens."""
+
+    def check_sampling(self) -> None:
+        """Every drafted tree of it decodes exactly under sampling."""
+
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
-              max_depth: int | None) -> DraftTree:  # fmt: skip
+              max_depth: int | None, contexts: Any = None) -> DraftTree:  # fmt: skip
         return draft_dynamic(self, drafter, root, sampling, max_depth)
 
     def __post_init__(self) -> None:

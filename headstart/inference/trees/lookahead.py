@@ -95,8 +95,14 @@ class LookaheadTree:
     def prepare(self, device: torch.device) -> None:
         """Nothing: its shape is built each step."""
 
+    reads_context = False
+    """It drafts from the heads alone, not from the rows' committed tokens."""
+
+    def check_sampling(self) -> None:
+        """Every drafted tree of it decodes exactly under sampling."""
+
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
-              max_depth: int | None) -> DraftTree:  # fmt: skip
+              max_depth: int | None, contexts: Any = None) -> DraftTree:  # fmt: skip
         """The lookahead drafter (drafters/lookahead.py) keeps each row's window and pool."""
         return drafter.propose(self, root)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,6 +79,56 @@ class Lookup:
             found[row, : len(guess)] = True
         both = torch.cat([tokens, found.long()], 1).to(device, non_blocking=True)
         return both[:, : self.tokens], both[:, self.tokens :].bool()
+
+
+@dataclass(frozen=True)
+class WithLookup:
+    """A tree with a prompt-lookup branch under its root (`--tree chain:1+lookup:4`), keeping the
+    Tree protocol over both: its counts include the branch, its draft appends it (from the rows'
+    committed tokens, `contexts`), and it refuses sampling where the branch would not be exact."""
+
+    base: Any
+    """The drafted tree (a Tree; the root alone for plain decoding with a lookup branch)."""
+    lookup: Lookup
+
+    reads_context = True
+    """Its draft needs each row's committed tokens (the engine passes them)."""
+
+    @property
+    def samples_with_lookup(self) -> bool:
+        return self.base.samples_with_lookup
+
+    def check_sampling(self) -> None:
+        """The one rule (module docstring): a lookup branch beside children DRAWN from the draft
+        distribution (a static tree's) cannot be accepted exactly."""
+        if not self.base.samples_with_lookup:
+            raise HeadstartError(
+                "a lookup branch with sampling needs a dynamic tree (a static tree's drafts are drawn "
+                "from the draft distribution, and exact acceptance cannot mix those with looked-up tokens)",
+                "use --tree dynamic+lookup:4, or decode greedily",
+            )
+
+    def levels(self, max_depth: int | None) -> int:
+        return self.base.levels(max_depth)
+
+    def verify_nodes(self, max_depth: int | None) -> int:
+        return self.base.verify_nodes(max_depth) + self.lookup.tokens
+
+    def verify_bound(self) -> int:
+        return self.base.verify_bound() + self.lookup.tokens
+
+    def draft_nodes(self, max_depth: int | None, lookup: int) -> int:
+        return self.base.draft_nodes(max_depth, lookup + self.lookup.tokens)
+
+    def prepare(self, device: torch.device) -> None:
+        self.base.prepare(device)
+
+    def draft(self, drafter: Any, root: torch.Tensor, sampling: Any, generator: Any, max_depth: int | None,
+              contexts: Sequence[Sequence[int]] | None = None) -> DraftTree:  # fmt: skip
+        tree = self.base.draft(drafter, root, sampling, generator, max_depth)
+        if contexts is None:
+            return tree
+        return extend_with_lookup(tree, *self.lookup.propose_rows(contexts, root.device))
 
 
 def split_lookup(spec: str | None) -> tuple[str | None, Lookup | None]:

@@ -17,14 +17,21 @@ if TYPE_CHECKING:
 class Tree(Protocol):
     samples_with_lookup: bool
     """Whether a prompt-lookup branch stays exact beside it under sampling (its drafts are
-    one-point proposals); the one rule, applied by TreeChoice.for_sampling."""
+    one-point proposals); the one rule, applied by TreeChoice.for_sampling and
+    lookup.WithLookup.check_sampling."""
+    reads_context: bool
+    """Its draft reads each row's committed tokens (a lookup branch): the engine passes them."""
+
+    def check_sampling(self) -> None:
+        """Raise HeadstartError (one line) when its drafts cannot be accepted exactly under sampling."""
+        ...
 
     def levels(self, max_depth: int | None) -> int:
         """Draft steps one decode step takes (a dynamic tree's depth cut to the heads')."""
         ...
 
     def verify_nodes(self, max_depth: int | None) -> int:
-        """Nodes one row's verify holds, the root included, a lookup branch excluded."""
+        """Nodes one row's verify holds, the root and any lookup branch included."""
         ...
 
     def verify_bound(self) -> int:
@@ -40,6 +47,7 @@ class Tree(Protocol):
         ...
 
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
-              max_depth: int | None) -> DraftTree:  # fmt: skip
-        """One step's drafted tree under each row's root, batched."""
+              max_depth: int | None, contexts: Any = None) -> DraftTree:  # fmt: skip
+        """One step's drafted tree under each row's root, batched (`contexts`: each row's
+        committed tokens, root last, for a tree that reads them; else None)."""
         ...

@@ -20,9 +20,16 @@ from typing import Any
 from headstart.errors import HeadstartError
 from headstart.inference.trees.dynamic import DynamicTree
 from headstart.inference.trees.lookahead import LookaheadTree
-from headstart.inference.trees.lookup import SUFFIX, Lookup, split_lookup
+from headstart.inference.trees.lookup import SUFFIX, Lookup, WithLookup, split_lookup
 from headstart.inference.trees.protocol import Tree
-from headstart.inference.trees.static import TreeBuffers, build_tree, chain, check_tree_size, default_tree
+from headstart.inference.trees.static import (
+    ROOT_ONLY,
+    TreeBuffers,
+    build_tree,
+    chain,
+    check_tree_size,
+    default_tree,
+)
 
 TreeSpec = Tree
 """Any tree keeping the protocol (the name the decoder's signatures use)."""
@@ -114,9 +121,12 @@ class TreeChoice:
     lookup: Lookup | None = None
     """A prompt-lookup branch verified beside the drafted tree (`+lookup:K`)."""
 
-    def resolve(self, max_depth: int | None) -> TreeSpec:
-        """The tree for heads that draft at most `max_depth` levels (None: any depth)."""
-        return parse_tree(self.tree, max_depth)
+    def resolve(self, max_depth: int | None, drafted: bool = True) -> TreeSpec:
+        """The tree for heads that draft at most `max_depth` levels (None: any depth), with its
+        lookup branch (lookup.WithLookup); `drafted` False: the root alone (plain decoding),
+        plus any lookup branch."""
+        tree = parse_tree(self.tree, max_depth) if drafted else ROOT_ONLY
+        return WithLookup(tree, self.lookup) if self.lookup is not None else tree
 
     def without_lookup(self) -> TreeChoice:
         """The same tree without its lookup branch."""

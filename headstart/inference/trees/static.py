@@ -80,8 +80,14 @@ class TreeBuffers:
     def prepare(self, device: torch.device) -> None:
         static_plan(self, device)  # the device buffers, built once
 
+    reads_context = False
+    """It drafts from the heads alone, not from the rows' committed tokens."""
+
+    def check_sampling(self) -> None:
+        """Every drafted tree of it decodes exactly under sampling."""
+
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Generator,
-              max_depth: int | None) -> DraftTree:  # fmt: skip
+              max_depth: int | None, contexts: Any = None) -> DraftTree:  # fmt: skip
         return draft_static(self, drafter, root, sampling, generator)
 
 
@@ -167,6 +173,10 @@ DEFAULT_PATHS: tuple[Path, ...] = (
     (0, 0, 0, 0),
     (0, 0, 0, 0, 0),
 )  # fmt: skip
+
+
+ROOT_ONLY = build_tree([])
+"""The root alone: a plain step, and plain decoding's tree (with any lookup branch under it)."""
 
 
 def default_tree(max_depth: int | None = None) -> TreeBuffers:
