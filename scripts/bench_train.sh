@@ -37,7 +37,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     tree=$HERE; [[ $side == base ]] && tree=$WORK/base
     # the recipe leaves the layout out: commits before c44e3e0 do not know the key (fc is theirs)
     layout=(head.layout="${LAYOUT:-fc}")
-    if [[ $side == base ]] && ! grep -q '"reference", "fc"' "$tree/headstart/heads/config.py"; then
+    if [[ $side == base ]] && ! git -C "$tree" merge-base --is-ancestor c44e3e0 HEAD 2>/dev/null; then
       [[ ${LAYOUT:-fc} == fc ]] || { echo "$BASE knows the fc layout only: LAYOUT=fc"; exit 2; }
       layout=()
     fi

@@ -66,6 +66,10 @@ class HeadSpec:
 
         self.kind, self.num_layers, self.init_layers = kind, num_layers, init_layers
         found = kinds.get(kind)  # one line naming the registered kinds
+        if options is not None and keys:
+            raise TypeError(
+                f"HeadSpec takes its kind's keys in options or as keywords, not both: {sorted(keys)}"
+            )
         others = {name for k in kinds.KINDS.values() for name in k.heads}
         if layout is None or (layout not in found.heads and layout in others):
             layout = found.default_layout
@@ -207,6 +211,10 @@ class HeadConfig:
         self.draft_vocab_size, self.layout, self.format = draft_vocab_size, layout, format
         self.training = dict(training or {})
         found = kinds.get(kind)  # one line naming the registered kinds
+        if options is not None and fields:
+            raise TypeError(
+                f"HeadConfig takes its kind's fields in options or as keywords, not both: {sorted(fields)}"
+            )
         self.options = (
             options
             if options is not None

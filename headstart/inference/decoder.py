@@ -36,8 +36,6 @@ from headstart.targets.exactness import check_no_processors, context_note, must_
 from headstart.targets.layer_kinds import check_tree_verifiable
 from headstart.targets.packing import PackedLinears, packed
 
-"""The tree of a plain step: the root, nothing drafted."""
-
 
 class SpeculativeDecoder:
     """Target + heads -> exactly the target's output, faster. `generate` feels like transformers'.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from unittest import mock
@@ -142,3 +143,5 @@ def test_a_config_holds_its_kinds_own_fields_and_reads_older_files(llama_target,
         assert str(path / "config.json") in err.value.what
     with pytest.raises(AttributeError, match="medusa head configs have no field 'block_size'"):
         _ = head.config.block_size
+    with pytest.raises(TypeError, match="in options or as keywords, not both"):
+        dataclasses.replace(head.config, num_heads=4)  # would be silently dropped

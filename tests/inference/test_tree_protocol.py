@@ -57,5 +57,7 @@ def test_a_lookup_branch_is_a_tree_over_its_base():
     with pytest.raises(HeadstartError, match="a lookup branch with sampling needs a dynamic tree"):
         tree.check_sampling()
     dynamic.resolve(4).check_sampling()
+    again = choose_tree(tree)  # a resolved tree passed back in keeps its branch
+    assert again.lookup == static.lookup and again.resolve(4).verify_nodes(4) == tree.verify_nodes(4)
     plain = static.resolve(4, drafted=False)
     assert plain.verify_nodes(4) == 1 + 4 and plain.levels(4) == 0

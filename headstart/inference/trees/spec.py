@@ -147,6 +147,9 @@ def choose_tree(spec: str | TreeChoice | TreeSpec | None) -> TreeChoice:
     """Parse a `--tree` value (or take a parsed one): every syntax error is one line, here."""
     if isinstance(spec, TreeChoice):
         return spec
+    if isinstance(spec, WithLookup):  # a resolved tree with its lookup branch
+        inner = choose_tree(spec.base)
+        return TreeChoice(f"{inner.text}{SUFFIX}{spec.lookup.tokens}", inner.tree, spec.lookup)
     if isinstance(spec, LookaheadTree):
         return TreeChoice(spec.text, spec)
     if spec is None or isinstance(spec, TreeBuffers | DynamicTree):
