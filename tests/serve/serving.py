@@ -70,6 +70,14 @@ class Server:
     def output(self) -> str:
         return Path(self.log.name).read_text()
 
+    def wait_for(self, text: str, timeout: float = 10.0) -> str:
+        """The log once it holds `text` (the start-up line is logged just after the port answers
+        /health: a read right after start-up can come first)."""
+        deadline = time.time() + timeout
+        while text not in self.output() and time.time() < deadline:
+            time.sleep(0.05)
+        return self.output()
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

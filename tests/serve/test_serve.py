@@ -366,7 +366,7 @@ def test_a_server_drafting_with_a_draft_model_answers_as_the_target(tiny_llama, 
     )
     try:
         client = srv.client()
-        assert mode in srv.output()  # the mode line at start-up
+        assert mode in srv.wait_for(mode)  # the mode line at start-up
         replies: dict[str, str] = {}
 
         def ask(prompt: str) -> None:
