@@ -18,8 +18,43 @@ MAX_BLOCKS = 64
 a damaged config must not build a million modules before its weights are compared."""
 
 
+class Sectioned:
+    """What HeadSpec and HeadConfig share: the kind's own keys in `options` (a dataclass named by
+    its HeadKind), built from the keywords the shared fields leave, and read back as attributes."""
+
+    kind: str
+    options: Any
+
+    def _own(self, which: str, options: Any, keys: dict[str, Any], prefix: str) -> Any:
+        """`options` as given, else the kind's `which` section built from `keys` (another kind's
+        key refused naming its kinds, headstart.config.section); never both."""
+        from headstart.config import section
+
+        if options is not None and keys:
+            raise TypeError(
+                f"{type(self).__name__} takes its kind's keys in options or as keywords, not both: {sorted(keys)}"
+            )
+        if options is not None:
+            return options
+        return section(
+            kinds.get(self.kind).section(which), keys, prefix, self.kind, kinds.section_keys(which)
+        )
+
+    def own_fields(self) -> list[dataclasses.Field]:
+        """The fields of the kind's section ([] for a kind without one)."""
+        options = self.__dict__.get("options")
+        return list(dataclasses.fields(options)) if options is not None else []
+
+    def __getattr__(self, name: str) -> Any:
+        """`spec.block_size`, `config.num_heads`: the kind's own key (only reached for names the
+        class lacks)."""
+        if name in {f.name for f in self.own_fields()}:
+            return getattr(self.__dict__["options"], name)
+        raise AttributeError(f"{self.__dict__.get('kind')} heads have no '{name}'")
+
+
 @dataclass(init=False)
-class HeadSpec:
+class HeadSpec(Sectioned):
     """The head to train, as written in a recipe's `head:` section: the keys every kind reads,
     and the kind's own keys (HeadKind.head_section, e.g. headstart.heads.medusa.MedusaOptions)
     in `options`, read back as `spec.KEY` too. Recipes write them all flat (`head.num_heads=4`)."""
@@ -62,31 +97,14 @@ class HeadSpec:
                  init_layers: Literal["random", "target"] = "random", feature_layers: list[int] | None = None,
                  draft_vocab_size: int = 0, layout: str | None = None,
                  options: Any = None, **keys: Any) -> None:  # fmt: skip
-        from headstart.config import section
-
         self.kind, self.num_layers, self.init_layers = kind, num_layers, init_layers
         found = kinds.get(kind)  # one line naming the registered kinds
-        if options is not None and keys:
-            raise TypeError(
-                f"HeadSpec takes its kind's keys in options or as keywords, not both: {sorted(keys)}"
-            )
         others = {name for k in kinds.KINDS.values() for name in k.heads}
         if layout is None or (layout not in found.heads and layout in others):
             layout = found.default_layout
         self.feature_layers, self.draft_vocab_size, self.layout = feature_layers, draft_vocab_size, layout
-        self.options = (
-            options
-            if options is not None
-            else section(found.section("head"), keys, "head.", kind, kinds.section_keys("head"))
-        )
+        self.options = self._own("head", options, keys, "head.")
         self.__post_init__()
-
-    def __getattr__(self, name: str) -> Any:
-        """`spec.block_size`: the kind's own key (only reached for names HeadSpec lacks)."""
-        options = self.__dict__.get("options")
-        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
-            return getattr(options, name)
-        raise AttributeError(f"{self.__dict__.get('kind')} heads have no head.{name}")
 
     def __post_init__(self) -> None:
         if self.num_layers is None:
@@ -121,13 +139,7 @@ class HeadSpec:
         """A key only some layouts' classes take (their `options`: EAGLE-3's fc_norm, more than one
         draft layer) set away from its default for a class that does not take it is refused."""
         values = {"num_layers": (self.num_layers, 1)}
-        if self.options is not None:
-            values.update(
-                {
-                    f.name: (getattr(self.options, f.name), _default(f))
-                    for f in dataclasses.fields(self.options)
-                }
-            )
+        values.update({f.name: (getattr(self.options, f.name), _default(f)) for f in self.own_fields()})
         bound = {
             name for k in kinds.KINDS.values() for layout in k.heads for name in k.head_class(layout).options
         }
@@ -174,7 +186,7 @@ SHAPE = {"shape": True}
 
 
 @dataclass(init=False)
-class HeadConfig:
+class HeadConfig(Sectioned):
     """A head checkpoint's config.json: its shape, the target it belongs to, how it was trained.
     The fields every kind has, and the kind's own (HeadKind.config_section, e.g.
     headstart.heads.medusa.MedusaConfig) in `options`, read back as `config.KEY` and written
@@ -203,39 +215,19 @@ class HeadConfig:
                  target_config: dict[str, Any], num_layers: int = 1, feature_layers: list[int] | None = None,
                  draft_vocab_size: int = 0, layout: str = "fc", training: dict[str, Any] | None = None,
                  format: str = FORMAT, options: Any = None, **fields: Any) -> None:  # fmt: skip
-        from headstart.config import section
-
         self.kind, self.hidden_size, self.vocab_size = kind, hidden_size, vocab_size
         self.target, self.target_config, self.num_layers = target, target_config, num_layers
         self.feature_layers = list(feature_layers or [])
         self.draft_vocab_size, self.layout, self.format = draft_vocab_size, layout, format
         self.training = dict(training or {})
-        found = kinds.get(kind)  # one line naming the registered kinds
-        if options is not None and fields:
-            raise TypeError(
-                f"HeadConfig takes its kind's fields in options or as keywords, not both: {sorted(fields)}"
-            )
-        self.options = (
-            options
-            if options is not None
-            else section(found.section("config"), fields, "", kind, kinds.section_keys("config"))
-        )
+        self.options = self._own("config", options, fields, "")
         self.__post_init__()
-
-    def __getattr__(self, name: str) -> Any:
-        """`config.block_size`: the kind's own field (only reached for names HeadConfig lacks)."""
-        options = self.__dict__.get("options")
-        if options is not None and name in {f.name for f in dataclasses.fields(options)}:
-            return getattr(options, name)
-        raise AttributeError(f"{self.__dict__.get('kind')} head configs have no field '{name}'")
 
     def __post_init__(self) -> None:
         # transformers' record of where the target was loaded from (for the embedded GGUF: this
         # machine's conversion cache) is no part of the head and must not travel with it; a kind's
         # own transformers configs (its draft layers') neither
-        own = (
-            [getattr(self.options, f.name) for f in dataclasses.fields(self.options)] if self.options else []
-        )
+        own = [getattr(self.options, f.name) for f in self.own_fields()]
         for config in [self.target_config, *(value for value in own if isinstance(value, dict))]:
             for key in LOCAL_KEYS:
                 config.pop(key, None)
@@ -254,11 +246,7 @@ class HeadConfig:
     def shape(self) -> tuple[str, ...]:
         """The fields a warm start (init_from) must share with the recipe's head: the shared
         ones, and the kind's own marked SHAPE."""
-        own = (
-            [f.name for f in dataclasses.fields(self.options) if f.metadata.get("shape")]
-            if self.options
-            else []
-        )
+        own = [f.name for f in self.own_fields() if f.metadata.get("shape")]
         return ("kind", "hidden_size", "vocab_size", "num_layers", "feature_layers", "draft_vocab_size",
                 "layout", *own)  # fmt: skip
 

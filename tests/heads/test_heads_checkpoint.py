@@ -141,7 +141,7 @@ def test_a_config_holds_its_kinds_own_fields_and_reads_older_files(llama_target,
         with pytest.raises(HeadstartError, match=message) as err:
             HeadConfig.read(path)
         assert str(path / "config.json") in err.value.what
-    with pytest.raises(AttributeError, match="medusa head configs have no field 'block_size'"):
+    with pytest.raises(AttributeError, match="medusa heads have no 'block_size'"):
         _ = head.config.block_size
     with pytest.raises(TypeError, match="in options or as keywords, not both"):
         dataclasses.replace(head.config, num_heads=4)  # would be silently dropped
