@@ -89,6 +89,28 @@ def _add_verbosity(parser: argparse.ArgumentParser, default: object) -> None:
     )
 
 
+def console() -> int:
+    """The `headstart` executable (and `python -m headstart`): `main` on a machine other processes
+    may share: before torch is imported, the thread count comes from the cores no other process
+    keeps busy, and idle threads wait passively when some do (headstart.hardware.share_machine;
+    HEADSTART_SHARE_MACHINE=0, OMP_NUM_THREADS or OMP_WAIT_POLICY keep torch's own choice). Only
+    here, not in `main`: a process that imported torch already (tests, notebooks) keeps its own."""
+    import os
+
+    global SHARING
+    argv = sys.argv[1:]
+    asks_help = not argv or any(a in ("-h", "--help", "--version") for a in argv)
+    if os.environ.get("HEADSTART_SHARE_MACHINE", "1") != "0" and not asks_help and "torch" not in sys.modules:
+        from headstart.hardware import share_machine
+
+        SHARING = share_machine(threads_given=any(a.split("=")[0] == "--threads" for a in argv))
+    return main()
+
+
+SHARING = None
+"""What `console` decided about threads (headstart.hardware.Sharing), said once a command runs."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command: its exit status, 2 with one line for an error the user can fix, 130 when
     interrupted (Ctrl-C at any moment, imports included), 141 when stdout's reader went away."""
@@ -177,6 +199,10 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     configure(verbosity(args.quiet, args.verbose))
+    if SHARING is not None and SHARING.note():
+        import logging
+
+        logging.getLogger("headstart").warning(SHARING.note())
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

@@ -61,7 +61,7 @@ class Speculator:
             return (
                 "plain decoding"
                 + (", compiled" if self.compile else "")
-                + (", the heads do not pay on this machine" if self.note else "")
+                + (", the drafts do not pay on this machine" if self.note else "")
             )
         drafts = getattr(self.heads, "describe", None) or f"{self.heads.kind} heads"
         return (
@@ -102,7 +102,7 @@ def load_speculator(
 
     if draft_model is not None:
         return _draft_speculator(target, draft_model, tree, heads, plain, greedy, typical, compile,
-                                 draft_larger_ok)  # fmt: skip
+                                 draft_larger_ok, calibrate)  # fmt: skip
 
     from headstart.tuned import tree_for_run
 
@@ -116,36 +116,26 @@ def load_speculator(
             "pass --heads DIR (trained heads), or drop --tree for plain decoding",
         )
     if loaded is not None and choice is None and calibrate and path is not None and not typical:
-        import logging
-
-        from headstart.calibration import decide
+        from headstart.calibration import drafts_ident
         from headstart.tuned import stored_tune
 
-        stored = stored_tune(path)
-        if stored is not None:
-            try:
-                choose_tree(stored["tree"])
-            except HeadstartError as err:  # as tree_for_run says it: an optimisation only
-                logging.getLogger(__name__).warning(
-                    f"warning: the tuned tree stored with {path} is not a tree ({err.what}): ignored"
-                )
-                stored = None
-        tree, note = decide(target, loaded, path, stored, greedy)
-        if tree is None:
-            logging.getLogger(__name__).warning("note: %s", note)
-            return Speculator(target, None, path, None, compile=compile, note=note)
-        return Speculator(target, loaded, path, choose_tree(tree) if greedy else choose_tree(tree).for_sampling(),
-                          compile=compile)  # fmt: skip
+        stored = _parsable(stored_tune(path), path)
+        trees = [*([stored["tree"]] if stored else []), "chain:1", "chain:2", "[[0],[0,0],[1]]"]
+        return _calibrated(
+            target, loaded, path, drafts_ident(path), trees, stored, greedy, compile, "the heads"
+        )
     if loaded is not None:
         choice = tree_for_run(choice, path, str(target.device), torch.get_num_threads(), greedy)
     return Speculator(target, loaded, path, choice, typical=typical, compile=compile)
 
 
 def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, heads: Any, plain: bool,
-                      greedy: bool, typical: bool, compile: bool, larger_ok: bool) -> Speculator:  # fmt: skip
+                      greedy: bool, typical: bool, compile: bool, larger_ok: bool,
+                      calibrate: bool = False) -> Speculator:  # fmt: skip
     """A speculator drafting with a draft model (headstart/drafts.py) or a registered drafter with
     nothing to train (headstart.kinds.DRAFT_KINDS: Lookahead, early exit) in place of heads."""
     from headstart import kinds
+    from headstart.calibration import drafts_ident
     from headstart.drafts import DEFAULT_TREE, load_draft_model
 
     if heads is not None or plain:
@@ -154,22 +144,86 @@ def _draft_speculator(target: Any, spec: str, tree: str | TreeChoice | None, hea
             + ("--heads" if heads is not None else "--no-heads"),
             "pass one of them",
         )
+    explicit, asked = tree is not None, spec.strip()
+    tuned = False
     if tree is None:  # what a tune stored here: the tree (and for a bare kind name, its sizes or layer)
-        spec, tree = _tuned_draft(target, spec.strip())
+        spec, tree, tuned = _tuned_draft(target, spec.strip())
+    if tuned and calibrate and not typical:  # tuned here: its verdict stands, plain decoding included
+        from headstart.calibration import verdict_of
+        from headstart.tuned import stored_draft_tune
+
+        if verdict_of(stored_draft_tune(target, asked) or {"tree": tree}) is None:
+            note = f"the tune stored for --draft-model {spec} says plain decoding is faster here"
+            import logging
+
+            logging.getLogger(__name__).warning("note: %s; --speculate always uses it anyway", note)
+            return Speculator(target, None, None, None, compile=compile, note=note)
     kind = kinds.draft_kind(spec)
     if kind is not None:
         drafter, choice = kinds.load(kind.load)(target, spec, tree, greedy)
-        return Speculator(target, drafter, None, choice, typical=typical, compile=compile)
-    choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
+        if calibrate and not explicit and not tuned and not typical and kind.own_tree:
+            own = {spec: choice}
+            return _calibrated(target, drafter, None, drafts_ident(None, spec), [spec], None, greedy, compile,
+                               f"the drafter {spec}", own)  # fmt: skip
+    else:
+        choice = choose_tree(tree if tree is not None else DEFAULT_TREE)
+        drafter = load_draft_model(spec, target, allow_larger=larger_ok)
+    if calibrate and not explicit and not tuned and not typical:
+        trees = list(dict.fromkeys([choice.text, "chain:1", "chain:2"]))
+        return _calibrated(target, drafter, None, drafts_ident(None, spec), trees, None, greedy, compile,
+                           f"the draft {spec}")  # fmt: skip
     if not greedy:
         choice = choice.for_sampling()
-    draft = load_draft_model(spec, target, allow_larger=larger_ok)
-    return Speculator(target, draft, None, choice, typical=typical, compile=compile)
+    return Speculator(target, drafter, None, choice, typical=typical, compile=compile)
 
 
-def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None]:
-    """(draft, tree) from `headstart tune --draft-model SPEC`'s stored report when it was measured
-    on this machine at this thread count; else (SPEC, None: the default chain)."""
+def _calibrated(target: Any, drafter: Any, path: Path | None, ident: str, candidates: list[str],
+                stored: dict[str, Any] | None, greedy: bool, compile: bool, what: str,
+                own: dict[str, TreeChoice] | None = None) -> Speculator:  # fmt: skip
+    """A speculator with the candidate the calibration (headstart/calibration) says pays here, or
+    plain decoding (its note said on stderr) when none does. `own`: a drafter's own trees by
+    candidate name (it builds its tree each step: the candidates are its specs)."""
+    import logging
+
+    from headstart.calibration import decide
+
+    if not greedy:  # sampling: a static tree's lookup branch cannot be verified exactly
+        candidates = [c for c in candidates if own or "+lookup" not in c] or ["chain:1"]
+    candidates = list(dict.fromkeys(candidates))
+
+    def tree_of(name: str) -> TreeChoice:
+        choice = own[name] if own else choose_tree(name)
+        return choice if greedy or own else choice.for_sampling()
+
+    def build(name: str) -> SpeculativeDecoder:
+        return SpeculativeDecoder(target, drafter, tree=tree_of(name))
+
+    chosen, note = decide(target, ident, candidates, build, stored, what)
+    if chosen is None:
+        logging.getLogger(__name__).warning("note: %s", note)
+        return Speculator(target, None, path, None, compile=compile, note=note)
+    return Speculator(target, drafter, path, tree_of(chosen), compile=compile)
+
+
+def _parsable(stored: dict[str, Any] | None, path: Path) -> dict[str, Any] | None:
+    """A stored tune whose tree parses, else None (said: the tune is an optimisation only)."""
+    if stored is None:
+        return None
+    try:
+        choose_tree(stored["tree"])
+    except HeadstartError as err:  # as tree_for_run says it
+        import logging
+
+        logging.getLogger(__name__).warning(
+            f"warning: the tuned tree stored with {path} is not a tree ({err.what}): ignored"
+        )
+        return None
+    return stored
+
+
+def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None, bool]:
+    """(draft, tree, True) from `headstart tune --draft-model SPEC`'s stored report when it was
+    measured on this machine at this thread count; else (SPEC, None: the default chain, False)."""
     import torch
 
     from headstart.calibration import stored_tune_fits
@@ -178,8 +232,8 @@ def _tuned_draft(target: Any, spec: str) -> tuple[str, str | None]:
     stored = stored_draft_tune(target, spec)
     if stored_tune_fits(stored, str(target.device), torch.get_num_threads()):
         assert stored is not None
-        return stored["draft"], stored["draft_tree"] or None  # "": a drafter's own tree
-    return spec, None
+        return stored["draft"], stored["draft_tree"] or None, True  # "": a drafter's own tree
+    return spec, None, False
 
 
 def _heads(target: Any, heads: str | Path | Any | None) -> tuple[Any, Path | None]:

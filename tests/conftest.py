@@ -16,6 +16,13 @@ os.environ.setdefault("HEADSTART_SMALLMM_ROWS", "64")
 # Calibration verdicts (headstart/calibration.py) of the tests' tiny heads go to a folder of this
 # session, never the user's cache (subprocesses inherit it).
 os.environ.setdefault("HEADSTART_CALIBRATION_CACHE", tempfile.mkdtemp(prefix="headstart-test-calibration-"))
+# A suite run beside another job shares the machine as the CLI does (headstart.cli.console): fewer
+# threads and passive waiting when another process keeps a core busy, set before torch is imported
+# (its OpenMP runtime reads them once): spinning threads made such runs 3-5x slower.
+if "torch" not in sys.modules:
+    from headstart.hardware import share_machine
+
+    share_machine()
 
 from tiny import make_target_dir  # noqa: E402
 

@@ -120,7 +120,7 @@ def test_nothing_below_the_command_line_imports_it():
 
 LAYERS = (
     ("errors",),
-    ("io", "logs", "hardware", "interrupts", "kinds", "config", "provenance"),
+    ("io", "logs", "hardware", "interrupts", "kinds", "config", "provenance", "records"),
     ("outputs",),
     ("targets",),  # the frozen target: loading, features, attention, kernels
     ("target", "heads", "inference"),  # heads and the decode loop know nothing of each other
