@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from headstart.errors import HeadstartError
-from headstart.heads.draft import DraftLM, check_vocabulary
+from headstart.heads.draft import DraftLM, check_draft_pair
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,9 @@ class DraftModel:
 def load_draft_model(spec: str, target: Any, *, allow_larger: bool = False) -> DraftModel:
     """The draft named by `spec` for `target`: early-exit:K (the target's first K layers), or
     anything --target takes (a Hub id, a directory, a .gguf, smollm2), loaded in the target's
-    dtype on its device. Refused in one line when the vocabularies differ, and when the draft is
-    not smaller than the target unless `allow_larger` (then a warning)."""
+    dtype on its device. Refused in one line when its tokenizer or its output rows are not the
+    target's, when it has no layers (heads.draft.check_draft_pair: what training checks too), and
+    when the draft is not smaller than the target unless `allow_larger` (then a warning)."""
     spec = str(spec).strip()
     if not spec:
         raise HeadstartError("--draft-model is empty", f"pass a model (as --target takes) or {EARLY_EXIT}K")
@@ -83,7 +84,7 @@ def load_draft_model(spec: str, target: Any, *, allow_larger: bool = False) -> D
         raise HeadstartError(
             f"draft model: {err.what}", err.fix.replace("--target", "--draft-model")
         ) from None
-    check_vocabulary(draft.tokenizer, target.tokenizer, spec)
+    check_draft_pair(spec, draft.tokenizer, draft.model.config.to_dict(), target, "--draft-model")
     drafted, verified = _parameters(draft.model), _parameters(target.model)
     if drafted >= verified:
         what = f"the draft model {spec} ({drafted / 1e6:.0f}M parameters) is not smaller than the target ({verified / 1e6:.0f}M)"

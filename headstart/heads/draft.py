@@ -220,24 +220,37 @@ def _sibling_fields(name: str, target: Any) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise HeadstartError(f"head.draft_from: cannot read a model at {name} ({err})".splitlines()[0],
                              "pass a local model directory or a Hub id (with its tokenizer)") from None  # fmt: skip
-    check_vocabulary(tokenizer, target.tokenizer, name)
     settings = config.to_dict()
-    if settings.get("vocab_size") != target.vocab_size:
-        raise HeadstartError(
-            f"head.draft_from: {name} has {settings.get('vocab_size')} output rows, the target {target.vocab_size}",
-            "start from a model with the target's vocabulary (its smaller sibling), or drop head.draft_from",
-        )
+    check_draft_pair(name, tokenizer, settings, target, "head.draft_from")
     layers = int(settings.get("num_hidden_layers") or 0)
-    theirs = target.model.config.to_dict()
-    if _size(settings) >= _size(theirs):
-        raise HeadstartError(
-            f"head.draft_from: {name} is not smaller than the target (~{_size(settings) / 1e6:.0f}M against "
-            f"~{_size(theirs) / 1e6:.0f}M parameters)",
-            "start from a smaller sibling, or use head.num_layers (the target's first layers)",
-        )
     if Path(name).expanduser().exists():  # a local folder: by its absolute path (a resume may run elsewhere)
         name = str(Path(name).expanduser().resolve())
     return {"num_layers": layers, "draft_config": _draft_config(settings, layers), "draft_from": name}
+
+
+def check_draft_pair(name: str, tokenizer: Any, settings: dict[str, Any], target: Any, flag: str) -> None:
+    """The checks a draft model passes before it drafts or trains, each refused in one line naming
+    `flag` (head.draft_from, --draft-model): the target's tokenizer (the same ids for the same
+    text), its output rows (a drafted id past the target's rows would index out of range), at least
+    one layer, and fewer parameters than the target (`_size`; --draft-model may allow a larger
+    one: its caller checks the real count)."""
+    check_vocabulary(tokenizer, target.tokenizer, name)
+    rows = settings.get("vocab_size")
+    if rows != target.vocab_size:
+        raise HeadstartError(
+            f"{flag}: {name} has {rows} output rows, the target {target.vocab_size}",
+            "use a model with the target's vocabulary (its smaller sibling), or the target's own layers "
+            "(early-exit:K, head.num_layers)",
+        )
+    if not int(settings.get("num_hidden_layers") or 0) >= 1:
+        raise HeadstartError(f"{flag}: {name} has no decoder layers", "use a model with at least one layer")
+    theirs = target.model.config.to_dict()
+    if flag == "head.draft_from" and _size(settings) >= _size(theirs):
+        raise HeadstartError(
+            f"{flag}: {name} is not smaller than the target (~{_size(settings) / 1e6:.0f}M against "
+            f"~{_size(theirs) / 1e6:.0f}M parameters)",
+            "start from a smaller sibling, or use head.num_layers (the target's first layers)",
+        )
 
 
 def _size(config: dict[str, Any]) -> float:

@@ -251,8 +251,6 @@ def _load(
     spec: str, dtype: str, device: Any, revision: str | None, template: str | None, chat_template: str | None,
     weights: bool,
 ) -> Target:  # fmt: skip
-    from transformers import AutoTokenizer
-
     start = time.perf_counter()
     kind, path = resolve_spec(spec)
     source_hash = None
@@ -262,13 +260,17 @@ def _load(
         source = str(converted_dir(path, spec))
     else:
         source = str(path) if path else spec
+    # a folder's tokenizer first: one without it fails in a second (a Hub id's model first: its
+    # errors say whether the id exists)
+    tokenizer = _load_tokenizer(source, revision, spec) if Path(source).is_dir() else None
     model = _load_model(source, _torch_dtype(dtype, device), revision, weights)
+    if tokenizer is None:
+        tokenizer = _load_tokenizer(source, revision, spec)
     if weights:
         model.to(device)
         if kind in ("embedded", "gguf"):  # CPU fp32 decoding reads the file's blocks (same bits)
             _attach_blocks(model, path, Path(source))
     model.eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if template is not None:
@@ -288,6 +290,25 @@ def _load(
     target.fingerprint = fingerprint(target, kind, source_hash, revision)
     target.load_s = time.perf_counter() - start
     return target
+
+
+def _load_tokenizer(source: str, revision: str | None, spec: str) -> Any:
+    """The tokenizer beside the weights, or one line saying there is none (transformers says
+    "Couldn't instantiate the backend tokenizer" in a traceback)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(source, revision=revision)
+    except (OSError, ValueError, TypeError) as err:
+        local = Path(source).is_dir()
+        what = "its folder holds no tokenizer files" if local else "its tokenizer cannot be read"
+        raise HeadstartError(
+            f"cannot load target {spec!r}: {what} ({str(err).splitlines()[0][:160]})",
+            "copy the model's tokenizer files (tokenizer.json, tokenizer_config.json, special_tokens_map.json) "
+            "beside its weights"
+            if local
+            else "check the model id and its revision",
+        ) from None
 
 
 def _attach_blocks(model: Any, gguf_path: Path, converted: Path) -> None:

@@ -250,3 +250,65 @@ def test_a_draft_model_head_starts_from_a_sibling(target, sibling, tiny_llama, t
         build_head(HeadSpec(kind="draft_model", draft_from=str(sibling), num_layers=2), target)
     with pytest.raises(HeadstartError, match="head.draft_from is an option of draft_model"):
         HeadSpec(kind="eagle3", draft_from=str(sibling))
+
+
+@pytest.fixture(scope="module")
+def broken_drafts(tiny_root, tiny_llama):
+    """Draft folders a user might pass by mistake (issue 67): the target's tokenizer with 1,000
+    output rows; a model without tokenizer files; a model with no layers."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tiny_root / "broken-drafts"
+    made = {}
+    for name, overrides in (("rows", dict(vocab_size=1000)), ("notokenizer", {}), ("nolayers", {})):
+        path = root / name
+        made[name] = path
+        if (path / "config.json").is_file():
+            continue
+        source = make_target_dir(root / "src", "llama", seed=7, num_hidden_layers=1, hidden_size=32,
+                                 intermediate_size=64, **overrides)  # fmt: skip
+        model = AutoModelForCausalLM.from_pretrained(str(source))
+        if name == "nolayers":
+            model.config.num_hidden_layers = 0
+        model.save_pretrained(path)
+        if name != "notokenizer":
+            AutoTokenizer.from_pretrained(str(tiny_llama)).save_pretrained(path)
+        shutil.rmtree(root / "src")
+    return made
+
+
+BROKEN = {"rows": "has 1000 output rows, the target 288", "notokenizer": "holds no tokenizer files",
+          "nolayers": "has no decoder layers"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_draft_model_is_refused_when_loaded(target, broken_drafts, name):
+    with pytest.raises(HeadstartError) as err:
+        load_draft_model(str(broken_drafts[name]), target)
+    assert BROKEN[name] in err.value.what and "\n" not in err.value.one_line()
+
+
+@pytest.mark.parametrize("command", ["generate", "tune", "bench", "serve"])
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_every_command_refuses_a_broken_draft_model_in_one_line(tiny_llama, broken_drafts, tmp_path, capsys,
+                                                                name, command):  # fmt: skip
+    """generate, tune, bench and serve (which then does not start) give the line training gives."""
+    from headstart.cli import main
+
+    draft, target = str(broken_drafts[name]), str(tiny_llama)
+    questions = tmp_path / "q.jsonl"
+    questions.write_text('{"question_id": 1, "category": "x", "turns": ["hi"]}\n')
+    args = {
+        "generate": ["generate", "--target", target, "--draft-model", draft, "--prompt", "hi", "--max-new-tokens", "4"],
+        "tune": ["tune", "--target", target, "--draft-model", draft, "--limit", "1", "--max-new-tokens", "4",
+                 "--dry-run"],
+        "bench": ["bench", "--target", target, "--draft-model", draft, "--questions", str(questions), "--limit",
+                  "1", "--max-new-tokens", "4", "--output", str(tmp_path / "bench")],
+        "serve": ["serve", "--target", target, "--draft-model", draft, "--port", "0"],
+    }[command]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert BROKEN[name] in err and "Traceback" not in err and len(err.strip().splitlines()) >= 1
+    assert err.strip().splitlines()[-1].startswith("error: ")
