@@ -19,10 +19,12 @@ Every deletion the package makes onto an existing path is listed in DESIGN.md wi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +76,19 @@ def refuse_protected(path: str | Path, flag: str) -> None:
     if reason:
         raise HeadstartError(
             f"{flag} {path} {reason}: headstart never writes its output there, --overwrite or not",
-            f"give {flag} a new directory, e.g. {Path(path).expanduser() / 'headstart-output'}",
+            f"give {flag} a new directory, e.g. {suggested_output(path)}",
         )
+
+
+def suggested_output(path: str | Path) -> Path:
+    """A new directory to offer instead of the protected `path`: one inside it, or beside the
+    repository whose .git it lies in, or in the home directory; never one refused in turn."""
+    resolved = Path(path).expanduser().resolve()
+    if ".git" in resolved.parts:
+        resolved = Path(*resolved.parts[: resolved.parts.index(".git")])
+    candidates = [resolved / "headstart-output", *(home / "headstart-output" for home in sorted(homes()))]
+    fits = (c for c in candidates if protected(c) is None and c.parent != Path(c.anchor))  # not /headstart-output
+    return next(fits, Path(tempfile.gettempdir()) / "headstart-output")
 
 
 def check_writable(path: str | Path, what: str = "output", shown: str | Path | None = None) -> Path:
@@ -180,6 +193,7 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
         dest.parent.mkdir(parents=True, exist_ok=True)
         clean_leftovers(dest)
         tmp = Path(tempfile.mkdtemp(prefix=f"{tmp_prefix(dest)}{os.getpid()}-", dir=dest.parent))
+        mark_leftover(tmp)  # what tells a later run this folder is a killed run's, not the user's
     except OSError as err:
         raise HeadstartError(
             f"cannot write {dest}: {err.strerror or err}", "choose a writable path"
@@ -188,10 +202,12 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
         write(tmp)
         for path in [tmp, *tmp.rglob("*")]:  # some writers (safetensors) make 0600 files
             normal_permissions(path)
+        written = [name for name in files_under(tmp) if name != LEFTOVER_MARK]
         if not dest.exists():  # an existing folder, even empty, keeps its own mode and owner
+            (tmp / LEFTOVER_MARK).unlink()  # renamed into place it is no leftover
             os.replace(tmp, dest)
         else:
-            _merge(tmp, dest, files_under(tmp), stale)
+            _merge(tmp, dest, written, stale)
     except OSError as err:
         raise HeadstartError(
             f"cannot write {dest}: {err.strerror or err}", "check the disk space and the permissions"
@@ -230,6 +246,7 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
                 )
     # new and empty: only what is moved here; the pid in its name tells a later run whether it was left
     aside = Path(tempfile.mkdtemp(prefix=f"{ASIDE_PREFIX}{os.getpid()}-", dir=dest))
+    mark_leftover(aside)
     moved: list[str] = []
     placed: list[str] = []
     made: list[Path] = []
@@ -260,6 +277,7 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
                 f"cannot write {dest}, and putting its earlier files back failed ({err.strerror or err})",
                 f"they are in {aside}: move them back by hand",
             ) from None
+        (aside / LEFTOVER_MARK).unlink(missing_ok=True)
         for folder in [*reversed(made), *sorted(aside.rglob("*"), reverse=True), aside]:
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
@@ -277,17 +295,37 @@ def tmp_prefix(dest: Path) -> str:
     return f".{dest.name}.tmp-"
 
 
-def _dead(name: str, prefix: str) -> bool:
-    """Whether the process whose pid follows `prefix` in `name` is gone (a folder of a run killed
-    with SIGKILL or a power cut). Names without a pid (older runs) count as left over."""
-    pid = name[len(prefix) :].split("-", 1)[0]
-    if not pid.isdigit():
-        return True
+LEFTOVER_MARK = ".headstart-leftover"
+"""The file `publish_dir` puts in its temporary and aside folders, naming its process: a later run
+removes such a folder only when it holds this mark and that process is gone. A folder merely named
+like one (`.exp1.tmp-backup`) is the user's."""
+
+
+@dataclass
+class Leftover:
+    pid: int
+
+
+def mark_leftover(folder: Path) -> None:
+    (folder / LEFTOVER_MARK).write_text(json.dumps({"pid": os.getpid()}) + "\n")
+
+
+def _dead(folder: Path) -> bool:
+    """Whether `folder` is a killed run's: it holds `publish_dir`'s mark and the process the mark
+    names is gone (SIGKILL, a power cut). Unmarked, damaged or of a live process: left alone."""
+    from headstart.records import DamagedFile, read_record
+
+    if folder.is_symlink() or not folder.is_dir() or not (folder / LEFTOVER_MARK).is_file():
+        return False
     try:
-        os.kill(int(pid), 0)
+        pid = read_record(folder / LEFTOVER_MARK, Leftover, fix="").pid
+    except DamagedFile:
+        return False
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    except PermissionError:  # another user's live process
+    except (PermissionError, OverflowError, ValueError):  # another user's live process; a nonsense pid
         return False
     return False  # alive: a run in progress (or the pid taken again since: left alone, the safe side)
 
@@ -304,14 +342,16 @@ def clean_leftovers(dest: Path) -> list[str]:
     parent = dest.parent
     if parent.is_dir():
         for tmp in parent.glob(f"{glob_escape(tmp_prefix(dest))}*"):
-            if tmp.is_dir() and not tmp.is_symlink() and _dead(tmp.name, tmp_prefix(dest)):
+            if _dead(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)
                 done.append(f"removed {tmp} (the partial output of an interrupted run)")
     if dest.is_dir():
         for aside in dest.glob(f"{ASIDE_PREFIX}*"):
-            if not aside.is_dir() or aside.is_symlink() or not _dead(aside.name, ASIDE_PREFIX):
+            if not _dead(aside):
                 continue
             for name in files_under(aside):
+                if name == LEFTOVER_MARK:
+                    continue
                 target = dest / name
                 if not target.exists() and not target.is_symlink() and _inside(dest, name):
                     target.parent.mkdir(parents=True, exist_ok=True)

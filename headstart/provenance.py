@@ -35,6 +35,20 @@ def portable(value: Any) -> Any:
     return json.loads(ABSOLUTE_PATH.sub(_shorter, json.dumps(value)))
 
 
+def placeheld(text: str, names: dict[str, str]) -> str:
+    """`text` (a recorded command) with each folder in `names` written as its name ($OUT, $STAGE:
+    a machine's staging folders), then every other absolute path shortened as `portable` does."""
+    for folder, name in sorted(names.items(), key=lambda item: -len(item[0])):
+        base = re.escape(folder.rstrip("/"))
+        if not base:
+            continue
+        if name:
+            text = re.sub(rf"{base}(?=/|\s|$|\])", name, text)
+        else:  # relative: the folder and its slash go
+            text = re.sub(rf"{base}/", "", text)
+    return portable(text)
+
+
 @functools.cache
 def stamp() -> dict[str, Any]:
     """{"headstart": version, "commit": short sha or None, "dirty": bool or None} of the running code."""

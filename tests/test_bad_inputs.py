@@ -40,6 +40,10 @@ def work(tmp_path_factory, tiny_llama):
     shutil.copytree(w / "heads-eagle3", w / "run" / "final")
     (w / "run" / "results.json").write_text("{}")
     (w / "junk").mkdir()
+    (w / "repo" / ".git").mkdir(parents=True)
+    (w / "lookalike").mkdir()  # a user's folder whose report.json has a bench report's keys, and no mark
+    (w / "lookalike" / "report.json").write_text(json.dumps({"config": {"target": "x"}, "methods": {}, "by_category": {}}))
+    (w / "lookalike" / "report.md").write_text("my notes")
     (w / "junk" / "notes.txt").write_text("mine")
     (w / "file.txt").write_text("mine")
     (w / "cwd").mkdir()
@@ -236,6 +240,18 @@ CASES = [
     ("serve --threads 100000", ["serve", "--target", T, "--threads", "100000"], "--threads must be in 0.."),
     ("push damaged weights", ["push", "{W}/heads-broken-weights", "org/name"], "{W}/heads-broken-weights/model.safetensors is damaged"),
     ("export without --output", ["export", "--format", "eagle"], "the following arguments are required: --output"),
+    # reliability round 5 (issue 67): dry runs fail where runs fail; empty options
+    ("train dry run, empty data", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--dry-run", "data.path=[]"], "the real run would refuse this recipe: no training data: data.path is empty"),
+    ("train dry run, missing data", ["train", "--recipe", "{RECIPE:{W}/new-run}", "--dry-run"], "the real run would refuse this recipe: distilled data {W}/nodata does not exist"),
+    ("train dry run into unrelated files", ["train", "--recipe", "{RECIPE:{W}/junk}", "--dry-run"], "output_dir {W}/junk is not empty (notes.txt) and holds no headstart training run"),
+    ("train dry run onto a file", ["train", "--recipe", "{RECIPE:{W}/file.txt}", "--dry-run"], "output_dir {W}/file.txt is a file"),
+    ("train dry run into .git", ["train", "--recipe", "{RECIPE:{W}/repo/.git/out}", "--dry-run"], "is inside a git repository's .git folder"),
+    ("bench --merge into a look-alike", ["bench", "--merge", "{W}/bench-done", "--output", "{W}/lookalike"], "--output {W}/lookalike is not empty"),
+    ("bench into a look-alike", ["bench", "--target", T, "--questions", "{W}/q3.jsonl", "--output", "{W}/lookalike"], "--output {W}/lookalike is not empty"),
+    ("lookahead empty option", ["generate", "--target", T, "--draft-model", "lookahead:window=4,,ngram=3", "--prompt", "hi"], "'lookahead:window=4,,ngram=3' has an empty option"),
+    ("lookahead option twice", ["generate", "--target", T, "--draft-model", "lookahead:window=4,window=3", "--prompt", "hi"], "gives window twice"),
+    ("dynamic tree empty option", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", "dynamic:depth=3,,top_k=2"], "'dynamic:depth=3,,top_k=2' has an empty option"),
+    ("dynamic tree trailing comma", ["generate", "--target", T, "--heads", E, "--prompt", "hi", "--tree", "dynamic:depth=3,"], "has an empty option"),
 ]  # fmt: skip
 
 

@@ -63,3 +63,16 @@ def test_every_file_under_docs_is_reachable_from_the_readme():
         if p.is_file() and not reachable(p)
     ]
     assert orphans == []
+
+
+MACHINE_PATH = re.compile(r"(?<![\w.$~-])/(?:tmp|root|home|work|Users|mnt|scratch|data)/[\w.+-]")
+
+
+def test_committed_figures_record_no_machine_paths():
+    """Reports and ledgers committed under docs/ and experiments/ name files relative to the
+    repository or by a placeholder ($OUT, $STAGE, $EVAL_DIR), never by one machine's absolute path
+    (a GPU machine's staging folder, a temporary evaluation folder)."""
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{path.relative_to(root)}: {match.group(0)}" for folder in ("docs", "experiments")
+             for path in (root / folder).rglob("*.json") for match in MACHINE_PATH.finditer(path.read_text())]  # fmt: skip
+    assert not found, found[:10]

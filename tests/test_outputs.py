@@ -196,3 +196,38 @@ def test_a_run_killed_mid_write_leaves_nothing_after_the_next_run(tmp_path, phas
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp-")]
     assert not [p for p in out.iterdir() if p.name.startswith(".headstart-old-")]
     assert _tree(out) == {"f0.bin": b"old 0", "f1.bin": b"old 1", "notes.txt": b"mine", "notes2.txt": b"2"}
+
+
+@pytest.mark.parametrize("inside", ["", ".git", ".git/objects", ".git/headstart-output"])
+def test_the_git_refusal_suggests_a_directory_that_is_not_refused_in_turn(tmp_path, inside):
+    """A checkout or a path in its .git is refused; the fix names a path outside the .git folder
+    (it named REPO/.git/headstart-output, refused in turn), and that path passes."""
+    from headstart.errors import HeadstartError
+    from headstart.outputs import protected, refuse_protected
+
+    repo = tmp_path / "repo"
+    (repo / ".git" / "objects").mkdir(parents=True)
+    with pytest.raises(HeadstartError) as err:
+        refuse_protected(repo / inside, "--output")
+    suggested = Path(err.value.fix.rsplit("e.g. ", 1)[1])
+    assert ".git" not in suggested.parts and protected(suggested) is None
+
+
+def test_a_folder_merely_named_like_a_leftover_is_the_users(tmp_path):
+    """`.exp1.tmp-userbackup` beside `exp1` (and `.headstart-old-1-x` inside it) hold no leftover
+    mark: a publish into exp1 leaves them and their files alone (they were deleted as "partial
+    output of an interrupted run")."""
+    out = tmp_path / "exp1"
+    publish_dir(out, _write({"a.txt": "1"}))
+    mine = tmp_path / ".exp1.tmp-userbackup"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    inner = out / ".headstart-old-1-backup"
+    inner.mkdir()
+    (inner / "notes.txt").write_text("mine too")
+    damaged = tmp_path / ".exp1.tmp-999999999-x"
+    damaged.mkdir()
+    (damaged / ".headstart-leftover").write_text("not json")
+    publish_dir(out, _write({"a.txt": "2"}))
+    assert (mine / "notes.txt").read_text() == "mine" and (inner / "notes.txt").read_text() == "mine too"
+    assert damaged.is_dir() and (out / "a.txt").read_text() == "2"

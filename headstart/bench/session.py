@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -221,35 +222,43 @@ def mark(out: Path, kind: str, files: list[str] | None = None) -> None:
     atomic_write_text(out / BENCH_MARK, json.dumps({"kind": kind, "files": sorted(files or [])}) + "\n")
 
 
-def bench_output(out: Path) -> str | None:
-    """ "run" or "merge" when `out` is a bench output (its mark; a report from before marks existed
-    counts when its report.json has a bench report's shape and outputs.jsonl, or no outputs.jsonl
-    for a merge, sits beside it), else None."""
-    import json
+@dataclass
+class BenchMark:
+    """What BENCH_MARK holds."""
 
-    try:
-        return str(json.loads((out / BENCH_MARK).read_text())["kind"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    try:
-        report = json.loads((out / "report.json").read_text())
-        shaped = {"config", "methods", "by_category"} <= set(report) and "target" in report["config"]
-    except (OSError, ValueError, TypeError):
+    kind: str
+    files: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("run", "merge"):
+            raise ValueError(f"'kind' is {self.kind!r}, not run or merge")
+
+
+def read_mark(out: Path) -> BenchMark | None:
+    """`out`'s bench mark, or None when it has none or one that is not a bench mark (then `out` is
+    not bench's: its files are the user's)."""
+    from headstart.records import DamagedFile, read_record
+
+    if not (out / BENCH_MARK).is_file():
         return None
-    if not shaped:
+    try:
+        return read_record(out / BENCH_MARK, BenchMark, fix="")
+    except DamagedFile:
         return None
-    return "run" if (out / "outputs.jsonl").is_file() else "merge"
+
+
+def bench_output(out: Path) -> str | None:
+    """ "run" or "merge" when `out` is a bench output, by its mark alone (a folder whose
+    report.json merely looks like a bench report is the user's: bench never writes over it)."""
+    found = read_mark(out)
+    return found.kind if found is not None else None
 
 
 def files_marked(out: Path) -> list[str]:
     """The files an earlier merge into `out` wrote (its mark's list): the stale ones a new merge
     may remove."""
-    import json
-
-    try:
-        return [str(name) for name in json.loads((out / BENCH_MARK).read_text()).get("files", [])]
-    except (OSError, ValueError, AttributeError, TypeError):
-        return []
+    found = read_mark(out)
+    return found.files if found is not None else []
 
 
 def run(args: argparse.Namespace, load_target: Any) -> int:

@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        "a larger one gets a 413 before it is read (default: 16)")  # fmt: skip
     group.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request body may take "
                        "to arrive: a slower one gets a 408 and its connection is closed (default: 30)")  # fmt: skip
+    group.add_argument("--header-timeout", type=float, default=10.0, help="seconds a request's headers may "
+                       "take to arrive: a slower client gets a 408 and its connection is closed (default: 10)")  # fmt: skip
     group.add_argument("--default-max-tokens", type=int, default=512,
                        help="a chat request without max_tokens gets at most this many")  # fmt: skip
     group.add_argument("--grace", type=float, default=30.0, help="seconds running requests get on SIGTERM")
@@ -76,6 +78,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not 0 < args.body_timeout < float("inf"):
         raise HeadstartError(
             f"--body-timeout must be > 0, got {args.body_timeout}", "use e.g. --body-timeout 30"
+        )
+    if not 0 < args.header_timeout < float("inf"):
+        raise HeadstartError(
+            f"--header-timeout must be > 0, got {args.header_timeout}", "use e.g. --header-timeout 10"
         )
     if not 0 < args.max_body_mb < float("inf"):
         raise HeadstartError(
@@ -132,4 +138,5 @@ def run(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
     )  # fmt: skip
     return serve_until_stopped(build_app(served), served.scheduler, args.host, args.port, args.grace,
-                               f"serving {target.spec} as '{served.model}' ({decoding.mode})")  # fmt: skip
+                               f"serving {target.spec} as '{served.model}' ({decoding.mode})",
+                               header_timeout=args.header_timeout)  # fmt: skip

@@ -68,11 +68,15 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         from headstart.train.dryrun import dry_run
 
+        from headstart.train.dryrun import refusals
+
         plan = dry_run(cfg, args.accelerate_config, resume=args.resume)
         print(json.dumps(plan, indent=2))
-        lacking = plan["cannot_run_here"] + plan["missing_data"] + plan["output_problems"]
-        if lacking:
-            print(f"warning: the real run would fail here: {'; '.join(lacking)}", file=sys.stderr)
+        if plan["cannot_run_here"]:  # this machine's, not the recipe's: it may run elsewhere
+            print(f"warning: this machine lacks {'; '.join(plan['cannot_run_here'])}", file=sys.stderr)
+        refused = refusals(plan)
+        if refused is not None:
+            raise refused
         return 0
     from headstart.train.loop import train
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -269,5 +270,14 @@ def lock_output(out: str | Path) -> Any:
     handle = lock_dir(out, "headstart distill")
     for folder in (data_dir(out), features_dir(out), Path(out)):
         for stale in folder.glob(".tmp-*") if folder.is_dir() else []:
-            stale.unlink(missing_ok=True)
+            if LEFTOVER.match(stale.name) and stale.is_file() and not stale.is_symlink():
+                stale.unlink(missing_ok=True)
     return handle
+
+
+LEFTOVER = re.compile(
+    rf"^\.tmp-(shard-\d{{5}}\.(jsonl|safetensors)|{re.escape(META)}|summary\.json|"
+    rf"{re.escape(DATAFREE_PROMPTS)}|{re.escape(DATAFREE_STATS)})-[A-Za-z0-9_]{{8}}$"
+)
+"""A temp file `atomic_write_bytes` made (its prefix, one of distill's own file names, mkstemp's 8
+random characters): what a killed run leaves. Any other hidden name is the user's."""

@@ -30,16 +30,20 @@ def thread_server_class() -> type:
     return ThreadServer
 
 
-def serve_until_stopped(app: Any, scheduler: Any, host: str, port: int, grace: float, started: str) -> int:
+def serve_until_stopped(app: Any, scheduler: Any, host: str, port: int, grace: float, started: str,
+                        header_timeout: float = 10.0) -> int:  # fmt: skip
     """Serve `app` on host:port and run `scheduler`'s decode loop until a signal and the grace
-    period end it; `started` is logged once the port listens. Returns the exit status (0)."""
+    period end it; `started` is logged once the port listens; a request's headers get
+    `header_timeout` seconds (serve/headers.py). Returns the exit status (0)."""
     import uvicorn
+
+    from headstart.serve.headers import header_timeout_protocol
 
     # uvicorn's own cut (it cancels handlers: a bare 500, streams without [DONE]) comes after the
     # decode loop's, which answers what still runs at --grace with a 503 or an error event. The
     # margin is wide: on a loaded 2-core host the loop's answer came 3 to over 6 s after --grace
     # (2026-11-27; not understood yet), and uvicorn's cut at +5 s then turned every 503 into a 500
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=header_timeout_protocol(header_timeout),
                             timeout_graceful_shutdown=math.ceil(grace) + 30, access_log=False)  # fmt: skip
     server = thread_server_class()(config)
     http = threading.Thread(target=server.run, name="headstart-http", daemon=True)

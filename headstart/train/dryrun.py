@@ -1,5 +1,8 @@
 """`headstart train --dry-run`: validate a recipe and its accelerate config and describe the run,
-without loading the target or the data (so GPU recipes for 7-8B targets can be checked anywhere)."""
+without loading the target's weights or the data (so GPU recipes for 7-8B targets can be checked
+anywhere). What the real run would refuse (data, output_dir, init_from, the head's shape against
+the target's config when that config is at hand) fails the dry run too, in the real run's words;
+what only this machine lacks (GPUs, deepspeed) is a warning: the recipe may be fine elsewhere."""
 
 from __future__ import annotations
 
@@ -97,14 +100,28 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None, resume: bool
         "cannot_run_here": cannot_run_here(procs, cfg.cpu),
         "missing_data": missing_data(cfg),
         "output_problems": output_problems(cfg, resume),
+        "head_problems": head_problems(cfg),
     }
 
 
+def refusals(plan: dict[str, Any]) -> HeadstartError | None:
+    """What in `plan` the real run would refuse, as the one error the dry run fails with."""
+    refused = plan["missing_data"] + plan["output_problems"] + plan["head_problems"]
+    if not refused:
+        return None
+    parts = [line.removesuffix(")").rsplit(" (fix: ", 1) for line in refused]
+    return HeadstartError(
+        "the real run would refuse this recipe: " + "; ".join(part[0] for part in parts),
+        "; ".join(part[1] for part in parts if len(part) == 2) or "see the plan above",
+    )
+
+
 def missing_data(cfg: TrainConfig) -> list[str]:
-    """The recipe's data directories that are not there (the real run would stop at its first read)."""
-    missing = [] if cfg.data.path else ["data.path is empty (name the directories `headstart distill` wrote)"]
+    """The recipe's data directories that are not there (the real run would stop at its first read),
+    in the real run's words, as every refusal of the plan: "WHAT (fix: FIX)"."""
+    missing = [] if cfg.data.path else ["no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"]
     return missing + [
-        f"distilled data {path} (it does not exist: distill it first, or set data.path)"
+        f"distilled data {path} does not exist (fix: check the path, or run `headstart distill --out DIR`)"
         for path in [*cfg.data.path, *cfg.data.eval_path]
         if not Path(path).expanduser().is_dir()
     ]
@@ -123,6 +140,31 @@ def output_problems(cfg: TrainConfig, resume: bool = False) -> list[str]:
         check_run_dir(Path(cfg.output_dir).expanduser(), resume)
         if resume:
             checkpoints.check_same_run(to_dict(cfg), Path(cfg.output_dir).expanduser() / "checkpoints")
+    except HeadstartError as err:
+        return [f"{err.what} (fix: {err.fix})" if err.fix else err.what]
+    return []
+
+
+def head_problems(cfg: TrainConfig) -> list[str]:
+    """What the real run would refuse about the head once it reads the target: the head's shape
+    against the target's config (layers, vocabulary, a draft model's depth or sibling), read
+    without the weights; and an init_from that is not a saved head. Where the target's config is
+    not at hand (a Hub id with no network and no cache) the shape is not checked, and said."""
+    import logging
+
+    from headstart.heads.build import head_config
+    from headstart.targets import load_target
+
+    if cfg.init_from and not (Path(cfg.init_from).expanduser() / "config.json").is_file():
+        return [f"init_from={cfg.init_from} is not a saved head (no config.json) (fix: point init_from at a "
+                "directory written by headstart train (output_dir/final))"]  # fmt: skip
+    try:
+        target = load_target(cfg.target, weights=False)
+    except HeadstartError as err:
+        logging.getLogger(__name__).warning(f"note: the head's shape is not checked here: {err.what}")
+        return []
+    try:
+        head_config(cfg.head, target)
     except HeadstartError as err:
         return [f"{err.what} (fix: {err.fix})" if err.fix else err.what]
     return []

@@ -93,7 +93,13 @@ def machine(report: Report, device: str) -> None:
     report.put("machine", "torch", torch.__version__)
     report.put("machine", "transformers", transformers.__version__)
     report.put("machine", "date", time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    report.put("machine", "command", " ".join(sys.argv))
+    from headstart.provenance import placeheld
+
+    # recorded without this machine's folders: --out as $OUT, any other absolute argument's folder as $STAGE
+    argv = sys.argv
+    out = {argv[i + 1]: "$OUT" for i, a in enumerate(argv[:-1]) if a == "--out" and argv[i + 1].startswith("/")}
+    staged = out | {str(Path(a).parent): "$STAGE" for a in argv[1:] if a.startswith("/") and a not in out}
+    report.put("machine", "command", placeheld(" ".join(sys.argv), staged))
     report.log(f"{card}, torch {torch.__version__}, transformers {transformers.__version__}")
 
 

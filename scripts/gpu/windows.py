@@ -58,9 +58,19 @@ def evaluate(head: Path, out: Path) -> dict:
                f"output_dir={out}", "cpu=true", "mixed_precision=no", "batch_size=8", "trackers=[none]", "-q"]  # fmt: skip
     subprocess.run(command, cwd=ROOT, check=True)
     result = json.loads((out / "results.json").read_text())["final_eval"]
-    return {k: round(v, 4) for k, v in result.items() if isinstance(v, float)} | {
-        "command": " ".join(command[1:])
-    }
+    from headstart.provenance import placeheld
+
+    # the evaluation's own folder as $EVAL_DIR, the checkout's paths relative (issue 67: no machine paths)
+    recorded = placeheld(" ".join(command[1:]), {str(out.parent): "$EVAL_DIR", str(ROOT) + "/": ""})
+    return {k: round(v, 4) for k, v in result.items() if isinstance(v, float)} | {"command": recorded}
+
+
+def _staged(command: str | None) -> str | None:
+    """A window's own training command without the GPU machine's folders (its staged heads, as
+    init_from=/root/w1, become $STAGE/w1)."""
+    import re
+
+    return None if command is None else re.sub(r"(?<![\w.])/(?:[\w.+-]+/)*([\w.+-]+)", r"$STAGE/\1", command)
 
 
 def cmd_record(args: argparse.Namespace) -> None:
@@ -80,7 +90,7 @@ def cmd_record(args: argparse.Namespace) -> None:
         "window": number,
         "date": args.date or time.strftime("%Y-%m-%d"),
         "card": args.card,
-        "command": results.get("command"),
+        "command": _staged(results.get("command")),
         "seed": number,
         "steps": results["steps"],
         "train_tokens": results["tokens"],

@@ -18,7 +18,7 @@ from headstart.cli import main
 @pytest.fixture(scope="module")
 def small_limit(tiny_llama, tmp_path_factory):
     srv = Server(tiny_llama, None, tmp_path_factory.mktemp("limits"), "--max-body-mb", "1", "--max-batch", "8",
-                 "--body-timeout", "3")  # fmt: skip
+                 "--body-timeout", "3", "--header-timeout", "2")  # fmt: skip
     yield srv
     assert srv.stop() == 0, srv.output()
 
@@ -97,6 +97,34 @@ def test_a_body_that_stops_coming_gets_a_408_and_its_connection_closes(small_lim
         for part in (body[:10], body[10:]):  # slowly, within the time
             conn.sendall(part)
             time.sleep(1)
+        assert _read_reply(conn).startswith("HTTP/1.1 200")
+
+
+def test_headers_that_stop_coming_get_a_408_and_their_connection_closes(small_limit):
+    """Part of the headers (or nothing at all after connecting), then nothing: 408 at
+    --header-timeout and the connection closed (they were held open as long as the client liked);
+    the server answers others meanwhile; headers sent slowly but whole in time are served, and so is
+    a second request on a kept-alive connection."""
+    partial = [b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty", b"GET /hea", b""]
+    conns = [socket.create_connection(("127.0.0.1", small_limit.port), timeout=30) for _ in partial]
+    try:
+        for conn, head in zip(conns, partial, strict=True):
+            if head:
+                conn.sendall(head)
+        assert http("GET", f"{small_limit.url}/health")[0] == 200
+        for conn in conns:
+            reply = _read_reply(conn)
+            assert reply.startswith("HTTP/1.1 408") and "--header-timeout" in reply, reply
+            assert conn.recv(1) == b""
+    finally:
+        for conn in conns:
+            conn.close()
+    with socket.create_connection(("127.0.0.1", small_limit.port), timeout=30) as conn:
+        for part in (b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):  # slowly, within the time
+            conn.sendall(part)
+            time.sleep(0.5)
+        assert _read_reply(conn).startswith("HTTP/1.1 200")
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")  # kept alive
         assert _read_reply(conn).startswith("HTTP/1.1 200")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -346,13 +347,10 @@ def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys)
     recipe.write_text(
         f"target: smollm2\noutput_dir: {tmp_path / 'out'}\ndata: {{path: [{tmp_path / 'nodata'}]}}\n"
     )
-    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 2  # as the real run would fail
     captured = capsys.readouterr()
-    assert (
-        f"distilled data {tmp_path / 'nodata'} (it does not exist"
-        in json.loads(captured.out)["missing_data"][0]
-    )
-    assert "warning: the real run would fail here: distilled data" in captured.err
+    assert f"distilled data {tmp_path / 'nodata'} does not exist" in json.loads(captured.out)["missing_data"][0]
+    assert "error: the real run would refuse this recipe: distilled data" in captured.err
 
 
 def test_resume_refuses_a_changed_head_or_math_before_loading_anything(target, tmp_path, monkeypatch):
@@ -417,15 +415,45 @@ def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, 
                           (tmp_path / "foreign", "holds no headstart training run"), (tmp_path / "afile", "is a file")):  # fmt: skip
         recipe = tmp_path / "r.yaml"
         recipe.write_text(f"target: smollm2\noutput_dir: {output}\ndata: {{path: [{data}]}}\n")
-        assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
+        assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 2
         captured = capsys.readouterr()
         assert words in json.loads(captured.out)["output_problems"][0], output
-        assert "the real run would fail here" in captured.err
+        assert "error: the real run would refuse this recipe" in captured.err and words in captured.err
     recipe.write_text(f"target: smollm2\noutput_dir: {tmp_path / 'new'}\ndata: {{path: []}}\n")
-    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["missing_data"] == ["data.path is empty (name the directories `headstart distill` wrote)"]
+    assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 2
+    captured = capsys.readouterr()
+    plan = json.loads(captured.out)
+    assert plan["missing_data"] == ["no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"]
+    assert "no training data: data.path is empty" in captured.err
     assert plan["output_problems"] == [] and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (["head.num_layers=99"], "a draft model needs fewer layers than the target's 30"),
+        (["head.draft_from={sibling}", "head.num_layers=2"], "head.num_layers and head.draft_from both set"),
+        (["head.kind=eagle3", "head.feature_layers=[2,40,50]"], "layer ids [40, 50] out of range for a target with 30 layers"),
+        (["head.draft_vocab_size=100000", "head.kind=eagle3"], "exceeds the target vocabulary (49152)"),
+        (["init_from={nothing}"], "is not a saved head (no config.json)"),
+    ],
+)
+def test_dry_run_refuses_what_the_real_run_refuses_about_the_head(tmp_path, capsys, overrides, words):
+    """The head's shape against the target's config (read without its weights), with the recipe a
+    user would start from: the real run refuses these after loading the target."""
+    from headstart.cli import main
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "smollm2-draft-cpu.yaml"
+    data = tmp_path / "data"
+    data.mkdir()
+    filled = [o.format(sibling=tmp_path, nothing=tmp_path / "nothing") for o in overrides]
+    args = ["train", "--recipe", str(recipe), "--dry-run", f"output_dir={tmp_path / 'out'}", f"data.path=[{data}]",
+            "data.eval_path=[]", *filled]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "error: the real run would refuse this recipe" in err and words in err, err
+    assert main(["train", "--recipe", str(recipe), "--dry-run", f"output_dir={tmp_path / 'out'}",
+                 f"data.path=[{data}]", "data.eval_path=[]"]) == 0  # fmt: skip
 
 
 def test_resume_may_change_what_a_kind_marks_evaluation_only(tmp_path):

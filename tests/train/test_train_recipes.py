@@ -80,18 +80,20 @@ def test_deepspeed_accumulation_must_match_the_recipe():
         dry_run(cfg, str(zero2))
 
 
-def test_cli_dry_run_prints_the_plan(capsys):
+def test_cli_dry_run_prints_the_plan(capsys, tmp_path):
+    """The plan on stdout; rc 0 once its data exists (the recipe's runs/ data is not here: then the
+    dry run fails as the real run would, naming it, after printing the plan)."""
     import json
 
     from headstart.cli import main
 
     recipe = next(p for p in RECIPES if p.name == "vicuna7b-medusa2-lora-gpu.yaml")
     zero2 = next(p for p in ACCELERATE if p.name == "zero2.yaml")
-    assert (
-        main(
-            ["train", "--recipe", str(recipe), "--dry-run", "--accelerate-config", str(zero2), "max_steps=5"]
-        )
-        == 0
-    )
+    args = ["train", "--recipe", str(recipe), "--dry-run", "--accelerate-config", str(zero2), "max_steps=5",
+            f"output_dir={tmp_path / 'out'}"]  # fmt: skip
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["missing_data"] and "distilled data runs/" in captured.err
+    assert main([*args, f"data.path=[{tmp_path}]", "data.eval_path=[]"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["loss"] == "Medusa-2 (joint LoRA)" and plan["max_steps"] == 5 and plan["global_batch"] == 64

@@ -112,13 +112,11 @@ def parse_lookahead(spec: str) -> LookaheadTree:
     head, _, options = spec.partition(":")
     if head != PREFIX:
         raise HeadstartError(f"not a lookahead spec: '{spec}'", USAGE)
-    values: dict[str, int] = {}
-    for item in filter(None, options.split(",")):
-        key, _, value = item.partition("=")
-        if key not in ("window", "ngram", "guesses") or not (value.isascii() and value.isdigit()):
-            raise HeadstartError(f"bad lookahead option '{item}'", USAGE)
-        values[key] = int(value)
-    return LookaheadTree(**values)
+    if spec == PREFIX:
+        return LookaheadTree()
+    from headstart.inference.trees.options import int_options
+
+    return LookaheadTree(**int_options(spec, options, ("window", "ngram", "guesses"), USAGE))
 
 
 def trie(sequences: list[list[Sequence[int]]], root: list[int], size: int, depth: int,

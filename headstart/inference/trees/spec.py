@@ -51,16 +51,11 @@ def _paths_from_json(data: Any, source: str) -> TreeBuffers:
     return build_tree(data)
 
 
-def _dynamic(options: str) -> DynamicTree:
-    values: dict[str, int] = {}
-    for item in filter(None, options.split(",")):
-        key, _, value = item.partition("=")
-        if key not in ("depth", "top_k", "total_tokens") or not (value.isascii() and value.isdigit()):
-            raise HeadstartError(
-                f"bad dynamic tree option '{item}'", "use dynamic:depth=4,top_k=4,total_tokens=12"
-            )
-        values[key] = int(value)
-    return DynamicTree(**values)
+def _dynamic(spec: str) -> DynamicTree:
+    from headstart.inference.trees.options import int_options
+
+    return DynamicTree(**int_options(spec, spec.partition(":")[2], ("depth", "top_k", "total_tokens"),
+                                     "use dynamic:depth=4,top_k=4,total_tokens=12"))  # fmt: skip
 
 
 def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> TreeSpec:
@@ -75,7 +70,7 @@ def parse_tree(spec: str | TreeSpec | None, max_depth: int | None = None) -> Tre
     if isinstance(spec, TreeBuffers | DynamicTree | LookaheadTree):  # parsed already
         tree = spec
     elif spec == "dynamic" or spec.startswith("dynamic:"):
-        tree = _dynamic(spec.partition(":")[2])
+        tree = _dynamic(spec) if spec != "dynamic" else DynamicTree()
     elif spec.startswith("chain:"):
         depth = spec.partition(":")[2]
         if not (depth.isascii() and depth.isdigit()) or int(depth) < 1:  # "²" is a digit, not an int
