@@ -87,7 +87,9 @@ def suggested_output(path: str | Path) -> Path:
     if ".git" in resolved.parts:
         resolved = Path(*resolved.parts[: resolved.parts.index(".git")])
     candidates = [resolved / "headstart-output", *(home / "headstart-output" for home in sorted(homes()))]
-    fits = (c for c in candidates if protected(c) is None and c.parent != Path(c.anchor))  # not /headstart-output
+    fits = (
+        c for c in candidates if protected(c) is None and c.parent != Path(c.anchor)
+    )  # not /headstart-output
     return next(fits, Path(tempfile.gettempdir()) / "headstart-output")
 
 

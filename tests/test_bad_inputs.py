@@ -42,7 +42,9 @@ def work(tmp_path_factory, tiny_llama):
     (w / "junk").mkdir()
     (w / "repo" / ".git").mkdir(parents=True)
     (w / "lookalike").mkdir()  # a user's folder whose report.json has a bench report's keys, and no mark
-    (w / "lookalike" / "report.json").write_text(json.dumps({"config": {"target": "x"}, "methods": {}, "by_category": {}}))
+    (w / "lookalike" / "report.json").write_text(
+        json.dumps({"config": {"target": "x"}, "methods": {}, "by_category": {}})
+    )
     (w / "lookalike" / "report.md").write_text("my notes")
     (w / "junk" / "notes.txt").write_text("mine")
     (w / "file.txt").write_text("mine")

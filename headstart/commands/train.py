@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     budget = [f"time_budget_s={args.time_budget}"] if args.time_budget else []
     cfg = load_config(TrainConfig, args.recipe, [*args.overrides, *budget])  # misspelt keys fail here
     if args.dry_run:
-        from headstart.train.dryrun import dry_run
-
-        from headstart.train.dryrun import refusals
+        from headstart.train.dryrun import dry_run, refusals
 
         plan = dry_run(cfg, args.accelerate_config, resume=args.resume)
         print(json.dumps(plan, indent=2))

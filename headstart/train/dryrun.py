@@ -119,7 +119,11 @@ def refusals(plan: dict[str, Any]) -> HeadstartError | None:
 def missing_data(cfg: TrainConfig) -> list[str]:
     """The recipe's data directories that are not there (the real run would stop at its first read),
     in the real run's words, as every refusal of the plan: "WHAT (fix: FIX)"."""
-    missing = [] if cfg.data.path else ["no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"]
+    missing = (
+        []
+        if cfg.data.path
+        else ["no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"]
+    )
     return missing + [
         f"distilled data {path} does not exist (fix: check the path, or run `headstart distill --out DIR`)"
         for path in [*cfg.data.path, *cfg.data.eval_path]

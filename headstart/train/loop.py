@@ -80,7 +80,7 @@ def train(
     from headstart.io import lock_dir
     from headstart.outputs import check_output_dir
 
-    started = time.perf_counter()  # the time budget counts start-up too
+    started = clock()  # the time budget counts start-up too
     check_output_dir(cfg.output_dir, "output_dir")  # before any data or model loads
     check_run_dir(Path(cfg.output_dir), resume)
     if resume:
@@ -98,6 +98,13 @@ def train(
             if created and [p.name for p in out.iterdir()] == [".lock"]:  # failed before writing
                 (out / ".lock").unlink()
                 out.rmdir()
+
+
+def clock() -> float:
+    """The run's clock (time.perf_counter): the time budget, the pace and the log's step times
+    read it, and tests give it steps of their own (a budget decided by a loaded machine's clock
+    would make them pass or fail by chance)."""
+    return time.perf_counter()
 
 
 RUN_FILES = {"checkpoints", "final", "final-lora", "logs", "results.json"}
@@ -150,14 +157,14 @@ class Budget:
         self.step_s = self.eval_s = self.save_s = 0.0
         self.steps = 0
         self.stepping_s = 0.0  # the steps' own time after the first (the pace of a timed decay)
-        self.last = self.ready_at = time.perf_counter()
+        self.last = self.ready_at = clock()
 
     def ready(self) -> None:
         """Start-up is over: the next step is timed from now, not from the process start."""
-        self.last = self.ready_at = time.perf_counter()
+        self.last = self.ready_at = clock()
 
     def stepped(self) -> None:
-        now = time.perf_counter()
+        now = clock()
         took, self.last = now - self.last, now
         self.steps += 1
         self.step_s = took if self.steps <= 2 else max(self.step_s, took)
@@ -170,7 +177,7 @@ class Budget:
         checkpoint set aside), over which the learning rate decays to 0."""
         if self.deadline is None or self.steps < 3:
             return 0
-        now = time.perf_counter()
+        now = clock()
         # what `exhausted` keeps back, so that the decay ends before the budget would stop the run
         left = self.deadline - now - (1.1 * (self.step_s + self.eval_s) + 2 * self.save_s + 1.0)
         if left > share * (self.deadline - self.ready_at):
@@ -179,7 +186,7 @@ class Budget:
 
     def timed(self, kind: str, since: float) -> None:
         """Record how long an evaluation or a checkpoint took (and restart the step clock)."""
-        now = time.perf_counter()
+        now = clock()
         setattr(self, f"{kind}_s", max(getattr(self, f"{kind}_s"), now - since))
         self.last = now
 
@@ -188,7 +195,7 @@ class Budget:
             return False
         # a 10% margin on the estimate: step times wander on a shared machine
         need = 1.1 * (self.step_s + (self.eval_s if evaluates_next else 0.0)) + 2 * self.save_s + 1.0
-        return time.perf_counter() + need > self.deadline
+        return clock() + need > self.deadline
 
 
 class Pace:
@@ -201,7 +208,7 @@ class Pace:
         self.restart()
 
     def restart(self) -> None:
-        self.since, self.steps = time.perf_counter(), 0
+        self.since, self.steps = clock(), 0
         self.tokens = torch.zeros((), dtype=torch.long, device=self.device)
 
     def add(self, lengths: torch.Tensor, stepped: bool) -> None:
@@ -212,7 +219,7 @@ class Pace:
     def read(self, accelerator: Any) -> dict[str, float]:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the window's kernels are part of its time
-        seconds = time.perf_counter() - self.since
+        seconds = clock() - self.since
         tokens = float(accelerator.reduce(self.tokens.clone(), "sum").item())  # every process's
         out = {
             "step_s": round(seconds / max(self.steps, 1), 4),
@@ -267,7 +274,7 @@ def _train(
         or progress_off(),  # an explicit disable ignores TQDM_DISABLE
         desc=f"train {cfg.head.kind}",
     )
-    start = time.perf_counter()
+    start = clock()
     budget.ready()
     run.pace = Pace(run.accelerator.device)  # the log's step-time table: wall time and tokens per window
     run.model.train()
@@ -347,7 +354,7 @@ def _start(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, 
             "the training split is smaller than one global batch", "lower batch_size or add data"
         )
     logging.getLogger("headstart.train").info(
-        "head and optimizer ready: start-up took %.1f s", time.perf_counter() - budget.started
+        "head and optimizer ready: start-up took %.1f s", clock() - budget.started
     )
     return _Run(
         cfg, accelerator, p, model, optimizer, scheduler, train_loader, eval_loader, out, state,
@@ -404,7 +411,7 @@ def _after_step(run: _Run, joint: bool) -> dict[str, Any] | None:
         run.end = start_timed_decay(accelerator, run.scheduler, run.budget, cfg.optim.decay, step) or run.end
         run.bar.total = run.end
     if run.eval_loader is not None and (step % cfg.eval_every == 0 or step == run.end):
-        since = time.perf_counter()
+        since = clock()
         run.history.append(metrics.evaluate(accelerator, run.model, run.eval_loader, cfg, step, joint))
         run.model.train()
         run.budget.timed("eval", since)
@@ -432,7 +439,7 @@ def _after_step(run: _Run, joint: bool) -> dict[str, Any] | None:
 
 def _save(run: _Run) -> None:
     """A checkpoint of the step just taken (weights checked finite first)."""
-    accelerator, since = run.accelerator, time.perf_counter()
+    accelerator, since = run.accelerator, clock()
     check_weights_finite(accelerator, run.model, run.step, run.ckpt_root)
     extra = {
         "tokens": accelerator.reduce(run.tokens.clone(), "sum").item() / accelerator.num_processes,
@@ -471,7 +478,7 @@ def _finish(run: _Run, start: float, command: str | None) -> dict[str, Any]:
         history.append(
             metrics.evaluate(accelerator, run.model, run.eval_loader, run.cfg, run.step, False)
         )  # max_steps=0
-    wall = time.perf_counter() - start
+    wall = clock() - start
     total_tokens = accelerator.reduce(run.tokens.clone(), "sum").item()  # cost: one sync at the end
     run_tokens = total_tokens - float(state.get("tokens", 0.0)) * accelerator.num_processes  # this session's
     summary = {
@@ -563,7 +570,7 @@ def stopped_summary(accelerator: Any, cfg: TrainConfig, step: int, history: list
     """A run that reached its time budget: its checkpoint, and how to go on."""
 
     total = accelerator.reduce(tokens.clone(), "sum").item()
-    wall = time.perf_counter() - budget.started
+    wall = clock() - budget.started
     run_tokens = total - float(state.get("tokens", 0.0)) * accelerator.num_processes
     summary = {
         "steps": step,

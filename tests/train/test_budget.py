@@ -16,7 +16,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(loop.time, "perf_counter", c)
+    monkeypatch.setattr(loop, "clock", c)
     return c
 
 

@@ -349,7 +349,9 @@ def test_dry_run_says_the_real_run_would_fail_without_its_data(tmp_path, capsys)
     )
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 2  # as the real run would fail
     captured = capsys.readouterr()
-    assert f"distilled data {tmp_path / 'nodata'} does not exist" in json.loads(captured.out)["missing_data"][0]
+    assert (
+        f"distilled data {tmp_path / 'nodata'} does not exist" in json.loads(captured.out)["missing_data"][0]
+    )
     assert "error: the real run would refuse this recipe: distilled data" in captured.err
 
 
@@ -423,7 +425,9 @@ def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, 
     assert main(["train", "--recipe", str(recipe), "--dry-run"]) == 2
     captured = capsys.readouterr()
     plan = json.loads(captured.out)
-    assert plan["missing_data"] == ["no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"]
+    assert plan["missing_data"] == [
+        "no training data: data.path is empty (fix: set data.path=DIR, a `headstart distill` output)"
+    ]
     assert "no training data: data.path is empty" in captured.err
     assert plan["output_problems"] == [] and not (tmp_path / "new").exists()
 
@@ -433,7 +437,10 @@ def test_dry_run_says_what_the_real_run_refuses_about_data_and_output(tmp_path, 
     [
         (["head.num_layers=99"], "a draft model needs fewer layers than the target's 30"),
         (["head.draft_from={sibling}", "head.num_layers=2"], "head.num_layers and head.draft_from both set"),
-        (["head.kind=eagle3", "head.feature_layers=[2,40,50]"], "layer ids [40, 50] out of range for a target with 30 layers"),
+        (
+            ["head.kind=eagle3", "head.feature_layers=[2,40,50]"],
+            "layer ids [40, 50] out of range for a target with 30 layers",
+        ),
         (["head.draft_vocab_size=100000", "head.kind=eagle3"], "exceeds the target vocabulary (49152)"),
         (["init_from={nothing}"], "is not a saved head (no config.json)"),
     ],

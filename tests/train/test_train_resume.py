@@ -72,7 +72,18 @@ def test_sigkill_then_resume_matches_uninterrupted(tiny_llama, tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path):
+class Ticking:
+    """A clock that moves 10 ms at every reading: a run's steps take time, the same on any machine."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path, monkeypatch):
     """`--time-budget`: each run stops cleanly before its budget with a checkpoint, and resumed
     budgeted runs give the weights and losses of one uninterrupted run (the GPU's ~10-minute loans)."""
     sys.path.insert(0, str(RUNNER.parent))
@@ -80,6 +91,7 @@ def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path):
 
     from headstart.config import load_config
     from headstart.targets import load_target
+    from headstart.train import loop
     from headstart.train.config import TrainConfig
     from headstart.train.loop import train
 
@@ -87,19 +99,20 @@ def test_time_budgeted_runs_end_where_one_run_ends(tiny_llama, tmp_path):
     data = self_distilled(target)
     base = [f"target={tiny_llama}", "trackers=[none]", *ARGS, "save_every=0", "max_steps=40"]
     torch.set_num_threads(1)
-    started = time.perf_counter()
+    clock = Ticking()  # the run's clock in steps of its own (headstart.train.loop.clock): no load decides
+    monkeypatch.setattr(loop, "clock", clock)
     ref = train(
         load_config(TrainConfig, None, [*base, f"output_dir={tmp_path / 'ref'}"]), data=data, target=target
     )
-    budget = max(1.0, 0.3 * (time.perf_counter() - started))  # about a third of the run, on any machine
+    budget = round(0.3 * (clock.now - 1000.0), 2)  # about a third of the run
     pieces = []
     for run in range(200):
         cfg = load_config(
             TrainConfig, None, [*base, f"output_dir={tmp_path / 'cut'}", f"time_budget_s={budget}"]
         )
-        started = time.perf_counter()
+        clock.now = started = 1000.0
         summary = train(cfg, data=data, target=target, resume=run > 0)
-        assert time.perf_counter() - started < budget + 0.5  # stopped before its budget (+ clock slack)
+        assert clock.now - started <= budget  # stopped before its budget
         pieces.append(summary["steps"])
         if "stopped" not in summary:
             break
