@@ -152,6 +152,7 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
     the draft even then: the user asked for that draft, and is told plain decoding is faster."""
     import math
 
+    from headstart.inference.verify_cost import PAY_MARGIN
     from headstart.tuned import draft_tune_file, save_draft_tune, save_tuned, tuned_file
 
     def kept_file() -> Path:
@@ -201,14 +202,21 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
             f"(paired per-prompt gap under 2 standard errors over {report['calibration_prompts']} prompts); "
             "more calibration prompts (--prompts FILE --limit N) or a quieter machine would separate them"
         )
+    best = report["candidates"][0]
+    bound = best["tau"] <= best.get("floor", 0.0)  # its tau cannot pay for its verify, whatever the clock
     if dry_run:
         print(f"best: {report['tree']} (not stored: --dry-run)")
-    elif (
-        plain and plain["speedup"] < 1.0 and heads is not None
-    ):  # a stored tree is what generate and serve decode with
+    elif heads is not None and (bound or (plain and plain["speedup"] < 1.0)):
+        # a stored tree is what generate and serve decode with
         kept = kept_file()
+        why = (
+            f"commits {best['tau']:.2f} tokens a round where its verify alone costs "
+            f"{best['floor'] / (1 + PAY_MARGIN):.2f} plain steps"
+            if bound
+            else f"runs at {plain['speedup']:.2f}x plain decoding"  # type: ignore[index]
+        )
         print(
-            f"best: {report['tree']} runs at {plain['speedup']:.2f}x plain decoding: not stored "
+            f"best: {report['tree']} {why}: not stored "
             + (f"({kept} is kept as it was)" if kept.is_file() else "(no tree stored)")
             + "; decode with --no-heads on this hardware, or train heads that accept more"
         )

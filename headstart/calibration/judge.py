@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MARGIN = 0.03
-"""A tree must beat plain decoding by more than this share (and its bound by as much) to be used."""
+from headstart.inference.verify_cost import PAY_MARGIN as MARGIN  # beat plain by more than this share
+
 SPREAD = 2.0
 """How many standard errors of its paired gap a tree's win (or loss) must clear."""
 MIN_PAIRS = 3
@@ -56,11 +56,11 @@ class Measurement:
         return sum(r.committed for r in runs) / steps if steps else 1.0
 
     def floor(self, tree: str) -> float:
-        """The tau the tree must beat: its verify's cost in plain steps (at least 1: a round is at
-        least one target forward), with the margin."""
-        one, mine = self.verify_ms.get(1), self.verify_ms.get(self.nodes.get(tree, 1))
-        cost = mine / one if one and mine else 1.0
-        return max(1.0, cost) * (1 + MARGIN)
+        """The tau the tree must beat: its verify's cost in plain steps, with the margin
+        (inference.verify_cost.tau_floor)."""
+        from headstart.inference.verify_cost import tau_floor
+
+        return tau_floor(self.verify_ms, self.nodes.get(tree, 1), MARGIN)
 
     def gap(self, tree: str) -> tuple[float, float, int]:
         """(mean log speed ratio tree / plain over the pairs, its standard error, pairs)."""

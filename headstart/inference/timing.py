@@ -11,6 +11,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from headstart.inference.verify_cost import PAY_MARGIN, tau_floor, verify_cost_ms
+
 CALIBRATION_PROMPTS = (
     # Generic, not from any benchmark: the tuner must not be fitted on MT-bench or HumanEval.
     "Write a short email to a colleague asking to move our meeting to Friday.",
@@ -69,10 +71,15 @@ def _measure(
     import torch
 
     from headstart.hardware import machine
-    from headstart.inference.verify_cost import verify_cost_ms
 
     totals, reference = _decode_all(target, decoders, candidates, prompts, max_new_tokens, prune, plain)
     results, within_noise = _ranked(totals)
+    nodes = {spec: int(getattr(decoder, "verify_nodes", 1)) for spec, decoder in decoders.items()}
+    costs = verify_cost_ms(target, sorted({1, 2, 4, 8, 16, 32, 64} | set(nodes.values())))
+    fastest = verify_cost_ms(target, sorted({1} | set(nodes.values())), context=64, pick=min)
+    for row in results:  # the cost bound (calibration/judge.py): a tau at or below it cannot pay
+        row["nodes"] = nodes[row["tree"]]
+        row["floor"] = round(tau_floor(fastest, row["nodes"], PAY_MARGIN), 3)
     over_plain = None
     if plain is not None:
         gap, se = paired_gap(
@@ -95,7 +102,7 @@ def _measure(
         "calibration_prompts": len(prompts),
         "max_new_tokens": max_new_tokens,
         "candidates": results,
-        "verify_cost_ms": {str(n): round(ms, 2) for n, ms in verify_cost_ms(target).items()},
+        "verify_cost_ms": {str(n): round(ms, 2) for n, ms in costs.items()},
     }
 
 

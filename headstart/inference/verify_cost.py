@@ -54,3 +54,18 @@ def verify_cost_ms(
             truncate(cache, context)  # keep the context fixed at `context`
         costs[n] = 1000 * pick(times[1:])
     return costs
+
+
+PAY_MARGIN = 0.03
+"""The share by which a tree must beat plain decoding, and its tau its verify's cost, to be used
+(headstart.calibration.judge and `headstart tune` both)."""
+
+
+def tau_floor(verify_ms: dict[int, float], nodes: int, margin: float) -> float:
+    """The tau a tree of `nodes` verify nodes must beat to pay at all: a round commits tau tokens
+    and costs at least its verify forward, verify_ms[nodes] / verify_ms[1] plain steps (at least
+    one: a round is one target forward or more), plus `margin`. The drafts cost more on top; this
+    is the part no clock noise can move when the timings are each the fastest of several repeats."""
+    one, mine = verify_ms.get(1), verify_ms.get(nodes)
+    cost = mine / one if one and mine else 1.0
+    return max(1.0, cost) * (1 + margin)

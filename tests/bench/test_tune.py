@@ -166,8 +166,9 @@ def test_tuning_shipped_or_read_only_heads_writes_to_the_user_cache(tmp_path, mo
 
 
 def test_tune_never_stores_a_tree_slower_than_plain_decoding(tiny_llama, tmp_path, capsys):
-    """Random heads on a tiny target cost more than they save (real timings): the best tree is
-    reported, not stored, and a tree stored before is kept as it was."""
+    """Random heads on a tiny target cannot pay for their verify (their tau ~1.0 is counted, not
+    timed: the cost bound, whatever the clock says on a loaded machine): the best tree is reported,
+    not stored, and a tree stored before is kept as it was."""
     from headstart.heads import HeadSpec, build_head
     from headstart.targets import load_target
 
@@ -179,7 +180,7 @@ def test_tune_never_stores_a_tree_slower_than_plain_decoding(tiny_llama, tmp_pat
             "--candidates", "chain:1;chain:3"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "x plain decoding: not stored" in out and "is kept as it was" in out, out
+    assert "plain steps: not stored" in out and "is kept as it was" in out, out  # the bound: no clock decides
     assert (heads / TUNED_FILE).read_text() == earlier
 
 
