@@ -16,3 +16,4 @@ register(HeadKind("draft_model", {"fc": "headstart.heads.draft:DraftLM"}, "heads
 # drafters with nothing to train, named by --draft-model (a model path or Hub id is none of them)
 register_draft(DraftKind("lookahead", "headstart.inference.drafters.lookahead:load", "headstart.inference.drafters.lookahead:tune_candidates", "headstart.inference.drafters.lookahead:default_spec", "lookahead", own_tree=True, check="headstart.inference.trees.lookahead:parse_lookahead"))  # fmt: skip
 register_draft(DraftKind("early-exit", "headstart.drafts:load_early_exit", "headstart.drafts:exit_candidates", "headstart.drafts:default_exit", "early_exit"))  # fmt: skip
+register_draft(DraftKind("replay", "headstart.inference.drafters.replay:load", "headstart.inference.drafters.replay:tune_candidates", "headstart.inference.drafters.replay:default_spec", "replay", check="headstart.inference.drafters.replay:parse_replay"))  # fmt: skip

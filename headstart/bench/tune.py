@@ -152,7 +152,6 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
     the draft even then: the user asked for that draft, and is told plain decoding is faster."""
     import math
 
-    from headstart.inference.verify_cost import PAY_MARGIN
     from headstart.tuned import draft_tune_file, save_draft_tune, save_tuned, tuned_file
 
     def kept_file() -> Path:
@@ -209,14 +208,8 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
     elif heads is not None and (bound or (plain and plain["speedup"] < 1.0)):
         # a stored tree is what generate and serve decode with
         kept = kept_file()
-        why = (
-            f"commits {best['tau']:.2f} tokens a round where its verify alone costs "
-            f"{best['floor'] / (1 + PAY_MARGIN):.2f} plain steps"
-            if bound
-            else f"runs at {plain['speedup']:.2f}x plain decoding"  # type: ignore[index]
-        )
         print(
-            f"best: {report['tree']} {why}: not stored "
+            f"best: {report['tree']} {_why_not(best, plain, bound)}: not stored "
             + (f"({kept} is kept as it was)" if kept.is_file() else "(no tree stored)")
             + "; decode with --no-heads on this hardware, or train heads that accept more"
         )
@@ -227,3 +220,13 @@ def conclude(report: dict[str, Any], heads: str | None, dry_run: bool, target: A
             else ""
         )
         print(f"best: {report['tree']} -> stored in {store()}{slower}")
+
+
+def _why_not(best: dict[str, Any], plain: dict[str, Any] | None, bound: bool) -> str:
+    """Why the best tree is not stored, in words: the cost bound, or plain decoding is faster."""
+    from headstart.inference.verify_cost import PAY_MARGIN
+
+    if bound:
+        return (f"commits {best['tau']:.2f} tokens a round where its verify alone costs "
+                f"{best['floor'] / (1 + PAY_MARGIN):.2f} plain steps")  # fmt: skip
+    return f"runs at {plain['speedup']:.2f}x plain decoding"  # type: ignore[index]

@@ -362,7 +362,17 @@ def test_a_server_drafting_with_a_draft_model_answers_as_the_target(tiny_llama, 
 
     target = load_target(str(tiny_llama))
     srv = Server(
-        tiny_llama, None, tmp_path, "--draft-model", spec, "--max-batch", "4", "--speculate-up-to", "1000"
+        tiny_llama,
+        None,
+        tmp_path,
+        "--draft-model",
+        spec,
+        "--max-batch",
+        "4",
+        "--speculate-up-to",
+        "1000",
+        "--speculate",
+        "always",
     )
     try:
         client = srv.client()
