@@ -89,6 +89,13 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(m.get('over_plain'))} | {_fmt(m['tau'])} "
                 f"| {_fmt(m['tokens_per_forward'])} | {_fmt(m['identical_fraction'])} |"
             )
+    rounds = {name: m["round"] for name, m in report["methods"].items() if m.get("round")}
+    if rounds:
+        lines += ["", f"A steady-state round, one extra prompt (--compile {cfg.get('compile', 'auto')}): "
+                  "host reads, calls into compiled code, eager aten ops outside it, ms.", "",
+                  "| method | host reads | compiled calls | eager ops | ms |", "|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [f"| {name} | {r['host_reads']} | {r['compiled_calls']} | {r['eager_ops']} | {r['ms']} |"
+                  for name, r in rounds.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

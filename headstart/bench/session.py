@@ -141,7 +141,8 @@ def nothing_to_resume(args: argparse.Namespace) -> int:
              [f"{label}={path}" for label, path in shipped_heads(args.target).items()]}  # fmt: skip
     asked = {"target": args.target, "questions": args.questions, "turns": args.turns, "shard": args.shard,
              "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "limit": args.limit,
-             "heads": heads, "methods": [*_baselines(args.baselines), *heads, *_drafts(args)]}  # fmt: skip
+             "heads": heads, "methods": [*_baselines(args.baselines), *heads, *_drafts(args)],
+             "compile": getattr(args, "compile", "auto")}  # fmt: skip
     if _drafts(args):
         asked["drafts"] = _drafts(args)
     from headstart.provenance import portable
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
     questions = select_shard(every, args.shard)
     target = load_target()
     torch.manual_seed(args.seed)
-    methods, trees, heads, drafts = _methods(args, target, sampling, baselines)
+    methods, trees, heads, drafts, decoders = _methods(args, target, sampling, baselines)
     prompt = turn_prompt(target, args.max_new_tokens)
     for question in questions:
         prompt(question, [])  # first turns too long for the context fail before any measurement
@@ -304,6 +305,7 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
         "num_prompts": sum(len(q.turns) for q in questions),  # (question, turn) prompts
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
+        "compile": getattr(args, "compile", "auto"),
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
@@ -322,19 +324,38 @@ def run(args: argparse.Namespace, load_target: Any) -> int:
             _remove_run(out, created)
         raise
     report = build_report(config, records, greedy=sampling.greedy)
+    add_rounds(report, decoders, target, sampling)
     write_report(report, out)
     (out / RUN_CONFIG).unlink(missing_ok=True)
     print((out / "report.md").read_text())
     return 0
 
 
-def _methods(args: argparse.Namespace, target: Any, sampling: Any,
-             baselines: list[str]) -> tuple[dict[str, Any], dict[str, str], dict[str, str], dict[str, str]]:  # fmt: skip
+def add_rounds(report: dict[str, Any], decoders: dict[str, Any], target: Any, sampling: Any) -> None:
+    """Each drafting method's steady-state round, counted on one extra prompt (not a measured
+    one): host reads, compiled calls, eager ops, ms (inference/rounds.py), as report.json's
+    methods[NAME]["round"]."""
+    from headstart.inference.rounds import measure_rounds
+    from headstart.inference.timing import CALIBRATION_PROMPTS
+
+    prompt = target.chat.user_prompt_ids(CALIBRATION_PROMPTS[1])
+    for name, decoder in decoders.items():
+        if name in report["methods"]:
+            report["methods"][name]["round"] = measure_rounds(decoder, prompt, sampling)
+
+
+def _methods(args: argparse.Namespace, target: Any, sampling: Any, baselines: list[str]
+             ) -> tuple[dict[str, Any], dict[str, str], dict[str, str], dict[str, str], dict[str, Any]]:  # fmt: skip
     """The methods to measure, in order (baselines, heads, draft models) -> (methods, each
-    drafting method's tree, {headstart:LABEL: heads}, {draft:LABEL: draft})."""
+    drafting method's tree, {headstart:LABEL: heads}, {draft:LABEL: draft}, each drafting
+    method's decoder)."""
     from headstart.bench import methods as bench_methods
     from headstart.heads.defaults import shipped_heads
+    from headstart.inference.captured import wants_capture
     from headstart.speculator import load_speculator
+
+    compile = wants_capture(getattr(args, "compile", "auto"), target.device)
+    decoders: dict[str, Any] = {}
 
     methods = {"vanilla": bench_methods.vanilla(target, sampling)}
     if "pld" in baselines:
@@ -347,27 +368,33 @@ def _methods(args: argparse.Namespace, target: Any, sampling: Any,
         if name not in baselines:
             continue
         try:
-            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=kind.name)
+            speculator = load_speculator(
+                target, greedy=sampling.greedy, draft_model=kind.name, compile=compile
+            )
         except HeadstartError:  # a bare name no tune here completed (early exit's layer): its default
             spec = kinds.load(kind.default)(target)
-            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec)
+            speculator = load_speculator(target, greedy=sampling.greedy, draft_model=spec, compile=compile)
         methods[name] = bench_methods.speculative(speculator.decoder, sampling)
+        decoders[name] = speculator.decoder
         trees[name] = f"{speculator.heads.describe}, {speculator.tree.text}"
     heads_specs = args.heads or [f"{label}={path}" for label, path in shipped_heads(args.target).items()]
     heads = {}
     for spec in heads_specs:
         label, name = _label(spec)
         # resolved (a Hub id downloaded) and loaded once; the tree `headstart tune` stored, unless --tree
-        speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy)
+        speculator = load_speculator(target, name, args.tree, greedy=sampling.greedy, compile=compile)
         methods[f"headstart:{label}"] = bench_methods.speculative(speculator.decoder, sampling)
+        decoders[f"headstart:{label}"] = speculator.decoder
         trees[f"headstart:{label}"] = speculator.tree.text if speculator.tree else "static"
         heads[f"headstart:{label}"] = spec
     drafts = _drafts(args)
     for name, spec in drafts.items():
-        speculator = load_speculator(target, tree=args.tree, greedy=sampling.greedy, draft_model=spec)
+        speculator = load_speculator(target, tree=args.tree, greedy=sampling.greedy, draft_model=spec,
+                                     compile=compile)  # fmt: skip
         methods[name] = bench_methods.speculative(speculator.decoder, sampling)
+        decoders[name] = speculator.decoder
         trees[name] = speculator.tree.text if speculator.tree else "static"
-    return methods, trees, heads, drafts
+    return methods, trees, heads, drafts, decoders
 
 
 def _remove_run(out: Path, created: bool) -> None:

@@ -69,6 +69,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--warmup", type=int, default=1, help="prompts used to warm every method up")
     parser.add_argument(
+        "--compile",
+        choices=("off", "on", "auto"),
+        default="auto",
+        help="as generate's: each verify (and the drafters' steps) as compiled graphs, CUDA graphs on a GPU; "
+        "auto: on CUDA only (default)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the questions an interrupted run of the same command finished (in --output) and "

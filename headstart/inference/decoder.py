@@ -63,6 +63,7 @@ class SpeculativeDecoder:
         self.tree = choose_tree(tree).resolve(self.max_depth, drafted=heads is not None)
         self.typical = typical
         self.generator: Generator = None  # one for the batch, or one per row (engine.RowGenerators)
+        self.round_probe: Any = None  # inference/rounds.py's per-round hook while it measures
         # fp32 on CPU: weights packed for the verify's row count (a verify over 8 nodes costs
         # ~1.3-1.5x a 1-token forward instead of ~2.1x); None elsewhere. See targets/packing.py.
         self.packed = PackedLinears.for_model(target.model)

@@ -273,7 +273,13 @@ class Engine:
     @torch.no_grad()
     def step(self) -> list[Job]:
         """Drop cancelled rows, then one draft/verify/accept/commit over every live row; returns
-        the jobs that finished in it."""
+        the jobs that finished in it. A decoder's `round_probe` (inference/rounds.py, bench's
+        round figures) brackets the whole round."""
+        probe = getattr(self.decoder, "round_probe", None)
+        with probe.round() if probe is not None else contextlib.nullcontext():
+            return self._step()
+
+    def _step(self) -> list[Job]:
         done = self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done

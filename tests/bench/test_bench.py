@@ -242,7 +242,11 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     assert figures["prompts"] == 4  # 2 questions x 2 turns
     assert figures["identical_fraction"] == 1.0  # exact whatever the (random) draft, on both turns
     assert figures["tau"] is not None and figures["tau"] >= 1.0
+    rounds = figures["round"]  # one extra prompt's steady-state rounds, counted (inference/rounds.py)
+    assert rounds["max"]["host_reads"] == 1 and rounds["compiled_calls"] == 0 and rounds["eager_ops"] > 0
+    assert rounds["ms"] > 0 and report["config"]["compile"] == "auto"
     plain = report["methods"]["plain"]
+    assert "round" not in plain  # plain decoding runs no rounds of the engine
     assert plain["identical_fraction"] == 1.0 and plain["tau"] is None and plain["over_plain"] is None
     assert plain["target_forwards"] == plain["new_tokens"]  # one forward per token, prefill included
     over = figures["tokens_per_s"] / plain["tokens_per_s"]
