@@ -17,6 +17,11 @@ Sections (--sections, in this order; each skips itself when the time budget runs
            tree), each eager and captured; tok/s, ms per target forward,
            tau, and each method's tokens against `generate`'s. Methods are interleaved per
            question; one warm-up question (not timed) compiles the graphs first.
+  replay8b the loop at Llama-3.1-8B's shape (random weights, bf16) without trained heads: plain
+           captured decoding against the replay drafter (`--draft-model replay:accept=P`, the
+           target's own greedy continuation, each draft wrong with probability 1 - P) at P 0.6
+           and 0.8, chain 2, chain 4 and the 60-node tree: tau, each round's ms and counts (host
+           reads, compiled calls, eager ops), the round in plain steps (issue 68's goal: <= 1.3)
   serve    the serving load on the device: `headstart serve` on the same GGUF with the shipped
            heads and with --no-heads, each driven by scripts/bench_serve.py (the `openai` client,
            --serve-requests streamed greedy requests at concurrency 1, 4 and 8, --max-new-tokens
@@ -443,6 +448,73 @@ def section_serve(args: argparse.Namespace, report: Report) -> None:
         report.log(f"serve: exit {proc.returncode}: {text.strip()[-1500:]}")
 
 
+# ---- the loop at 8B shape: the replay drafter ------------------------------------------------------
+REPLAY_TREES = ("chain:2", "chain:4", "dynamic:depth=5,top_k=10,total_tokens=60")
+
+
+def section_replay8b(args: argparse.Namespace, report: Report) -> None:
+    """The round in plain steps without trained heads (issue 68): the random-weight target of
+    Llama-3.1-8B's shape (its output layer scaled x8: peaked logits, so greedy ties are rare),
+    plain captured decoding against `--draft-model replay:accept=P` (the target's own greedy
+    continuation, each draft wrong with probability 1 - P) at P 0.6 and 0.8 on chain 2, chain 4
+    and EAGLE's 60-node tree; per configuration: tau, the round's ms and counts
+    (inference/rounds.py), the round in plain steps, tokens/s over plain."""
+    import types
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headstart.inference.decoder import SpeculativeDecoder
+    from headstart.inference.drafters.replay import Replay, ReplaySpec
+    from headstart.inference.plain import SamplingConfig
+    from headstart.inference.rounds import measure_rounds
+    from headstart.targets.load import Target
+
+    need = 60 + 40 * (1 + 2 * len(REPLAY_TREES))
+    if report.left() < need and not args.dry_run:
+        report.log(f"replay8b: skipped (time: {report.left():.0f} s left, ~{need} s needed)")
+        return
+    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    shape = TINY if args.dry_run else LLAMA_8B
+    torch.set_default_dtype(dtype)
+    with torch.device(args.device):
+        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False, attn_implementation="sdpa"))
+    torch.set_default_dtype(torch.float32)
+    model.eval().requires_grad_(False)
+    model.get_output_embeddings().weight.mul_(8.0)
+    stub = types.SimpleNamespace(pad_token_id=0, eos_token_id=None)  # ids in, ids out: no text
+    target = Target(model=model, tokenizer=stub, chat=None, spec="random-llama-8b-shape", fingerprint={},
+                    load_s=0.0, eos_token_ids=())  # fmt: skip
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
+    prompt = torch.randint(0, shape["vocab_size"], (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    compile = args.device == "cuda" or args.dry_run
+
+    def build(heads: Any, tree: str | None) -> Any:
+        return SpeculativeDecoder(target, heads, tree=tree, compile=compile, compile_backend=args.backend)
+
+    plain = measure_rounds(build(None, None), prompt, sampling)
+    report.put("replay8b", "plain_captured", plain)
+    report.log(f"replay8b: plain step {plain and plain['ms']} ms")
+    for accept in (0.6, 0.8):
+        for tree in REPLAY_TREES:
+            if report.left() < 45 and not args.dry_run:
+                report.log("replay8b: stopped (time)")
+                return
+            replay = Replay(target, ReplaySpec(accept=accept, horizon=args.max_new_tokens + 16))
+            decoder = build(replay, tree)
+            out = decoder.generate([prompt], sampling=sampling, eos_token_id=None)
+            figures = measure_rounds(decoder, prompt, sampling) or {}
+            row = {"tau": round(out.stats.tau, 3), **figures}
+            if plain and figures:
+                row["round_in_plain_steps"] = round(figures["ms"] / plain["ms"], 3)
+                row["over_plain"] = round(row["tau"] * plain["ms"] / figures["ms"], 3)
+            report.put("replay8b", f"P{accept}_{tree}", row)
+            report.log(f"replay8b: P {accept} {tree}: {row}")
+    del model, target
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -454,6 +526,7 @@ SECTIONS = {
     "pytest": section_pytest,
     "shape8b": section_shape8b,
     "smollm2": section_smollm2,
+    "replay8b": section_replay8b,
     "serve": section_serve,
 }
 

@@ -31,7 +31,9 @@
 # --profile: OUT/profile.txt, the engine's draft/verify/accept/commit ranges per target forward and
 # the costliest ops), to see where an EAGLE-3 round's 16-19 ms go against a plain captured step's
 # 4.7 (the fp32 report: 0.64-0.70x plain captured); the window then trains for what is left.
-# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
+# DECODE_SECTIONS=replay8b,smollm2 adds the loop at 8B shape with the replay drafter first (the
+# round in plain steps at P 0.6/0.8, chain 2/4 and the 60-node tree: issue 68's baseline; ~5 min).
+# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
 # DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
 #   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on \
@@ -78,7 +80,7 @@ device() {
   local profile=()
   [[ ${PROFILE:-0} == 1 ]] && profile=(--profile --num-questions 3) && DECODE=on
   if decode_wanted; then
-    timeout -k 10 "$DECODE_S" python3 scripts/gpu/check.py --out "$OUT" --sections smollm2 --target "$target" \
+    timeout -k 10 "$DECODE_S" python3 scripts/gpu/check.py --out "$OUT" --sections "${DECODE_SECTIONS:-smollm2}" --target "$target" \
       --budget "$(( DECODE_S - 15 ))" --methods "$METHODS" --dtype "$DECODE_DTYPE" "${profile[@]}" "${dry[@]}" \
       > runs/decode.log 2>&1 || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
     grep -E "question|warm-up|FAILED|stopped|skipped|profile" runs/decode.log | tail -n 16 || true
