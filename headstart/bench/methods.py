@@ -27,6 +27,8 @@ class Run:
     wall_s: float
     accept_lengths: list[int] = field(default_factory=list)
     """Tokens committed per target forward (speculative methods only; bonus token included)."""
+    by_position: dict[str, list[int]] = field(default_factory=dict)
+    """Per context bucket: [rounds, tokens committed, rounds that accepted a draft] (DecodeStats)."""
 
 
 class ForwardCounter:
@@ -109,6 +111,7 @@ def speculative(decoder: Any, sampling: SamplingConfig) -> Method:
             target_forwards=out.stats.target_forwards,
             wall_s=out.stats.wall_s,
             accept_lengths=lengths,
+            by_position={name: list(counts) for name, counts in out.stats.by_position.items()},
         )
 
     return run

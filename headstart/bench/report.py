@@ -30,7 +30,25 @@ def build_report(config: dict[str, Any], records: list[Record], greedy: bool) ->
             for name in dict.fromkeys(r.method for r in records)
             if is_drafting(name)
         },
+        "by_position": {
+            name: by_position(records, name)
+            for name in dict.fromkeys(r.method for r in records)
+            if is_drafting(name)
+        },  # fmt: skip
     }
+
+
+def by_position(records: list[Record], method: str) -> dict[str, dict[str, float | int]]:
+    """`method`'s acceptance per context bucket (tau and first-draft rate), over its records."""
+    from headstart.inference.results import by_position_figures
+
+    counts: dict[str, list[int]] = {}
+    for record in records:
+        if record.method == method:
+            for name, (rounds, committed, accepted) in record.by_position.items():
+                total = counts.setdefault(name, [0, 0, 0])
+                total[0], total[1], total[2] = total[0] + rounds, total[1] + committed, total[2] + accepted
+    return by_position_figures(counts)
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -89,6 +107,15 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_fmt(m.get('over_plain'))} | {_fmt(m['tau'])} "
                 f"| {_fmt(m['tokens_per_forward'])} | {_fmt(m['identical_fraction'])} |"
             )
+    positions = {name: rows for name, rows in report.get("by_position", {}).items() if rows}
+    if positions:
+        buckets = list(dict.fromkeys(b for rows in positions.values() for b in rows))
+        lines += ["", "Acceptance by the round's context position: tau (bonus included) / first-draft rate "
+                  "(rounds).", "", "| method | " + " | ".join(buckets) + " |", "|---|" + "---:|" * len(buckets)]  # fmt: skip
+        for name, rows in positions.items():
+            cells = [f"{rows[b]['tau']:.2f} / {rows[b]['first_draft_rate']:.2f} ({rows[b]['rounds']})" if b in rows
+                     else "-" for b in buckets]  # fmt: skip
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     rounds = {name: m["round"] for name, m in report["methods"].items() if m.get("round")}
     if rounds:
         lines += ["", f"A steady-state round, one extra prompt (--compile {cfg.get('compile', 'auto')}): "
@@ -124,6 +151,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     paths.append(out / "speedup_by_category.png")
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
+    paths += _plot_by_position(report, out, plt)
     hist = report["accept_length_histogram"]
     if hist:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -138,6 +166,24 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(paths[-1], dpi=100)
         plt.close(fig)
     return paths
+
+
+def _plot_by_position(report: dict[str, Any], out: Path, plt: Any) -> list[Path]:
+    """accept_by_position.png: tau per context bucket, a line per drafting method."""
+    rows = {name: figures for name, figures in report.get("by_position", {}).items() if figures}
+    if not rows:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, figures in rows.items():
+        ax.plot(list(figures), [f["tau"] for f in figures.values()], marker="o", label=name)
+    ax.set_xlabel("context position of the round (tokens)")
+    ax.set_ylabel("tau (tokens per round, bonus included)")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "accept_by_position.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class Record:
     target_forwards: int
     wall_s: float
     accept_lengths: list[int]
+    by_position: dict[str, list[int]] = field(default_factory=dict)  # records from before it: none
 
     @classmethod
     def of(cls, question: Question, turn: int, method: str, run: Run) -> Record:
@@ -51,6 +52,7 @@ class Record:
             run.target_forwards,
             run.wall_s,
             run.accept_lengths,
+            run.by_position,
         )
 
 

@@ -32,7 +32,7 @@ from headstart.inference.pending import Deferred, PendingObservations
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import PrefillAborted, prepare_prompts
-from headstart.inference.results import DecodeState, DecodeStats
+from headstart.inference.results import DecodeState, DecodeStats, position_bucket
 from headstart.inference.sampling import RowGenerators
 from headstart.inference.stops import StopRule
 
@@ -330,6 +330,10 @@ class Engine:
                 self.stats.row_steps += 1
                 self.stats.committed += len(new)
                 self.stats.accept_lengths[count] += 1
+                bucket = self.stats.by_position.setdefault(
+                    position_bucket(len(job.prompt) + before), [0, 0, 0]
+                )
+                bucket[0], bucket[1], bucket[2] = bucket[0] + 1, bucket[1] + count, bucket[2] + (count > 1)
             if new and job.first_token_s is None:
                 job.first_token_s = now
             if new and job.on_tokens is not None:

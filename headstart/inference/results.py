@@ -29,6 +29,26 @@ class DecodeState:
         self.rows = [self.rows[i] for i in (live if live is not None else keep.tolist())]
 
 
+POSITION_BUCKETS = ((256, "0-256"), (512, "256-512"), (1024, "512-1k"), (2048, "1k-2k"))
+"""Context buckets of acceptance by position (upper bound, name); past the last: "2k+"."""
+
+
+def position_bucket(position: int) -> str:
+    """The bucket of a round whose root sits at `position` (the context's length before it)."""
+    return next((name for bound, name in POSITION_BUCKETS if position < bound), "2k+")
+
+
+def by_position_figures(counts: dict[str, list[int]]) -> dict[str, dict[str, float | int]]:
+    """{bucket: {"rounds", "tau", "first_draft_rate"}} in bucket order, from [rounds, committed,
+    accepted] counts (tau: tokens committed per round, bonus included)."""
+    order = [name for _, name in POSITION_BUCKETS] + ["2k+"]
+    return {
+        name: {"rounds": counts[name][0], "tau": round(counts[name][1] / counts[name][0], 3),
+               "first_draft_rate": round(counts[name][2] / counts[name][0], 3)}
+        for name in order if name in counts and counts[name][0]
+    }  # fmt: skip
+
+
 @dataclass
 class DecodeStats:
     """tau = mean tokens committed per verify forward of a row, the bonus token INCLUDED
@@ -46,6 +66,10 @@ class DecodeStats:
     per_row_tokens: list[int] = field(default_factory=list)  # new tokens of each prompt, in order
     per_row_steps: list[int] = field(default_factory=list)  # verify forwards each prompt took part in
     per_row_committed: list[int] = field(default_factory=list)  # tokens those forwards committed
+    by_position: dict[str, list[int]] = field(default_factory=dict)
+    """Per context bucket (POSITION_BUCKETS: where the round's root sat), [rounds, tokens the
+    verify accepted (bonus included, before stops: as tau's accept lengths), rounds that accepted a
+    draft]: where a head stops paying (bounded: five buckets)."""
 
     def __post_init__(self) -> None:
         for name in ("per_row_tokens", "per_row_steps", "per_row_committed"):

@@ -247,6 +247,14 @@ def test_bench_with_heads_is_identical_and_reports_tau(tiny_llama, tmp_path, kin
     assert rounds["ms"] > 0 and report["config"]["compile"] == "auto"
     plain = report["methods"]["plain"]
     assert "round" not in plain  # plain decoding runs no rounds of the engine
+    positions = report["by_position"]["headstart:rnd"]  # every round of both turns, by context bucket
+    assert list(positions) == ["0-256"] and positions["0-256"]["rounds"] == sum(
+        len(json.loads(line)["accept_lengths"]) for line in (out / "outputs.jsonl").read_text().splitlines()
+        if json.loads(line)["method"] == "headstart:rnd"
+    )  # fmt: skip
+    assert positions["0-256"]["tau"] == pytest.approx(figures["tau"], abs=0.01)
+    assert "Acceptance by the round's context position" in (out / "report.md").read_text()
+    assert "plain" not in report["by_position"]
     assert plain["identical_fraction"] == 1.0 and plain["tau"] is None and plain["over_plain"] is None
     assert plain["target_forwards"] == plain["new_tokens"]  # one forward per token, prefill included
     over = figures["tokens_per_s"] / plain["tokens_per_s"]
