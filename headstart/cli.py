@@ -97,18 +97,13 @@ def console() -> int:
     here, not in `main`: a process that imported torch already (tests, notebooks) keeps its own."""
     import os
 
-    global SHARING
     argv = sys.argv[1:]
     asks_help = not argv or any(a in ("-h", "--help", "--version") for a in argv)
     if os.environ.get("HEADSTART_SHARE_MACHINE", "1") != "0" and not asks_help and "torch" not in sys.modules:
         from headstart.hardware import share_machine
 
-        SHARING = share_machine(threads_given=any(a.split("=")[0] == "--threads" for a in argv))
+        share_machine(threads_given=any(a.split("=")[0] == "--threads" for a in argv))
     return main()
-
-
-SHARING = None
-"""What `console` decided about threads (headstart.hardware.Sharing), said once a command runs."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,10 +194,6 @@ def _main(argv: list[str] | None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.overrides = [*args.overrides, *extra]
     configure(verbosity(args.quiet, args.verbose))
-    if SHARING is not None and SHARING.note():
-        import logging
-
-        logging.getLogger("headstart").warning(SHARING.note())
     if not getattr(args, "command", None):
         parser.print_help()
         return 2

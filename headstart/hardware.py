@@ -95,7 +95,22 @@ def share_machine(environ: Any = None, busy: float | None = None, threads_given:
     if load >= BUSY_CORE and not (env.get("OMP_WAIT_POLICY") or env.get("GOMP_SPINCOUNT")):
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         passive = True
-    return Sharing(cores=cores, busy=load, threads=threads, passive=passive)
+    global SHARED
+    SHARED = Sharing(cores=cores, busy=load, threads=threads, passive=passive)
+    return SHARED
+
+
+SHARED: Sharing | None = None
+"""What `share_machine` decided in this process (None: it did not run), said once by `say_sharing`."""
+
+
+def say_sharing(log: Any) -> None:
+    """The sharing note, once a process, when its work begins (a target has loaded), as an
+    information line (-q hides it): an error in the arguments stays one line."""
+    global SHARED
+    if SHARED is not None and SHARED.note():
+        log.info(SHARED.note())
+    SHARED = None
 
 
 def usable_cores() -> int:

@@ -204,12 +204,10 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
         write(tmp)
         for path in [tmp, *tmp.rglob("*")]:  # some writers (safetensors) make 0600 files
             normal_permissions(path)
-        written = [name for name in files_under(tmp) if name != LEFTOVER_MARK]
         if not dest.exists():  # an existing folder, even empty, keeps its own mode and owner
-            (tmp / LEFTOVER_MARK).unlink()  # renamed into place it is no leftover
             os.replace(tmp, dest)
         else:
-            _merge(tmp, dest, written, stale)
+            _merge(tmp, dest, files_under(tmp), stale)
     except OSError as err:
         raise HeadstartError(
             f"cannot write {dest}: {err.strerror or err}", "check the disk space and the permissions"
@@ -217,6 +215,8 @@ def publish_dir(dest: str | Path, write: Callable[[Path], Any], *, stale: Iterab
     finally:
         if tmp.exists():  # only this function's own temporary directory
             shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.exists():
+            unmark_leftover(tmp)
     return dest
 
 
@@ -279,13 +279,15 @@ def _merge(tmp: Path, dest: Path, names: list[str], stale: Iterable[str]) -> Non
                 f"cannot write {dest}, and putting its earlier files back failed ({err.strerror or err})",
                 f"they are in {aside}: move them back by hand",
             ) from None
-        (aside / LEFTOVER_MARK).unlink(missing_ok=True)
         for folder in [*reversed(made), *sorted(aside.rglob("*"), reverse=True), aside]:
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
+        if not aside.exists():
+            unmark_leftover(aside)
         raise
     # `aside` holds only the files moved there above: replaced ones and stale ones
     shutil.rmtree(aside, ignore_errors=True)
+    unmark_leftover(aside)
 
 
 ASIDE_PREFIX = ".headstart-old-"
@@ -298,9 +300,10 @@ def tmp_prefix(dest: Path) -> str:
 
 
 LEFTOVER_MARK = ".headstart-leftover"
-"""The file `publish_dir` puts in its temporary and aside folders, naming its process: a later run
-removes such a folder only when it holds this mark and that process is gone. A folder merely named
-like one (`.exp1.tmp-backup`) is the user's."""
+"""The suffix of the file `publish_dir` writes beside each temporary and aside folder it makes
+(`FOLDER.headstart-leftover`, naming its process; beside, not inside: a writer listing its folder
+never sees it): a later run removes such a folder only when its mark is there and that process
+is gone. A folder merely named like one (`.exp1.tmp-backup`) is the user's."""
 
 
 @dataclass
@@ -308,8 +311,16 @@ class Leftover:
     pid: int
 
 
+def _mark_of(folder: Path) -> Path:
+    return folder.with_name(folder.name + LEFTOVER_MARK)
+
+
 def mark_leftover(folder: Path) -> None:
-    (folder / LEFTOVER_MARK).write_text(json.dumps({"pid": os.getpid()}) + "\n")
+    _mark_of(folder).write_text(json.dumps({"pid": os.getpid()}) + "\n")
+
+
+def unmark_leftover(folder: Path) -> None:
+    _mark_of(folder).unlink(missing_ok=True)
 
 
 def _dead(folder: Path) -> bool:
@@ -317,10 +328,11 @@ def _dead(folder: Path) -> bool:
     names is gone (SIGKILL, a power cut). Unmarked, damaged or of a live process: left alone."""
     from headstart.records import DamagedFile, read_record
 
-    if folder.is_symlink() or not folder.is_dir() or not (folder / LEFTOVER_MARK).is_file():
+    mark = _mark_of(folder)
+    if folder.is_symlink() or not folder.is_dir() or mark.is_symlink() or not mark.is_file():
         return False
     try:
-        pid = read_record(folder / LEFTOVER_MARK, Leftover, fix="").pid
+        pid = read_record(mark, Leftover, fix="").pid
     except DamagedFile:
         return False
     try:
@@ -346,20 +358,20 @@ def clean_leftovers(dest: Path) -> list[str]:
         for tmp in parent.glob(f"{glob_escape(tmp_prefix(dest))}*"):
             if _dead(tmp):
                 shutil.rmtree(tmp, ignore_errors=True)
+                unmark_leftover(tmp)
                 done.append(f"removed {tmp} (the partial output of an interrupted run)")
     if dest.is_dir():
         for aside in dest.glob(f"{ASIDE_PREFIX}*"):
             if not _dead(aside):
                 continue
             for name in files_under(aside):
-                if name == LEFTOVER_MARK:
-                    continue
                 target = dest / name
                 if not target.exists() and not target.is_symlink() and _inside(dest, name):
                     target.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(aside / name, target)
                     done.append(f"put back {target} (an interrupted run had moved it aside)")
             shutil.rmtree(aside, ignore_errors=True)
+            unmark_leftover(aside)
             done.append(f"removed {aside} (an interrupted run's replaced files)")
     for line in done:
         logging.getLogger(__name__).warning("note: %s", line)

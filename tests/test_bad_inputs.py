@@ -455,7 +455,8 @@ def test_distill_keeps_finished_records_on_sigterm(tiny_llama, tmp_path):
     proc.wait(timeout=120)
     reader.join(timeout=10)
     err = b"".join(chunks).decode()
-    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
+    lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)
+             and not line.startswith("note: other processes keep")]  # a busy machine's information line  # fmt: skip
     assert proc.returncode == 130, err
     assert len(lines) == 1 and "distill interrupted:" in lines[0] and "rerun the same command" in lines[0], (
         err

@@ -152,7 +152,7 @@ def test_info_names_windowed_and_unverifiable_layers(tiny_root):
     from tiny import FAMILIES, make_target_dir
 
     from headstart.targets import load_target
-    from headstart.targets.describe import attention_summary
+    from headstart.targets.info import attention_summary
 
     gemma = load_target(
         str(make_target_dir(tiny_root, "gemma3_text", seed=11, **FAMILIES["gemma3_text"])), weights=False
@@ -197,7 +197,8 @@ def test_overrides_after_a_flag_join_the_recipe_overrides(tiny_llama, tmp_path, 
     """`train --recipe R a=1 --dry-run b=2`: argparse alone refuses b=2 (a positional list stops at
     the first flag); both apply, and a stray flag or a word without `=` is still refused."""
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(json.dumps({"target": str(tiny_llama), "head": {"kind": "medusa"},
+    (tmp_path / "data").mkdir()  # the dry run fails where the real run would: its data must be there
+    recipe.write_text(json.dumps({"target": str(tiny_llama), "head": {"kind": "medusa"}, "output_dir": str(tmp_path / "out"),
                                   "data": {"path": [str(tmp_path / "data")]}}))  # fmt: skip
     assert main(["train", "--recipe", str(recipe), "max_steps=3", "--dry-run", "batch_size=2"]) == 0
     plan = json.loads(capsys.readouterr().out)

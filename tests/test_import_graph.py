@@ -205,3 +205,32 @@ def test_no_module_asks_which_kind_of_tree_it_holds():
                 if named & trees:
                     found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_no_submodule_is_named_like_a_name_its_package_exports():
+    """`from headstart.targets import describe` gave the module headstart/targets/describe.py once
+    another command had imported it (importing a submodule sets the package's attribute), and a
+    distill refusal then raised TypeError: a package's exported names and its submodules differ."""
+    clashes = []
+    for init in PACKAGE.rglob("__init__.py"):
+        tree = ast.parse(init.read_text())
+        exported = {
+            alias.asname or alias.name
+            for node in tree.body
+            if isinstance(node, ast.ImportFrom)
+            for alias in node.names
+        }
+        submodules = {p.stem for p in init.parent.glob("*.py") if p.stem != "__init__"}
+        submodules |= {p.name for p in init.parent.iterdir() if (p / "__init__.py").is_file()}
+        for name in exported & submodules:
+            node = next(
+                n
+                for n in tree.body
+                if isinstance(n, ast.ImportFrom) and name in {a.asname or a.name for a in n.names}
+            )
+            if node.module not in (
+                module_name(init),
+                f"{module_name(init)}.{name}",
+            ):  # the submodule itself: fine
+                clashes.append(f"{module_name(init)}.{name}")
+    assert not clashes, clashes

@@ -240,7 +240,7 @@ def test_bench_writes_only_its_own_files(heads, tiny_llama, tmp_path):
     args = ["bench", "--target", str(tiny_llama), "--heads", str(heads), "--questions", str(questions),
             "--baselines", "vanilla", "--max-new-tokens", "4", "-q", "--output", str(out)]  # fmt: skip
     assert main(args) == 0
-    assert {p.name for p in out.iterdir()} <= {"report.json", "report.md", "outputs.jsonl", "speedup_by_category.png",
+    assert {p.name for p in out.iterdir()} <= {"report.json", "report.md", "outputs.jsonl", "speedup_by_category.png", "accept_by_position.png",
                                                "accept_lengths.png", ".headstart-bench"}  # fmt: skip
     finished = _tree(out)
     assert main(args) == 2 and _tree(out) == finished  # a finished run is never measured over

@@ -227,7 +227,11 @@ def test_a_folder_merely_named_like_a_leftover_is_the_users(tmp_path):
     (inner / "notes.txt").write_text("mine too")
     damaged = tmp_path / ".exp1.tmp-999999999-x"
     damaged.mkdir()
-    (damaged / ".headstart-leftover").write_text("not json")
+    (tmp_path / ".exp1.tmp-999999999-x.headstart-leftover").write_text("not json")
     publish_dir(out, _write({"a.txt": "2"}))
     assert (mine / "notes.txt").read_text() == "mine" and (inner / "notes.txt").read_text() == "mine too"
     assert damaged.is_dir() and (out / "a.txt").read_text() == "2"
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".headstart-old-1-backup",
+        "a.txt",
+    ]  # no mark left inside

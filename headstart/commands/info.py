@@ -33,7 +33,7 @@ def check_context(context: int, target: Any = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from headstart.targets.describe import describe
+    from headstart.targets.info import describe
 
     check_context(args.context)
     target = load_target_from_args(args)

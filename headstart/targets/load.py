@@ -225,10 +225,22 @@ def load_target(
     `chat_template`: a Jinja chat template, or a file holding one, replacing the tokenizer's
     (base models and many GGUF files have none). `weights=False`: config, tokenizer and identity
     only, the model on the meta device (for an API engine answering for a target too big to load)."""
-    from headstart.logs import libraries_to_stderr
+    import logging
+
+    from headstart.hardware import say_sharing
 
     template = read_chat_template(chat_template)  # before the load: a bad path fails in a second
     device = _device(device)  # likewise a device this machine lacks
+    target = _load_somewhere(spec, dtype, device, revision, template, chat_template, weights)
+    say_sharing(logging.getLogger("headstart"))  # loaded, the work begins: the threads a busy machine got
+    return target
+
+
+def _load_somewhere(spec: str, dtype: str, device: Any, revision: str | None, template: str | None,
+                    chat_template: str | None, weights: bool) -> Target:  # fmt: skip
+    """`_load` from a local path, or from the Hub (offline when it cannot be reached)."""
+    from headstart.logs import libraries_to_stderr
+
     with libraries_to_stderr():  # a library's notice on stdout would break a command's --json
         if resolve_spec(spec)[0] != "hub":
             return _load(spec, dtype, device, revision, template, chat_template, weights)

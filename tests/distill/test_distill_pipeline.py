@@ -310,11 +310,13 @@ def test_cached_features_match_a_direct_forward(distill_target, make_cfg, tmp_pa
 def test_one_writer_per_output_and_stale_temp_files_are_removed(tmp_path):
     from headstart.distill.store import data_dir, lock_output
 
-    stale = data_dir(tmp_path) / ".tmp-shard-00000.jsonl-abc"
+    stale = data_dir(tmp_path) / ".tmp-shard-00000.jsonl-abcd_123"  # atomic_write_bytes's temp name
     stale.parent.mkdir(parents=True)
     stale.write_text("half")
+    mine = data_dir(tmp_path) / ".tmp-my-notes"  # a user's hidden file is no leftover
+    mine.write_text("mine")
     first = lock_output(tmp_path)
-    assert not stale.exists()
+    assert not stale.exists() and mine.read_text() == "mine"
     with pytest.raises(HeadstartError, match="another `headstart distill`"):
         lock_output(tmp_path)
     first.close()

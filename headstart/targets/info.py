@@ -1,5 +1,7 @@
-"""What `headstart info` reports of a loaded target: its shape, attention layers, the CPU matmul
-path headstart's decoders take, and its single-token forward latency."""
+"""What `headstart info` reports of a loaded target (a module not named `describe`: importing it as
+headstart.targets.describe replaced the package's `describe` function, the fingerprint's words, with
+the module, and a later distill refusal raised TypeError): its shape, attention layers, the CPU
+matmul path headstart's decoders take, and its single-token forward latency."""
 
 from __future__ import annotations
 
