@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +46,34 @@ def stored_tune(heads_path: str | Path) -> dict[str, Any] | None:
     """The report `headstart tune` stored for the heads, if any: the newer of the user's cache
     copy (a tune of shipped or read-only heads) and the file next to them. Either may be the
     later tune: heads tuned while read-only, then again once writable, keep an older cache copy."""
+    from headstart.records import DamagedFile, parse_record, read_json
+
     found = [path for path in (user_tuned_file(heads_path), Path(heads_path) / TUNED_FILE) if path.is_file()]
     for path in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
         if path.is_file():  # neither for Hub ids: tune after downloading
             try:
-                stored = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as err:  # not JSON, not UTF-8
-                stored = err
-            if isinstance(stored, dict) and isinstance(stored.get("tree"), str):
+                stored = read_json(path, fix="")
+                parse_record(stored, StoredTune, path, fix="")  # the fields a run reads, typed
                 return stored
-            # an optimisation only: a damaged file must not stop decoding, but it is said
-            log.warning(
-                f"warning: {path} is damaged (not a tuned-tree report): ignored; rerun `headstart tune`"
-            )
+            except DamagedFile as err:  # an optimisation only: it must not stop decoding, but it is said
+                log.warning(f"warning: {path} is damaged ({err.why}): ignored; rerun `headstart tune`")
     return None
+
+
+@dataclass
+class StoredTune:
+    """The fields of `headstart tune`'s report a run reads back (the rest is for people)."""
+
+    tree: str
+    machine: str = ""
+    threads: int = 0
+    device: str = ""
+    over_plain: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        speedup = (self.over_plain or {}).get("speedup", 1.0)
+        if not isinstance(speedup, int | float) or isinstance(speedup, bool):
+            raise ValueError(f"'over_plain.speedup' is {speedup!r}, not a number")
 
 
 def tuned_tree(heads_path: str | Path) -> str | None:

@@ -379,7 +379,9 @@ def test_a_damaged_tuned_tree_is_said_and_ignored(work, tiny_llama, tmp_path, ca
         "--max-new-tokens",
         "4",
     ]
-    for content in (b"{bad", b"[1, 2]", b'{"tree": "foo"}', b"\xff\xfe"):
+    for content in (b"{bad", b"[1, 2]", b'{"tree": "foo"}', b"\xff\xfe", b'{"tree": null}', b'{"tree": 5}',
+                    b'{"tree": "chain:1", "threads": "two"}', b'{"tree": "chain:1", "over_plain": {"speedup": "fast"}}',
+                    b'{"tree": "[[9],[9,9]]"}'):  # fmt: skip
         (heads / "tuned_tree.json").write_bytes(content)
         capsys.readouterr()
         assert main(base) == 0
