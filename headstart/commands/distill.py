@@ -41,6 +41,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "concurrency": (int, "--engine openai: requests in flight (default 8)"),
     "batch_size": (int, "conversations in flight at once (default 64)"),
     "max_prompt_tokens": (int, "skip rows whose prompt is longer (default 1024)"),
+    "min_prompt_tokens": (int, "skip rows whose first prompt is shorter: a long-context set (default 0)"),
     "shard_size": (int, "records per shard (default 256)"),
     "feature_layers": (str, "with --cache-features: ids like 1,14,25, 'eagle3' or 'last' (default eagle3)"),
     "feature_dtype": (str, "float16 or bfloat16"),

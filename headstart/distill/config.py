@@ -122,6 +122,9 @@ class DistillConfig:
     generate engine: one left-padded batch). Memory: the KV cache of this many conversations."""
     max_prompt_tokens: int = 1024
     """Skip rows whose rendered prompt is longer; later turns past it end the conversation."""
+    min_prompt_tokens: int = 0
+    """Skip rows whose rendered first prompt is shorter (0 = none): a long-context set from a
+    source whose short rows another run already answered (e.g. 257 after a run at 256)."""
     shard_size: int = 256
     """Records per shard (a shard is also written after flush_seconds)."""
     flush_seconds: float = 120.0
@@ -157,6 +160,12 @@ class DistillConfig:
                 )
         if self.skip_rows < 0:
             raise HeadstartError(f"skip_rows must be >= 0, got {self.skip_rows}", "use skip_rows=0")
+        if not 0 <= self.min_prompt_tokens <= self.max_prompt_tokens:
+            raise HeadstartError(
+                f"--min-prompt-tokens must be in [0, --max-prompt-tokens ({self.max_prompt_tokens})], "
+                f"got {self.min_prompt_tokens}",
+                "use 0 for no lower bound, or raise --max-prompt-tokens",
+            )
         from headstart.config import check_threads
         from headstart.inference.plain import check_seed
 
@@ -194,6 +203,8 @@ class DistillConfig:
         )  # fmt: skip
         out: dict[str, object] = {k: getattr(self, k) for k in keys}
         out["feature_layers"] = self.feature_layers if self.cache_features else None
+        if self.min_prompt_tokens:  # only when set: outputs written before it still resume
+            out["min_prompt_tokens"] = self.min_prompt_tokens
         if self.chat_template is not None:  # only when set: outputs written before it still resume
             out["chat_template"] = self.chat_template
         if self.engine == "dataset":  # the data's replies, not the target's: never mixed in one dir

@@ -144,6 +144,9 @@ def make_plan(target: Target, cfg: DistillConfig, done: dict[int, str | None], q
         if length > cfg.max_prompt_tokens:
             skipped["too long for --max-prompt-tokens"] += 1
             continue
+        if length < cfg.min_prompt_tokens:
+            skipped["too short for --min-prompt-tokens"] += 1
+            continue
         plan.todo.append(Item(index, conv, system, source_id, length))
     else:
         plan.exhausted = len(plan.todo) < wanted
@@ -151,6 +154,6 @@ def make_plan(target: Target, cfg: DistillConfig, done: dict[int, str | None], q
         reasons = ", ".join(f"{k}: {v}" for k, v in skipped.most_common()) or "no rows"
         raise HeadstartError(
             f"the prompt set {cfg.prompts} has no usable row ({reasons})",
-            "check --prompts, --shape/--field and --max-prompt-tokens",
+            "check --prompts, --shape/--field and --max-prompt-tokens/--min-prompt-tokens",
         )
     return plan

@@ -348,6 +348,23 @@ def test_skip_rows_starts_later_in_the_source(distill_target, make_cfg, tmp_path
     assert users == ["Question 4", "Question 5"]
 
 
+def test_min_prompt_tokens_keeps_only_the_long_rows(distill_target, make_cfg, tmp_path):
+    """A long-context set from a source whose short rows another run answered: rows shorter than
+    the bound are skipped and counted; the bound is a setting of the data (a run into the folder
+    without it is refused), and one above --max-prompt-tokens is refused in one line."""
+    rows = [{"prompt": "short"}, {"prompt": "long " * 40}, {"prompt": "tiny"}, {"prompt": "longer " * 50}]
+    source = _write(tmp_path / "p.jsonl", rows)
+    summary = run_distill(
+        make_cfg(prompts=source, num=4, min_prompt_tokens=30), target=distill_target, quiet=True
+    )
+    assert summary["records_total"] == 2 and summary["skipped"] == {"too short for --min-prompt-tokens": 2}
+    assert sorted(row["index"] for row in load_distilled(tmp_path / "out")) == [1, 3]
+    with pytest.raises(HeadstartError, match="min_prompt_tokens|settings"):
+        run_distill(make_cfg(prompts=source, num=5), target=distill_target, quiet=True)
+    with pytest.raises(HeadstartError, match="--min-prompt-tokens must be in"):
+        make_cfg(prompts=source, min_prompt_tokens=200, max_prompt_tokens=100)
+
+
 def test_engines_write_the_same_greedy_conversations(distill_target, make_cfg, tmp_path):
     """Continuous batching (the default) and transformers' generate answer every turn of
     multi-turn rows alike; the record says which engine wrote it."""
