@@ -1,13 +1,22 @@
 """The one continuous speculative engine: requests join the running batch between steps and leave
-it when they stop, and every step is the decoder's [draft -> verify -> accept -> commit] over all
-live rows in ONE target forward. `SpeculativeDecoder.generate` runs it with every prompt admitted
-at once; `headstart serve` admits requests as they arrive.
+it when they stop, and every step is the round's [draft -> verify -> accept -> commit]
+(inference/steps.py) over all live rows in ONE target forward. The batch's state lives here: the
+rows (`DecodeState`), their jobs, their drafter, their sampling generator; the steps below know
+no batch. `SpeculativeDecoder.generate` runs it with every prompt admitted at once; `headstart
+serve` admits requests as they arrive.
 
 Joining: newcomers are prefilled together (one left-padded target forward, their own drafter),
 then merged into the live batch: their KV caches and the drafter's are left-padded to a common
 width with entries no row sees (`visible` False) and stacked under the live rows, so every
 row keeps its own positions. Leaving: finished rows are dropped (`select_rows`), and columns no
 remaining row sees are cut off the left (a wide prompt that left does not tax the others).
+
+Reading ahead (`read_ahead`, plain decoding: a root-only tree and no drafter): a step's tokens
+are copied to the host without waiting (pinned memory and an event on CUDA) and read only after
+the next step is queued, so the device is never idle while the host applies stops, streams and
+bookkeeping. Stops therefore act one step late: a row that stopped has one more step queued,
+whose token is dropped (the row leaves then, so every remaining row's tokens and cache are what
+they were). The host knows each step's widths (one token a row), so no step waits on a read.
 
 Sampling is per row: each job may carry its own seeded generator (`RowGenerators`), so a seeded
 reply does not depend on which requests shared its steps (up to float rounding in attention,
@@ -33,7 +42,8 @@ from headstart.inference.plain import SamplingConfig
 from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import PrefillAborted, prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats, position_bucket
-from headstart.inference.sampling import RowGenerators
+from headstart.inference.sampling import Generator, RowGenerators
+from headstart.inference.steps import Steps
 from headstart.inference.stops import StopRule
 
 
@@ -61,14 +71,39 @@ class Job:
     first_token_s: float | None = None
 
 
+@dataclass
+class Unread:
+    """A queued plain step's tokens on their way to the host: read once the next step is queued."""
+
+    tokens: (
+        torch.Tensor
+    )  # (B, 1): pinned host memory on CUDA (filled by a non-blocking copy), else the tokens
+    ready: Any  # a CUDA event recorded after the copy; None on the CPU (nothing runs ahead)
+    jobs: list[Job]  # the rows it was queued for, in order (rows that leave before it is read drop out)
+
+    @classmethod
+    def queue(cls, tokens: torch.Tensor, jobs: list[Job]) -> Unread:
+        if tokens.device.type != "cuda":
+            return cls(tokens, None, list(jobs))
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return cls(host, ready, list(jobs))
+
+
 class Engine:
     """Continuous speculative decoding of jobs that share one SamplingConfig's warping."""
 
-    def __init__(self, decoder: Any, sampling: SamplingConfig, row_seeds: bool = False,
+    def __init__(self, decoder: Steps, sampling: SamplingConfig, row_seeds: bool = False,
                  speculate_up_to: int | None = None, shared_prefix: int = 0,
                  prefill_tokens: int | None = None, prefix: SharedPrefix | None = None,
-                 abortable: bool = False) -> None:  # fmt: skip
-        self.decoder = decoder
+                 abortable: bool = False, read_ahead: bool | None = None) -> None:  # fmt: skip
+        self.decoder = decoder  # the round's steps (a SpeculativeDecoder is one)
+        # plain decoding reads each step's tokens after queuing the next (see the module's note);
+        # None: on CUDA only (on a CPU nothing runs ahead, and a row that stops costs one more step)
+        self.read_ahead = decoder.target.device.type == "cuda" if read_ahead is None else read_ahead
+        self.unread: Unread | None = None
         # a server's engine: a long prompt prefills in chunks, stopped once all its clients left
         # (or the grace period ended); `generate` has no one to leave and prefills in one forward
         self.abortable = abortable
@@ -104,6 +139,7 @@ class Engine:
         self.sampling = sampling
         self.row_seeds = row_seeds  # per-job generators (a server) or one for the batch (generate)
         self._batch_gen: torch.Generator | None = None  # the batch's one, when seeded (not row_seeds)
+        self.generator: Generator = None  # what the steps draw from: the batch's, or one per row
         self.jobs: list[Job] = []  # aligned with the state's rows
         self.lead: list[int] = []  # per row: leading cache columns it does not see (padding)
         self.state: DecodeState | None = None
@@ -122,7 +158,8 @@ class Engine:
     @torch.no_grad()
     def add(self, jobs: list[Job]) -> list[Job]:
         """Prefill `jobs` and merge them into the live batch; their first token comes from the
-        prefill. Returns the jobs that already finished on that token.
+        prefill. Returns the jobs that already finished on that token (and any live job that a
+        read-ahead step's tokens, taken first, finished).
 
         The prompts are sorted by length and cut into groups where padding would cost more than
         another forward (a wave of a server's arrivals is of every length: measured on 32 MT-bench
@@ -130,13 +167,14 @@ class Engine:
         grouped forwards 5.1 s, for the same replies)."""
         if not jobs:
             return []
+        drained = self._drain()  # a read-ahead step's tokens are taken before the batch changes
         groups = [jobs]
         if self._splittable():
             ordered = sorted(jobs, key=lambda j: len(j.prompt))
             overhead = prefill_overhead_tokens(self.decoder.target.device)
             lengths = [len(j.prompt) for j in ordered]
             groups = prefill_groups(ordered, lengths, self.prefill_tokens, overhead)
-        return [done for group in groups for done in self._add_group(group)]
+        return drained + [done for group in groups for done in self._add_group(group)]
 
     def _plain_at(self, rows: int) -> bool:
         """Whether a batch of `rows` steps plainly (its verify would pass `speculate_up_to`)."""
@@ -177,12 +215,12 @@ class Engine:
         # joining a batch that will step plainly: the prompt's observation waits with the rest
         deferred = Deferred(drafter) if self._defers and self._plain_at(self.live + len(jobs)) else None
         generators = self._generators(jobs)
-        decoder.generator = generators
         start = time.perf_counter()
         abort = (lambda: all(job.cancelled for job in jobs)) if self.abortable else None
         try:
             state = decoder.prefill(prompts, self.sampling, deferred or drafter,
-                                    (self.prefix, shared) if shared else None, abort=abort)  # fmt: skip
+                                    (self.prefix, shared) if shared else None, abort=abort,
+                                    generator=generators)  # fmt: skip
         except PrefillAborted:
             for job in jobs:
                 job.finish = "cancelled"
@@ -257,17 +295,17 @@ class Engine:
         return RowGenerators(gens)
 
     def _set_generators(self, newcomers: Any, count: int) -> None:
-        """The decoder's generator for the merged batch: per-row generators stack; a batch one
+        """The steps' generator for the merged batch: per-row generators stack; a batch one
         (generate admits every row at once) is kept."""
         current = getattr(self, "_rows_gen", None)
         if isinstance(newcomers, RowGenerators):
             self._rows_gen = (
                 newcomers if current is None or len(self.jobs) == count else current.merge(newcomers)
             )
-            self.decoder.generator = self._rows_gen
+            self.generator = self._rows_gen
         else:
             self._rows_gen = None
-            self.decoder.generator = newcomers
+            self.generator = newcomers
 
     # ---- one step -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -280,7 +318,11 @@ class Engine:
             return self._step()
 
     def _step(self) -> list[Job]:
-        done = self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
+        cancelled = [i for i, job in enumerate(self.jobs) if job.cancelled]
+        if self._ahead():
+            return self._step_ahead(cancelled)
+        done = self._drain()  # the batch may have stopped reading ahead (a row joined)
+        done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
         decoder, state = self.decoder, self.state
@@ -297,7 +339,9 @@ class Engine:
             if not plain:  # what plain steps committed and deferred prompts, one observe a group
                 self.drafter = self.pending.flush()
             drafter = self.drafter
-            tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain)
+            tree = decoder.draft(
+                state, self.sampling, drafter, contexts, plain=plain, generator=self.generator
+            )
         self.plain_steps += int(plain)
         with region("headstart.verify"):
             feats = decoder.verify(state, tree, drafter)
@@ -307,13 +351,72 @@ class Engine:
             drafter.end_step()
         self.target_forwards += 1
         with region("headstart.accept"):
-            acc = decoder.accept(tree, feats, self.sampling)
+            acc = decoder.accept(tree, feats, self.sampling, self.generator)
         observer = self.pending if plain and self._defers else drafter
         with region("headstart.commit"):  # its one host sync, the cache compaction, the observe
             committed, counts = decoder.commit(state, tree, feats, acc, observer)
         if plain and self._defers:
             self.pending.feed_over(self.pending_limit)
         return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
+
+    # ---- reading ahead (plain decoding) -----------------------------------------------------------
+    def _ahead(self) -> bool:
+        """Whether this step reads ahead: asked for, plain decoding (a root-only tree, no drafter),
+        and no batch generator shared by several rows (a row that stopped would still draw from it
+        in the step after its stop, moving the other rows' seeded draws)."""
+        decoder = self.decoder
+        return (
+            self.read_ahead
+            and decoder.heads is None
+            and decoder.verify_nodes == 1
+            and (self.sampling.greedy or self.row_seeds or self.live == 1)
+        )
+
+    def _step_ahead(self, cancelled: list[int]) -> list[Job]:
+        """Queue this step, then take the previous one's tokens; a step is not queued when every
+        row ends by length with the tokens already on their way (the host counts them)."""
+        done = []
+        if cancelled:  # rows leave between reads: the unread tokens are taken first
+            done = self._drain()
+            done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
+        if not self.jobs:
+            return done
+        pending = 1 if self.unread is not None else 0
+        if any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs):
+            decoder, state = self.decoder, self.state
+            assert state is not None
+            with region("headstart.draft"):
+                tree = decoder.draft(
+                    state, self.sampling, self.drafter, None, plain=True, generator=self.generator
+                )
+            self.plain_steps += 1
+            with region("headstart.verify"):
+                feats = decoder.verify(state, tree, self.drafter)
+            self.target_forwards += 1
+            with region("headstart.accept"):
+                acc = decoder.accept(tree, feats, self.sampling, self.generator)
+            with region("headstart.commit"):  # no read: the host knows the widths
+                queued = Unread.queue(decoder.commit_unread(state, tree, feats, acc, self.drafter), self.jobs)
+        else:
+            queued = None
+        return done + self._drain(queued)
+
+    def _drain(self, then: Unread | None = None) -> list[Job]:
+        """Take the unread step's tokens (waiting only for that step's copy), then keep `then`
+        as the step to read next."""
+        unread, self.unread = self.unread, then
+        if unread is None:
+            return []
+        if unread.ready is not None:
+            unread.ready.synchronize()
+        tokens = self.decoder._read_step(unread.tokens)  # the step's one read (counted as such)
+        row = {id(job): i for i, job in enumerate(unread.jobs)}
+        # every live job was queued in it: rows join only after a drain, and leave by one
+        committed = [tokens[row[id(job)]] for job in self.jobs]
+        finished = self._take(committed, [1] * len(committed), rows=range(len(self.jobs)), counted=True)
+        if not self.jobs:
+            self.unread = None
+        return finished
 
     def _take(self, committed: list[list[int]], counts: list[int], rows: range, counted: bool) -> list[Job]:
         """Each row's tokens up to its stop; streams them; finished rows leave."""
@@ -358,7 +461,7 @@ class Engine:
         self.jobs = [self.jobs[i] for i in keep]
         self.lead = [self.lead[i] for i in keep]
         if not keep:
-            self.state, self.drafter, self._rows_gen = None, None, None
+            self.state, self.drafter, self._rows_gen, self.unread = None, None, None, None
             self.pending.clear()
             return left
         assert self.state is not None
@@ -368,7 +471,7 @@ class Engine:
         self.drafter = self.pending.drafter
         if self._rows_gen is not None:
             self._rows_gen = self._rows_gen.select(keep)
-            self.decoder.generator = self._rows_gen
+            self.generator = self._rows_gen
         self._trim()
         return left
 

@@ -287,9 +287,10 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
 
         return run
 
-    def ours(kind: str | None, compiled: bool, tree: str = "static") -> Any:
+    def ours(kind: str | None, compiled: bool, tree: str = "static", read_ahead: bool | None = None) -> Any:
         decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree=tree if kind else None,
                                      compile=compiled, compile_backend=args.backend)  # fmt: skip
+        decoder.read_ahead = read_ahead  # plain decoding: None reads ahead on CUDA (inference/engine.py)
 
         def run(ids: list[int]) -> tuple[list[int], int]:
             out = decoder.generate([ids], max_new_tokens=new)
@@ -302,6 +303,8 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     for kind in (None, "medusa", "eagle3"):
         for compiled in (False, True):
             methods[f"{kind or 'plain'}_{'captured' if compiled else 'eager'}"] = ours(kind, compiled)
+    # plain captured reading each step at once (before read-ahead): what reading ahead gains
+    methods["plain_captured_at_once"] = ours(None, True, read_ahead=False)
     for compiled in (False, True):  # the shipped heads' tuned tree, and EAGLE's reference tree
         mode = "captured" if compiled else "eager"
         if tuned_tree(shipped / "smollm2-eagle3"):

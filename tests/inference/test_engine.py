@@ -227,16 +227,16 @@ def test_a_seeded_batch_drawn_over_several_prefills_does_not_repeat_its_draws(ta
 def test_a_chunked_prefill_gives_the_same_replies(target, kind, monkeypatch):
     """A server's engine (abortable) prefills long prompts in chunks over the growing cache; the
     replies are the ones a one-forward prefill gives, padded groups and drafters' features too."""
-    from headstart.inference import decoder as decoder_module
+    from headstart.inference import steps as steps_module
 
-    monkeypatch.setattr(decoder_module, "prefill_chunk", lambda device: 8)
+    monkeypatch.setattr(steps_module, "prefill_chunk", lambda device: 8)
     heads = heads_of(kind, target)
     tree = "static" if heads is not None else None
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
     calls = []
-    forward = decoder_module.forward
+    forward = steps_module.forward
     monkeypatch.setattr(
-        decoder_module, "forward", lambda *a, **k: calls.append(a[1].shape[1]) or forward(*a, **k)
+        steps_module, "forward", lambda *a, **k: calls.append(a[1].shape[1]) or forward(*a, **k)
     )
     engine = Engine(
         SpeculativeDecoder(target, heads, tree=tree), SamplingConfig(max_new_tokens=64), abortable=True
@@ -253,26 +253,26 @@ def test_a_chunked_prefill_gives_the_same_replies(target, kind, monkeypatch):
 def test_a_prefill_stops_when_its_clients_leave(target, monkeypatch):
     """Every client of a prefilling group leaves after its first chunk: the prefill stops there,
     the jobs end 'cancelled', and the engine goes on with the next requests."""
-    from headstart.inference import decoder as decoder_module
+    from headstart.inference import steps as steps_module
 
-    monkeypatch.setattr(decoder_module, "prefill_chunk", lambda device: 8)
+    monkeypatch.setattr(steps_module, "prefill_chunk", lambda device: 8)
     engine = Engine(SpeculativeDecoder(target, heads_of("eagle3", target), tree="static"),
                     SamplingConfig(max_new_tokens=64), abortable=True)  # fmt: skip
     long = target.chat.user_prompt_ids(PROMPTS[4])
     leaving = Job(key=0, prompt=long, rule=StopRule(12))
     chunks = []
-    forward = decoder_module.forward
+    forward = steps_module.forward
 
     def counted(*args, **kwargs):
         chunks.append(args[1].shape[1])
         leaving.cancelled = True  # the client disconnects while its first chunk runs
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(decoder_module, "forward", counted)
+    monkeypatch.setattr(steps_module, "forward", counted)
     done = engine.add([leaving])
     assert done == [leaving] and leaving.finish == "cancelled" and not leaving.emitted
     assert chunks == [8] and len(long) > 16 and not engine.live
-    monkeypatch.setattr(decoder_module, "forward", forward)
+    monkeypatch.setattr(steps_module, "forward", forward)
     staying = Job(key=1, prompt=long, rule=StopRule(12))
     engine.add([staying])
     while engine.live:

@@ -103,8 +103,8 @@ def test_the_shim_sees_a_read(target):
     decoder = SpeculativeDecoder(target, heads_of("medusa", target), tree="chain:3")
     accept = decoder.accept
 
-    def accept_and_peek(tree, feats, sampling):
-        acc = accept(tree, feats, sampling)
+    def accept_and_peek(tree, feats, sampling, generator=None):
+        acc = accept(tree, feats, sampling, generator)
         int(acc.lengths.max())  # the kind of read this PR removed
         return acc
 
