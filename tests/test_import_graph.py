@@ -124,8 +124,8 @@ LAYERS = (
     ("outputs",),
     ("targets",),  # the frozen target: loading, features, attention, kernels
     ("target", "heads", "inference"),  # heads and the decode loop know nothing of each other
-    ("drafts", "tuned", "distill", "serve", "calibration"),
-    ("train", "speculator"),
+    ("drafts", "tuned", "distill", "calibration"),
+    ("train", "speculator", "serve"),  # serve --record writes distill's layout
     ("decoding", "bench"),
     ("catalogue",),  # the registrations, naming every kind's modules
     ("headstart",),  # the package's __init__

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+from typing import Any
 
 from headstart.commands.common import add_target_arguments, load_target_from_args
 from headstart.commands.generate import add_decoding_arguments
@@ -54,6 +55,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "no limit on a GPU)",
     )
     group.add_argument(
+        "--record",
+        default=None,
+        metavar="DIR",
+        help="keep every finished reply, as the target produced it (token ids; no text, headers or keys), "
+        "in DIR, a data set `headstart train` reads as data.path; only you can read it (default: off)",
+    )
+    group.add_argument("--record-max-mb", type=float, default=1024.0,
+                       help="--record stops (said once; serving goes on) when DIR holds this many MiB (default 1024)")  # fmt: skip
+    group.add_argument(
         "--prefix-cache",
         type=int,
         default=8,
@@ -83,6 +93,14 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise HeadstartError(
             f"--header-timeout must be > 0, got {args.header_timeout}", "use e.g. --header-timeout 10"
         )
+    if not 0 < args.record_max_mb < float("inf"):
+        raise HeadstartError(
+            f"--record-max-mb must be > 0, got {args.record_max_mb}", "use e.g. --record-max-mb 1024"
+        )
+    if args.record is not None:
+        from headstart.outputs import check_output_dir
+
+        check_output_dir(args.record, "--record")
     if not 0 < args.max_body_mb < float("inf"):
         raise HeadstartError(
             f"--max-body-mb must be > 0, got {args.max_body_mb}", "use e.g. --max-body-mb 16"
@@ -108,9 +126,6 @@ def check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from headstart.commands.common import check_generation_args
     from headstart.commands.generate import decoding_from_args
-    from headstart.serve.app import build_app
-    from headstart.serve.lifecycle import serve_until_stopped
-    from headstart.serve.served import assemble
 
     check_arguments(args)
     args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed = 1, 0.0, 1.0, 0, None
@@ -130,12 +145,30 @@ def run(args: argparse.Namespace) -> int:
             "warning: %s has no chat template: /v1/chat/completions will refuse requests", target.spec
         )
     decoding = decoding_from_args(args, target)  # the heads and tree `generate` would take (the tuned one)
+    recorder = None
+    if args.record is not None:
+        from headstart.serve.record import Recorder
+
+        recorder = Recorder(args.record, target, int(args.record_max_mb * 2**20))
+        log.info("recording finished replies into %s (%d kept there)", args.record, recorder.next_index)
+    try:
+        return _serve(args, target, decoding, recorder)
+    finally:
+        if recorder is not None:
+            recorder.close()
+
+
+def _serve(args: argparse.Namespace, target: Any, decoding: Any, recorder: Any) -> int:
+    from headstart.serve.app import build_app
+    from headstart.serve.lifecycle import serve_until_stopped
+    from headstart.serve.served import assemble
+
     served = assemble(
         target, decoding, model=args.served_model_name or args.target, max_batch=args.max_batch,
         max_queue=args.max_queue, speculate_up_to=args.speculate_up_to, prefix_cache=args.prefix_cache,
         max_tokens=args.max_tokens, default_tokens=args.default_max_tokens, api_key=args.api_key,
         allowed_origins=tuple(args.allowed_origins), max_body=int(args.max_body_mb * 2**20),
-        body_timeout=args.body_timeout,
+        body_timeout=args.body_timeout, recorder=recorder,
     )  # fmt: skip
     return serve_until_stopped(build_app(served), served.scheduler, args.host, args.port, args.grace,
                                f"serving {target.spec} as '{served.model}' ({decoding.mode})",

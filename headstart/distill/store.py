@@ -262,12 +262,12 @@ def open_output(out: str | Path, meta: dict[str, Any]) -> None:
                 )
 
 
-def lock_output(out: str | Path) -> Any:
+def lock_output(out: str | Path, holder: str = "headstart distill") -> Any:
     """Hold an exclusive lock on `out` for this process's lifetime (two writers would mix shard numbers),
     then remove temp files a killed run left behind (hidden names: never read as records)."""
     from headstart.io import lock_dir
 
-    handle = lock_dir(out, "headstart distill")
+    handle = lock_dir(out, holder)
     for folder in (data_dir(out), features_dir(out), Path(out)):
         for stale in folder.glob(".tmp-*") if folder.is_dir() else []:
             if LEFTOVER.match(stale.name) and stale.is_file() and not stale.is_symlink():

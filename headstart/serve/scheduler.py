@@ -74,7 +74,7 @@ class Ticket:
 
 class Scheduler:
     def __init__(self, make_decoder: Any, metrics: Any, max_batch: int = 8, max_queue: int = 64,
-                 speculate_up_to: int | None = None, prefix_cache: int = 8) -> None:  # fmt: skip
+                 speculate_up_to: int | None = None, prefix_cache: int = 8, recorder: Any = None) -> None:  # fmt: skip
         self.make_decoder = (
             make_decoder  # (greedy: bool) -> SpeculativeDecoder (one per lane: its own generators)
         )
@@ -91,6 +91,7 @@ class Scheduler:
         self.tickets: dict[int, Ticket] = {}  # id(job) -> its ticket, while in a lane
         self.wake = threading.Condition()
         self.closing = False
+        self.recorder = recorder  # serve --record (serve/record.py): finished replies, kept for training
 
     # ---- handlers' side -----------------------------------------------------------------------
     def submit(self, *tickets: Ticket) -> None:
@@ -227,7 +228,11 @@ class Scheduler:
                 self._conclude(ticket)
 
     def _conclude(self, ticket: Ticket) -> None:
-        """Run the ticket's `after` (unless its client left), then tell it that it is done."""
+        """Record a finished reply (--record), run the ticket's `after` (unless its client left),
+        then tell it that it is done: a recorded reply is on disk before its client hears."""
+        job = ticket.job
+        if self.recorder is not None and ticket.decodes and job.finish in ("stop", "length"):
+            self.recorder.add(job.prompt, job.emitted, job.finish, ticket.warp)
         if ticket.after is not None and ticket.job.finish != "cancelled":
             try:
                 ticket.post("scored", ticket.after(ticket.job))

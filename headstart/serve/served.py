@@ -32,10 +32,12 @@ class Served:
 
 def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queue: int,
              speculate_up_to: int | None, prefix_cache: bool, max_tokens: int | None, default_tokens: int,
-             api_key: str | None, allowed_origins: tuple[str, ...], max_body: int, body_timeout: float) -> Served:  # fmt: skip
+             api_key: str | None, allowed_origins: tuple[str, ...], max_body: int, body_timeout: float,
+             recorder: Any = None) -> Served:  # fmt: skip
     """The server's shared state around `decoding` (headstart.decoding.Decoding): the context a
     request must fit (cut below a longrope/dynamic RoPE switch), its scheduler and metrics. On a
-    CPU a batch steps plainly past one tree's worth of rows unless `speculate_up_to` says."""
+    CPU a batch steps plainly past one tree's worth of rows unless `speculate_up_to` says.
+    `recorder`: serve --record's (serve/record.py), or None."""
     from headstart.targets.exactness import context_note, positions
 
     context = int(getattr(target.config, "max_position_embeddings", None) or 4096)
@@ -51,7 +53,7 @@ def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queu
         # measured: 8 rows decode 2x faster plainly than with trees on 2 cores
         speculate_up_to = probe.verify_nodes
     scheduler = Scheduler(speculator.new_decoder, metrics, max_batch=max_batch, max_queue=max_queue,
-                          speculate_up_to=speculate_up_to, prefix_cache=prefix_cache)  # fmt: skip
+                          speculate_up_to=speculate_up_to, prefix_cache=prefix_cache, recorder=recorder)  # fmt: skip
     return Served(target=target, scheduler=scheduler, metrics=metrics, model=model, context=context,
                   max_tokens=min(max_tokens or context, context), default_tokens=default_tokens, api_key=api_key,
                   mode=decoding.mode, allowed_origins=allowed_origins, max_body=max_body,
