@@ -67,19 +67,41 @@ def soft_label_index(needed: torch.Tensor) -> torch.Tensor:
 def draft_hits(
     step_target_ids: list[torch.Tensor], target_argmax: torch.Tensor, loss_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Held-out counts per conversation and step/head: (B, S, 3) rows of [top-1 hits, top-k hits,
-    predictions] (per conversation so a distributed eval can drop padded duplicates).
+    """Held-out counts per conversation and step/head: (B, S, 1 + K, 3) rows of [top-1 hits,
+    top-k hits, predictions], first over every position, then per context bucket of the position
+    drafted from (`bucket_counts`; per conversation so a distributed eval can drop padded
+    duplicates).
 
     step_target_ids[j]: (B, T, k) the draft's top-k guesses at step/head j, as TARGET ids, best
     first; target_argmax (B, T): the target's greedy token z_t.argmax(). Stays on device."""
     rows = []
+    positions = torch.arange(target_argmax.shape[1], device=target_argmax.device).expand_as(target_argmax)
     for j, top in enumerate(step_target_ids):
         want = ahead(target_argmax, 1 + j)  # (B, T)
         mask = ahead(loss_mask, 2 + j).bool()
         hit1 = (top[..., 0] == want) & mask
         hitk = (top == want[..., None]).any(-1) & mask
-        rows.append(torch.stack([hit1.sum(-1), hitk.sum(-1), mask.sum(-1)], dim=-1))  # (B, 3)
-    return torch.stack(rows, dim=1).to(torch.float64)
+        rows.append(bucket_counts(torch.stack([hit1, hitk, mask], dim=-1), positions))  # (B, 1 + K, 3)
+    return torch.stack(rows, dim=1)
+
+
+def bucket_counts(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """flags (B, N, 3) bool counted per conversation: (B, 1 + K, 3), the sums over all N, then per
+    context bucket of `positions` (B, N) (inference/results.py's POSITION_BUCKETS, then "2k+":
+    bench's buckets, so training's held-out figures and a decode's read alike). float64."""
+    from headstart.inference.results import POSITION_BUCKETS
+
+    edges = torch.tensor([bound for bound, _ in POSITION_BUCKETS], device=positions.device)
+    onehot = torch.nn.functional.one_hot(torch.bucketize(positions, edges, right=True), len(edges) + 1)
+    per_bucket = torch.einsum("bnc,bnk->bkc", flags.to(torch.float64), onehot.to(torch.float64))
+    return torch.cat([flags.to(torch.float64).sum(1, keepdim=True), per_bucket], dim=1)
+
+
+def bucket_names() -> list[str]:
+    """The names of `bucket_counts`' buckets, in order."""
+    from headstart.inference.results import POSITION_BUCKETS
+
+    return [name for _, name in POSITION_BUCKETS] + ["2k+"]
 
 
 def acceptance_length(top1: list[float]) -> float:

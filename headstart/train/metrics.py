@@ -72,6 +72,8 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
     if hits is None:
         return {"kind": "eval", "step": step}
     hits = hits.cpu()  # cost: device->host copy
+    buckets = hits[:, 1:] if hits.dim() == 3 else None  # (S, K, 3): per context bucket
+    hits = hits[:, 0] if hits.dim() == 3 else hits  # (S, 3): a kind's own counts may have no buckets
     loss = accelerator.reduce(loss_sum / batches, "mean").item()
     from headstart import kinds
 
@@ -90,18 +92,46 @@ def evaluate(accelerator: Any, model: Any, loader: Any, cfg: Any, step: int, joi
         result[f"eval/top1/{label}{j + offset}"] = acc1
         result[f"eval/top{cfg.topk}/{label}{j + offset}"] = acck
     result["eval/accept_len_est"] = acceptance_length(top1)
+    if buckets is not None:
+        result["eval/by_position"] = by_position(buckets)
     if accelerator.is_main_process:  # as it comes: a run cut short still says how far it got
         log.info(eval_line(result, top1))
-    accelerator.log({k: v for k, v in result.items() if k not in ("kind", "step")}, step=step)
+    scalars = {k: v for k, v in result.items() if k not in ("kind", "step", "eval/by_position")}
+    for name, figures in result.get("eval/by_position", {}).items():  # trackers take scalars
+        scalars[f"eval/accept_len_est/{name}"] = figures["accept_len_est"]
+    accelerator.log(scalars, step=step)
     return result
+
+
+def by_position(buckets: torch.Tensor) -> dict[str, dict[str, Any]]:
+    """{bucket: {"predictions", "top1" per step, "accept_len_est"}} for the context buckets the
+    held-out set reaches (counts (S, K, 3) of [top-1 hits, top-k hits, predictions]), so a run
+    shows where its head stops paying (bench reports the same buckets for a decode)."""
+    from headstart.train.losses import bucket_names
+
+    figures = {}
+    for k, name in enumerate(bucket_names()):
+        counts = buckets[:, k].tolist()
+        if not counts[0][2]:
+            continue
+        top1 = [hit1 / max(count, 1.0) for hit1, _, count in counts]
+        figures[name] = {"predictions": int(counts[0][2]), "top1": [round(a, 4) for a in top1],
+                         "accept_len_est": round(acceptance_length(top1), 4)}  # fmt: skip
+    return figures
 
 
 def eval_line(result: dict[str, Any], top1: list[float]) -> str:
     """One line for the log: `eval step 500: accept_len_est 1.69, top-1 0.43/0.36, loss 9.10`."""
-    return (
+    line = (
         f"eval step {result['step']}: accept_len_est {result['eval/accept_len_est']:.3f}, "
         f"top-1 {'/'.join(f'{a:.3f}' for a in top1)}, loss {result['eval/loss']:.4f}"
     )
+    buckets = result.get("eval/by_position") or {}
+    if len(buckets) > 1:  # one bucket says nothing the total does not
+        line += "; by position " + ", ".join(
+            f"{name} {f['accept_len_est']:.2f}" for name, f in buckets.items()
+        )
+    return line
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

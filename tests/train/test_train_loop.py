@@ -73,6 +73,8 @@ def test_training_lowers_the_loss_and_writes_a_loadable_head(kind, target, tmp_p
         0 <= v <= 1 for v in top1
     )
     assert final["eval/accept_len_est"] >= 1.0 and final["eval/predictions"] > 0
+    # by context position: the short held-out conversations lie in the first bucket, all of them
+    assert final["eval/by_position"]["0-256"]["predictions"] == final["eval/predictions"]
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("eval step")]
     assert [m.split(":")[0] for m in said] == ["eval step 15", "eval step 30"]  # as they came
     assert f"accept_len_est {final['eval/accept_len_est']:.3f}" in said[-1]

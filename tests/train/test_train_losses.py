@@ -83,6 +83,29 @@ def test_draft_hits_and_acceptance_length():
     top = torch.tensor([[1, 2, 9, 9, 0, 0]])[..., None].expand(1, 6, 2).clone()
     top[0, 2, 1] = 3  # top-2 hit at position 2
     hits = losses.draft_hits([top], target_argmax, mask)
-    assert hits.tolist() == [[[2.0, 3.0, 4.0]]]  # (B, S, 3)
+    assert hits.shape == (1, 1, 1 + len(losses.bucket_names()), 3)  # (B, S, all + buckets, 3)
+    assert hits[:, :, 0].tolist() == [[[2.0, 3.0, 4.0]]]
+    assert hits[0, 0, 1].tolist() == [2.0, 3.0, 4.0] and hits[0, 0, 2:].sum() == 0  # all in 0-256
+
+
+def test_hits_by_position_land_in_their_context_bucket():
+    """A conversation of 2,100 positions: each prediction counts in the bucket of the position it
+    is drafted from (0-256, 256-512, 512-1k, 1k-2k, 2k+), the buckets sum to the total, and the
+    evaluation turns them into per-bucket acceptance (the same buckets as bench's)."""
+    from headstart.train.metrics import by_position
+
+    t = 2100
+    target_argmax = torch.arange(t)[None] % 50
+    mask = torch.ones(1, t, dtype=torch.long)
+    top = torch.roll(target_argmax, -1, 1)[..., None].clone()  # right everywhere ...
+    top[0, 300:400, 0] = 99  # ... except 100 positions in 256-512
+    hits = losses.draft_hits([top], target_argmax, mask)[0, 0]  # (1 + K, 3)
+    assert losses.bucket_names() == ["0-256", "256-512", "512-1k", "1k-2k", "2k+"]
+    assert hits[1:].sum(0).tolist() == hits[0].tolist()
+    assert hits[1:, 2].tolist() == [256.0, 256.0, 512.0, 1024.0, t - 2 - 2048.0]
+    assert hits[1:, 0].tolist() == [256.0, 156.0, 512.0, 1024.0, t - 2 - 2048.0]
+    figures = by_position(hits[None, 1:])
+    assert list(figures) == losses.bucket_names()
+    assert figures["0-256"]["accept_len_est"] == 2.0 and figures["256-512"]["top1"] == [round(156 / 256, 4)]
     assert losses.acceptance_length([1.0, 1.0]) == 3.0
     assert math.isclose(losses.acceptance_length([0.5, 0.5]), 1.75)

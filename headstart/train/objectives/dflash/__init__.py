@@ -115,16 +115,20 @@ def slot_loss(head: Any, logits: torch.Tensor, where: torch.Tensor, hit: torch.T
 
 def block_hits(tops: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], target_argmax: torch.Tensor,
                depth: int) -> torch.Tensor:  # fmt: skip
-    """Held-out counts (B, depth, 3) of [top-1 hits, top-k hits, predictions], depth j = slot j+1,
-    against the target's greedy token there (`losses.draft_hits`' layout: step j of EAGLE-3)."""
+    """Held-out counts (B, depth, 1 + K, 3) of [top-1 hits, top-k hits, predictions], depth j =
+    slot j+1, against the target's greedy token there, over all positions then per context bucket
+    (`losses.draft_hits`' layout: step j of EAGLE-3)."""
+    from headstart.train.losses import bucket_counts
+
     rows = []
     for j in range(depth):
-        hit1 = hitk = count = 0
+        counts = 0
         for top, where, scored in tops:
-            want = target_argmax.gather(1, (where[:, :, j] - 1).clamp_min(0))  # (B, N): z at a+j
+            at = (where[:, :, j] - 1).clamp_min(0)  # (B, N): z at a+j
+            want = target_argmax.gather(1, at)
             ok = scored[:, :, j]
-            hit1 = hit1 + ((top[:, :, j, 0] == want) & ok).sum(1)
-            hitk = hitk + ((top[:, :, j] == want[..., None]).any(-1) & ok).sum(1)
-            count = count + ok.sum(1)
-        rows.append(torch.stack([hit1, hitk, count], dim=-1))  # (B, 3)
-    return torch.stack(rows, dim=1).to(torch.float64)
+            hit1 = (top[:, :, j, 0] == want) & ok
+            hitk = (top[:, :, j] == want[..., None]).any(-1) & ok
+            counts = counts + bucket_counts(torch.stack([hit1, hitk, ok], dim=-1), at)
+        rows.append(counts)  # (B, 1 + K, 3)
+    return torch.stack(rows, dim=1)
