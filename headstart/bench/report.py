@@ -119,9 +119,11 @@ def markdown(report: dict[str, Any]) -> str:
     rounds = {name: m["round"] for name, m in report["methods"].items() if m.get("round")}
     if rounds:
         lines += ["", f"A steady-state round, one extra prompt (--compile {cfg.get('compile', 'auto')}): "
-                  "host reads, calls into compiled code, eager aten ops outside it, ms.", "",
-                  "| method | host reads | compiled calls | eager ops | ms |", "|---|---:|---:|---:|---:|"]  # fmt: skip
-        lines += [f"| {name} | {r['host_reads']} | {r['compiled_calls']} | {r['eager_ops']} | {r['ms']} |"
+                  "host reads, calls into compiled code, eager aten ops outside it (and by phase), ms.", "",
+                  "| method | host reads | compiled calls | eager ops | by phase | ms |",
+                  "|---|---:|---:|---:|---|---:|"]  # fmt: skip
+        lines += [f"| {name} | {r['host_reads']} | {r['compiled_calls']} | {r['eager_ops']} | "
+                  f"{', '.join(f'{k} {v:g}' for k, v in (r.get('eager_by_phase') or {}).items())} | {r['ms']} |"
                   for name, r in rounds.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 

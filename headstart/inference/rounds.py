@@ -9,7 +9,9 @@ no blocking read: docs/../shared DESIGN "A round on a GPU"). Counted on any devi
   `int(t)`, `.cpu()`, `.numpy()`, a boolean-mask index, `nonzero`), by a counting shim on
   torch.Tensor active only inside the rounds (as tests/inference/test_host_syncs.py counts);
 * compiled_calls: "Torch-Compiled Region" events (one per call of a torch.compile'd function);
-* eager_ops: top-level aten ops outside any compiled region (the profiler's CPU events);
+* eager_ops: top-level aten ops outside any compiled region (the profiler's CPU events), and
+  `eager_by_phase`: the same split by the engine's named phases (draft, verify, accept, commit;
+  "other" outside them), the map of what a captured round must absorb;
 * ms: wall time per round, from an unprofiled pass (rounds start to start).
 
 One prompt is decoded three times: a warm-up (compiles, packs), a timed pass, a profiled pass;
@@ -108,9 +110,9 @@ def measure_rounds(decoder: Any, prompt: list[int], sampling: Any) -> dict[str, 
         counting_reads(counted),
     ):
         _pass(decoder, prompt, sampling, counted)
-    compiled, eager = _per_round(prof.events())
+    compiled, eager, phases = _per_round(prof.events())
     rows = [
-        {"host_reads": reads, "compiled_calls": compiled[i], "eager_ops": eager[i]}
+        {"host_reads": reads, "compiled_calls": compiled[i], "eager_ops": eager[i], "phases": phases[i]}
         for i, reads in enumerate(counted.reads)
     ][SKIP:]
     rows = rows[:-1] or rows  # the last round is cut short by the stop
@@ -119,6 +121,11 @@ def measure_rounds(decoder: Any, prompt: list[int], sampling: Any) -> dict[str, 
         figures[key] = round(statistics.mean(row[key] for row in rows), 2)
     figures["max"] = {
         key: max(row[key] for row in rows) for key in ("host_reads", "compiled_calls", "eager_ops")
+    }
+    # where the eager ops are: the engine's named phases (engine.region), "other" outside them
+    figures["eager_by_phase"] = {
+        phase: round(statistics.mean(row["phases"].get(phase, 0) for row in rows), 2)
+        for phase in sorted({p for row in rows for p in row["phases"]})
     }
     return figures
 
@@ -133,13 +140,15 @@ def _pass(decoder: Any, prompt: list[int], sampling: Any, probe: Probe | None = 
     return probe
 
 
-def _per_round(events: Any) -> tuple[list[int], list[int]]:
-    """(compiled calls, eager ops) per ROUND event, in round order, from the profiler's events."""
+def _per_round(events: Any) -> tuple[list[int], list[int], list[dict[str, int]]]:
+    """(compiled calls, eager ops, eager ops by phase) per ROUND event, in round order, from the
+    profiler's events; a phase is the innermost of the engine's "headstart.<phase>" ranges."""
     rounds = sorted((e for e in events if e.name == ROUND), key=lambda e: e.time_range.start)
     index = {id(e): i for i, e in enumerate(rounds)}
     compiled, eager = [0] * len(rounds), [0] * len(rounds)
+    phases: list[dict[str, int]] = [{} for _ in rounds]
     for event in events:
-        top_aten, in_compiled, owner = event.name.startswith("aten::"), False, None
+        top_aten, in_compiled, owner, phase = event.name.startswith("aten::"), False, None, None
         parent = event.cpu_parent
         while parent is not None:
             if parent.name.startswith("aten::"):
@@ -148,6 +157,8 @@ def _per_round(events: Any) -> tuple[list[int], list[int]]:
                 in_compiled = True
             if parent.name == ROUND:
                 owner = index.get(id(parent))
+            elif phase is None and parent.name.startswith("headstart."):
+                phase = parent.name.removeprefix("headstart.")
             parent = parent.cpu_parent
         if owner is None:
             continue
@@ -155,4 +166,6 @@ def _per_round(events: Any) -> tuple[list[int], list[int]]:
             compiled[owner] += 1
         elif top_aten and not in_compiled:
             eager[owner] += 1
-    return compiled, eager
+            key = phase or "other"
+            phases[owner][key] = phases[owner].get(key, 0) + 1
+    return compiled, eager, phases

@@ -38,6 +38,10 @@ def test_an_eager_round_reads_the_host_once(target):
     figures = measure_rounds(_replay(target), target.chat.user_prompt_ids("hello there"), SAMPLING)
     assert figures is not None and figures["rounds"] >= 2 and figures["ms"] > 0
     assert figures["max"]["host_reads"] == 1 and figures["compiled_calls"] == 0 and figures["eager_ops"] > 20
+    # the eager ops by the engine's phases: every phase of a round has some, and they add up
+    phases = figures["eager_by_phase"]
+    assert {"draft", "verify", "accept", "commit"} <= set(phases) and all(v > 0 for v in phases.values())
+    assert abs(sum(phases.values()) - figures["eager_ops"]) < 0.05
 
 
 def test_a_drafters_extra_read_is_counted(target, monkeypatch):
