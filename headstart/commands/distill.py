@@ -26,6 +26,7 @@ FLAGS: dict[str, tuple[type, str]] = {
     "skip_rows": (int, "start at this source row (more data without repeating an earlier run)"),
     "num": (int, "records wanted in the output (default 1000)"),
     "max_turns": (int, "answer at most this many user turns per conversation (0 = all)"),
+    "followups": (int, "then let the target write this many more user turns and answer them (default 0)"),
     "max_new_tokens": (int, "longest reply per turn (default 256)"),
     "temperature": (float, "0 = greedy replies (default)"),
     "top_p": (float, "nucleus sampling for replies"),

@@ -91,6 +91,10 @@ class DistillConfig:
     """Number of records (conversations) wanted in the output, counting those already there."""
     max_turns: int = 0
     """Regenerate at most this many user turns per conversation (0 = all)."""
+    followups: int = 0
+    """A self-conversation: after the conversation's own turns the target writes this many more
+    user turns itself (sampled with the `datafree` settings, filtered like data-free prompts), each
+    answered after its own earlier replies, so histories grow long (headstart engine only)."""
     max_new_tokens: int = 256
     """Longest reply per turn, in tokens."""
     temperature: float = 0.0
@@ -171,6 +175,13 @@ class DistillConfig:
 
         check_threads(self.threads)
         check_seed(self.seed)
+        if self.followups < 0:
+            raise HeadstartError(f"--followups must be >= 0, got {self.followups}", "use 0 for none")
+        if self.followups and self.engine != "headstart":
+            raise HeadstartError(
+                f"--followups needs --engine headstart (the target writes the next user turns), not {self.engine}",
+                "use --engine headstart, or --followups 0",
+            )
         if self.max_turns < 0:
             raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -205,6 +216,12 @@ class DistillConfig:
         out["feature_layers"] = self.feature_layers if self.cache_features else None
         if self.min_prompt_tokens:  # only when set: outputs written before it still resume
             out["min_prompt_tokens"] = self.min_prompt_tokens
+        if self.followups:  # the same; the user turns it writes follow the data-free settings
+            out["followups"] = self.followups
+            out["datafree"] = {
+                k: getattr(self.datafree, k) for k in DatafreeConfig.__dataclass_fields__
+                if k not in ("batch_size", "max_attempts")
+            }  # fmt: skip
         if self.chat_template is not None:  # only when set: outputs written before it still resume
             out["chat_template"] = self.chat_template
         if self.engine == "dataset":  # the data's replies, not the target's: never mixed in one dir

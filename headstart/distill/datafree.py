@@ -22,11 +22,19 @@ SENTINEL = "\u2063HEADSTART_SENTINEL\u2063"
 PUNCTUATION = set(".,;:!?'\"()[]{}-_/\\%$&*+=<>@#`~|^\u2019\u201c\u201d\u2013\u2014")
 
 
-def user_turn_prefix(chat: Chat, system: str | None = None) -> str:
-    """The template's text right before a user message's content (system turn included)."""
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
-        {"role": "user", "content": SENTINEL}
-    ]
+def user_turn_prefix(
+    chat: Chat, system: str | None = None, history: list[dict[str, str]] | None = None
+) -> str:
+    """The template's text right before a user message's content (system turn included), after
+    `history` when given (a self-conversation's next turn; its system turn is history's)."""
+    opening = (
+        history
+        if history is not None
+        else [{"role": "system", "content": system}]
+        if system is not None
+        else []
+    )
+    messages = [*opening, {"role": "user", "content": SENTINEL}]
     text = chat.render(messages, add_generation_prompt=False)
     if SENTINEL not in text:
         raise HeadstartError(

@@ -211,12 +211,13 @@ def _check_budget(target: Target, cfg: DistillConfig, todo: list[Any], names: li
     )
     # Every reply at --max-new-tokens, plus a few template tokens per turn: an upper bound
     # (the template's role headers are at most 8 tokens on every template we know).
-    n_turns = sum(len(conv) for conv in turns)
+    n_turns = sum(len(conv) for conv in turns) + cfg.followups * len(todo)
     tokens = (
         sum(i.prompt_tokens for i in todo)
         + later_tokens
         + n_turns * (cfg.max_new_tokens + 8)
         + len(later) * 8
+        + cfg.followups * len(todo) * (cfg.datafree.max_prompt_tokens + 8)  # the user turns it writes
     )
     check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
 
@@ -260,6 +261,8 @@ class _Records:
         skipped = self.summary.skipped
         if dialogue.cut:
             skipped["later turns past --max-prompt-tokens (conversation cut)"] += 1
+        if dialogue.rejected is not None:
+            skipped[f"follow-up the target wrote rejected: {dialogue.rejected} (conversation ended)"] += 1
         if dialogue.unanswered:
             reason = (
                 "turns without a reply in the data (conversation cut)"

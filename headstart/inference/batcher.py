@@ -36,7 +36,9 @@ class EngineBatcher:
         from collections import deque
 
         source, queue = iter(requests), deque()
-        engine: Engine | None = None
+        # one engine per sampling setting (an engine's rows share their warping): greedy replies
+        # and, in a self-conversation, the user turns the target samples, side by side
+        lanes: dict[tuple[float, float, int], Engine] = {}
         asked: dict[int, Any] = {}  # id(job) -> its request
 
         def pull(count: int) -> None:
@@ -55,35 +57,47 @@ class EngineBatcher:
                 queue.extendleft(reversed(list(follow or [])))
 
         while True:
-            live = engine.live if engine is not None else 0
+            live = sum(engine.live for engine in lanes.values())
             free = self.max_batch - live
             pull(free)
             if queue and free and (free >= self.admit_every or live == 0 or len(queue) < free):
                 take = [queue.popleft() for _ in range(min(free, len(queue)))]
-                if engine is None:
-                    first = take[0].sampling
-                    engine = Engine(self.make_decoder(), first, row_seeds=not first.greedy,
-                                    shared_prefix=self.shared_prefix, prefill_tokens=self.prefill_tokens)  # fmt: skip
                 start = time.perf_counter()
-                jobs = [self._job(request) for request in take]
-                asked.update({id(job): request for job, request in zip(jobs, take, strict=True)})
-                self.stats.prompt_tokens += sum(len(r.prompt) for r in take)
-                finished(engine.add(jobs))  # grouped by length there
-                self.stats.prefix_reused = engine.prefix_reused
+                for warp, group in _by_warp(take).items():
+                    if warp not in lanes:
+                        first = group[0].sampling
+                        lanes[warp] = Engine(self.make_decoder(), first, row_seeds=not first.greedy,
+                                             shared_prefix=self.shared_prefix, prefill_tokens=self.prefill_tokens)  # fmt: skip
+                    jobs = [self._job(request) for request in group]
+                    asked.update({id(job): request for job, request in zip(jobs, group, strict=True)})
+                    self.stats.prompt_tokens += sum(len(r.prompt) for r in group)
+                    finished(lanes[warp].add(jobs))  # grouped by length there
+                self.stats.prefix_reused = sum(engine.prefix_reused for engine in lanes.values())
                 self.stats.prefill_s += time.perf_counter() - start
-            if engine is None or not engine.live:
+            stepping = [engine for engine in lanes.values() if engine.live]
+            if not stepping:
                 pull(1)
                 if not queue:
                     return self.stats
                 continue
-            start = time.perf_counter()
-            self.stats.row_steps += engine.live
-            finished(engine.step())
-            self.stats.decode_steps += 1
-            self.stats.decode_s += time.perf_counter() - start
+            for engine in stepping:
+                start = time.perf_counter()
+                self.stats.row_steps += engine.live
+                finished(engine.step())
+                self.stats.decode_steps += 1
+                self.stats.decode_s += time.perf_counter() - start
             if progress is not None:
                 progress(self.stats)
 
     def _job(self, request: Any) -> Job:
         rule = StopRule(request.sampling.max_new_tokens, frozenset(self.target.eos_token_ids))
         return Job(key=request.key, prompt=list(request.prompt), rule=rule, seed=request.seed)
+
+
+def _by_warp(requests: list[Any]) -> dict[tuple[float, float, int], list[Any]]:
+    """Requests by their sampling's warping (temperature, top-p, top-k), in arrival order."""
+    lanes: dict[tuple[float, float, int], list[Any]] = {}
+    for request in requests:
+        sampling = request.sampling
+        lanes.setdefault((sampling.temperature, sampling.top_p, sampling.top_k), []).append(request)
+    return lanes

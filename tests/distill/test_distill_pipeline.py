@@ -365,6 +365,44 @@ def test_min_prompt_tokens_keeps_only_the_long_rows(distill_target, make_cfg, tm
         make_cfg(prompts=source, min_prompt_tokens=200, max_prompt_tokens=100)
 
 
+def test_followups_make_a_self_conversation(distill_target, make_cfg, tmp_path):
+    """--followups 2: after each row's own turn the target writes two more user turns (sampled with
+    the data-free settings) and answers each after its own replies; only the replies are trained
+    on; seeded, so a second run writes the same conversations; a setting of the data; refused for
+    an engine that cannot write the user turns."""
+    source = _write(
+        tmp_path / "p.jsonl", [{"prompt": "Tell me about the sea."}, {"prompt": "What is two plus two?"}]
+    )
+    free = {"filter": False, "max_prompt_tokens": 8, "temperature": 1.0}
+    summary = run_distill(
+        make_cfg(prompts=source, num=2, followups=2, datafree=free), target=distill_target, quiet=True
+    )
+    assert summary["records_total"] == 2
+    rows = load_distilled(tmp_path / "out")
+    written = [row["settings"]["followups_written"] for row in rows]
+    assert written == [2, 2] and not summary["skipped"]  # seeded: the same turns every run
+    assert (
+        summary["replies"] == 2 + 2 * 4
+    )  # each row's own answer, then per follow-up: the turn and its answer
+    for row in rows:
+        turns = 1 + row["settings"]["followups_written"]
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        assert len(users) == turns and users[0] in ("Tell me about the sea.", "What is two plus two?")
+        ids, mask = row["input_ids"], row["loss_mask"]
+        assert ids == distill_target.chat.prompt_ids(row["messages"], add_generation_prompt=False)
+        runs = sum(1 for i in range(len(mask)) if mask[i] and (i + 1 == len(mask) or not mask[i + 1]))
+        assert runs == turns  # the target's user turns are context, not training targets
+    again = run_distill(make_cfg(prompts=source, num=2, followups=2, datafree=free, out=str(tmp_path / "o2")),
+                        target=distill_target, quiet=True)  # fmt: skip
+    assert again["records_total"] == 2
+    by_index = {r["index"]: r["messages"] for r in rows}
+    assert {r["index"]: r["messages"] for r in load_distilled(tmp_path / "o2")} == by_index
+    with pytest.raises(HeadstartError, match="settings"):
+        run_distill(make_cfg(prompts=source, num=3, datafree=free), target=distill_target, quiet=True)
+    with pytest.raises(HeadstartError, match="--followups needs --engine headstart"):
+        make_cfg(prompts=source, followups=1, engine="generate")
+
+
 def test_engines_write_the_same_greedy_conversations(distill_target, make_cfg, tmp_path):
     """Continuous batching (the default) and transformers' generate answer every turn of
     multi-turn rows alike; the record says which engine wrote it."""

@@ -64,3 +64,30 @@ def test_train_reads_it_as_committed():
     assert len(data) == 50 and all(
         0 < sum(mask) < len(ids) for ids, mask in zip(data.input_ids, data.loss_mask, strict=True)
     )
+
+
+LONG = ("sglong-eval", "sgv3long")  # issue 69: first turns over 256 tokens, replies up to 512
+V3_HELD_OUT_FIRST_ROW = 800  # ShareGPT_V3 rows 800+: sglong-eval's; sgv3long stops before them
+
+
+def test_the_long_context_sets_match_their_manifest_and_hold_out_their_rows():
+    """The long-context sets (experiments/smollm2-long/distill_long.sh): long first turns only,
+    the embedded target's replies up to 512 tokens, the held-out rows apart from the trained."""
+    from headstart.distill.pack import verify
+    from headstart.targets.gguf import embedded_gguf_path
+
+    present = [s for s in LONG if (KEPT / s).is_dir()]
+    assert "sglong-eval" in present
+    manifest = json.loads((KEPT / "kept.json").read_text())["long"]
+    assert manifest["records"] == {s: verify(KEPT / s)["records"] for s in present}
+    digest = hashlib.sha256(embedded_gguf_path().read_bytes()).hexdigest()
+    for source in present:
+        meta = json.loads((KEPT / source / "distill_meta.json").read_text())
+        settings = meta["settings"]
+        assert meta["fingerprint"]["sha256"] == digest and settings["temperature"] == 0.0
+        assert settings["max_new_tokens"] == 512 and settings["min_prompt_tokens"] == 257
+        ids, replies = _column(source, "input_ids"), _column(source, "reply_tokens")
+        assert all(len(i) - n > 256 for i, n in zip(ids, replies, strict=True))  # long prompts only
+    assert min(_column("sglong-eval", "index")) >= V3_HELD_OUT_FIRST_ROW
+    if "sgv3long" in present:
+        assert max(_column("sgv3long", "index")) < V3_HELD_OUT_FIRST_ROW
