@@ -6,7 +6,8 @@ Opt-in, and private: the folder is 0700 and its files 0600; a record holds token
 reason, the lane's sampling setting and a time, never text, headers or API keys.
 
 Durability: a reply is one line appended to DIR/.journal.jsonl and fsynced before its client
-is told it is done (cost: one disk sync per reply), so a kill -9 loses no finished reply. Every
+is told it is done (one disk sync for all the replies a decode step finished), so a kill -9
+loses no finished reply. Every
 `shard_size` replies, at shutdown and at the next start, the journal's complete lines are
 published as the next shard (written aside, fsynced, renamed: a reader never sees half of one) and
 the journal is emptied. A torn last line (the process died in the write, before its client heard)
@@ -69,33 +70,45 @@ class Recorder:
     def add(
         self, prompt: list[int], reply: list[int], finish: str, sampling: tuple[float, float, int]
     ) -> None:
-        """Append one finished reply (its prompt as the target saw it, its tokens as the target wrote
-        them, the end-of-sequence token included) and make it durable. Never raises: a recording
-        that fails (disk full, folder removed) stops, said once, and the server goes on."""
-        if self.stopped or not reply:
+        """Append one finished reply (`add_many` of one)."""
+        self.add_many([(prompt, reply, finish, sampling)])
+
+    def add_many(self, replies: list[tuple[list[int], list[int], str, tuple[float, float, int]]]) -> None:
+        """Append finished replies (each: its prompt as the target saw it, its tokens as the target
+        wrote them, the end-of-sequence token included, why it ended, the lane's sampling) and make
+        them durable with ONE fsync (a decode step's finished replies together: cost one disk sync
+        a step, not a reply). Never raises: a recording that fails (disk full, folder removed)
+        stops, said once, and the server goes on."""
+        if self.stopped:
             return
-        temperature, top_p, top_k = sampling
-        record = {
-            "index": self.next_index + self.unpublished,
-            "input_ids": [*prompt, *reply],
-            "loss_mask": [0] * len(prompt) + [1] * len(reply),
-            "reply_tokens": len(reply),
-            "finish": finish,
-            "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k},
-            "recorded_at": int(time.time()),
-        }
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        try:
-            if self.bytes + len(line) > self.max_bytes:
+        lines: list[bytes] = []
+        for prompt, reply, finish, (temperature, top_p, top_k) in replies:
+            if not reply:
+                continue
+            record = {
+                "index": self.next_index + self.unpublished + len(lines),
+                "input_ids": [*prompt, *reply],
+                "loss_mask": [0] * len(prompt) + [1] * len(reply),
+                "reply_tokens": len(reply),
+                "finish": finish,
+                "sampling": {"temperature": temperature, "top_p": top_p, "top_k": top_k},
+                "recorded_at": int(time.time()),
+            }
+            line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+            if self.bytes + sum(map(len, lines)) + len(line) > self.max_bytes:
                 self._stop(f"the folder reached --record-max-mb ({self.max_bytes / 2**20:.0f} MiB)")
-                return
-            view = memoryview(line)
+                break
+            lines.append(line)
+        if not lines:
+            return
+        try:
+            view = memoryview(b"".join(lines))
             while view:
                 view = view[os.write(self.fd, view) :]
             os.fsync(self.fd)
-            self.bytes += len(line)
-            self.unpublished += 1
-            self.recorded += 1
+            self.bytes += sum(map(len, lines))
+            self.unpublished += len(lines)
+            self.recorded += len(lines)
             if self.unpublished >= self.shard_size:
                 self.publish()
         except OSError as err:

@@ -220,6 +220,11 @@ class Scheduler:
                 self._fail_lane(warp, err)
 
     def _finish(self, jobs: list[Job]) -> None:
+        # --record: a step's finished replies on disk, one sync, before their clients hear
+        if self.recorder is not None:
+            done = [(job, self.tickets[id(job)]) for job in jobs if id(job) in self.tickets]
+            self.recorder.add_many([(job.prompt, job.emitted, job.finish, ticket.warp) for job, ticket in done
+                                    if ticket.decodes and job.finish in ("stop", "length")])  # fmt: skip
         for job in jobs:
             ticket = self.tickets.pop(id(job), None)
             if ticket is not None:
@@ -228,11 +233,7 @@ class Scheduler:
                 self._conclude(ticket)
 
     def _conclude(self, ticket: Ticket) -> None:
-        """Record a finished reply (--record), run the ticket's `after` (unless its client left),
-        then tell it that it is done: a recorded reply is on disk before its client hears."""
-        job = ticket.job
-        if self.recorder is not None and ticket.decodes and job.finish in ("stop", "length"):
-            self.recorder.add(job.prompt, job.emitted, job.finish, ticket.warp)
+        """Run the ticket's `after` (unless its client left), then tell it that it is done."""
         if ticket.after is not None and ticket.job.finish != "cancelled":
             try:
                 ticket.post("scored", ticket.after(ticket.job))

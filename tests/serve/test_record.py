@@ -143,3 +143,16 @@ def test_serve_records_what_the_clients_received_through_kill_9(tiny_llama, head
     assert http("GET", f"{plain.url}/health")[0] == 200
     assert plain.stop() == 0
     assert not list((tmp_path / "plain").rglob("*.jsonl"))
+
+
+def test_a_steps_replies_are_made_durable_together(target, tmp_path, monkeypatch):
+    """The replies a decode step finished go to disk with one fsync, not one each."""
+    syncs = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: syncs.append(fd) or real(fd))
+    recorder = Recorder(tmp_path / "rec", target, max_bytes=2**20)
+    syncs.clear()
+    recorder.add_many([([1], [2 + i], "stop", (0.0, 1.0, 0)) for i in range(5)])
+    assert len(syncs) == 1 and recorder.recorded == 5
+    recorder.close()
+    assert replies(tmp_path / "rec") == [[2 + i] for i in range(5)]
