@@ -31,6 +31,9 @@
 # --profile: OUT/profile.txt, the engine's draft/verify/accept/commit ranges per target forward and
 # the costliest ops), to see where an EAGLE-3 round's 16-19 ms go against a plain captured step's
 # 4.7 (the fp32 report: 0.64-0.70x plain captured); the window then trains for what is left.
+# METHODS=generate,plain_captured,plain_captured_at_once,eagle3_captured (issue 68, 2026-12-02): plain
+# captured decoding reading ahead (the default on CUDA) against reading each step at once, the
+# gain of the async read (its warm-up costs ~40 s of DECODE_S).
 # DECODE_SECTIONS=replay8b,smollm2 adds the loop at 8B shape with the replay drafter first (the
 # round in plain steps at P 0.6/0.8, chain 2/4 and the 60-node tree: issue 68's baseline; ~5 min).
 # Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),

@@ -137,8 +137,8 @@ def test_the_draft_reads_the_prompts_first_token(target, sibling, monkeypatch):
     seen = []
     original = SpeculativeDecoder.prefill
 
-    def prefill(self, prompts_, sampling, drafter, prefix=None, abort=None):
-        state = original(self, prompts_, sampling, drafter, prefix, abort)
+    def prefill(self, prompts_, sampling, drafter, prefix=None, abort=None, generator=None):
+        state = original(self, prompts_, sampling, drafter, prefix, abort, generator)
         rows = [row[m].tolist() for row, m in zip(prompts_.host_ids, prompts_.host_valid, strict=True)]
         seen.append((rows, state.root.clone(), drafter.root_logits().clone()))
         return state
