@@ -92,7 +92,9 @@ def bucket_counts(flags: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     from headstart.inference.results import POSITION_BUCKETS
 
     edges = torch.tensor([bound for bound, _ in POSITION_BUCKETS], device=positions.device)
-    onehot = torch.nn.functional.one_hot(torch.bucketize(positions, edges, right=True), len(edges) + 1)
+    onehot = torch.nn.functional.one_hot(
+        torch.bucketize(positions.contiguous(), edges, right=True), len(edges) + 1
+    )
     per_bucket = torch.einsum("bnc,bnk->bkc", flags.to(torch.float64), onehot.to(torch.float64))
     return torch.cat([flags.to(torch.float64).sum(1, keepdim=True), per_bucket], dim=1)
 

@@ -66,7 +66,7 @@ def test_train_reads_it_as_committed():
     )
 
 
-LONG = ("sglong-eval", "sgv3long")  # issue 69: first turns over 256 tokens, replies up to 512
+LONG = ("sglong-eval", "sgv3long", "sglong")  # issue 69: first turns over 256 tokens, replies up to 512
 V3_HELD_OUT_FIRST_ROW = 800  # ShareGPT_V3 rows 800+: sglong-eval's; sgv3long stops before them
 
 
@@ -91,3 +91,5 @@ def test_the_long_context_sets_match_their_manifest_and_hold_out_their_rows():
     assert min(_column("sglong-eval", "index")) >= V3_HELD_OUT_FIRST_ROW
     if "sgv3long" in present:
         assert max(_column("sgv3long", "index")) < V3_HELD_OUT_FIRST_ROW
+    if "sglong" in present:  # sg_90k's long rows, all before its held-out rows
+        assert max(_column("sglong", "index")) < HELD_OUT_FIRST_ROW
