@@ -75,9 +75,8 @@ class Job:
 class Unread:
     """A queued plain step's tokens on their way to the host: read once the next step is queued."""
 
-    tokens: (
-        torch.Tensor
-    )  # (B, 1): pinned host memory on CUDA (filled by a non-blocking copy), else the tokens
+    # (B, 1): pinned host memory on CUDA (filled by a non-blocking copy), else the tokens themselves
+    tokens: torch.Tensor
     ready: Any  # a CUDA event recorded after the copy; None on the CPU (nothing runs ahead)
     jobs: list[Job]  # the rows it was queued for, in order (rows that leave before it is read drop out)
 
