@@ -37,12 +37,14 @@ def features_dir(out: str | Path) -> Path:
     return Path(out) / "features"
 
 
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write `payload` to a hidden temp file in the same directory, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def atomic_write_bytes(path: Path, payload: bytes, private: bool = False) -> None:
+    """Write `payload` to a hidden temp file in the same directory, fsync, then rename over `path`.
+    `private`: the file stays 0600 (mkstemp's), the folder made 0700 (serve --record)."""
+    path.parent.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
     try:
-        normal_permissions(tmp)
+        if not private:
+            normal_permissions(tmp)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()

@@ -20,12 +20,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from headstart.distill.store import META, data_dir, lock_output, open_output, read_meta, shard_paths
+from headstart.distill.store import (
+    META,
+    atomic_write_bytes,
+    data_dir,
+    lock_output,
+    open_output,
+    read_meta,
+    shard_paths,
+)
 from headstart.errors import HeadstartError
 
 log = logging.getLogger("headstart.serve")
@@ -120,7 +127,7 @@ class Recorder:
         if records:
             number = max((int(p.stem.split("-")[1]) for p in shard_paths(self.folder)), default=-1) + 1
             path = data_dir(self.folder) / f"shard-{number:05d}.jsonl"
-            _private_write(path, b"".join(records))
+            atomic_write_bytes(path, b"".join(records), private=True)
             self.next_index += len(records)
         os.ftruncate(self.fd, 0)  # after the rename: a crash before it leaves lines the next start skips
         os.fsync(self.fd)
@@ -171,19 +178,3 @@ class Recorder:
         self.stopped = True
         log.warning("warning: --record %s: recording stopped: %s; %d replies kept", self.folder, why,
                     self.next_index + self.unpublished)  # fmt: skip
-
-
-def _private_write(path: Path, payload: bytes) -> None:
-    """`payload` into a hidden file beside `path` (mkstemp's: 0600, a name distill's cleanup knows
-    as a leftover), fsynced, renamed over it."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
