@@ -29,6 +29,8 @@ def _layers(cache: Any) -> list[Any]:
 def cache_length(cache: Any) -> int:
     """Entries per row (the same for every layer)."""
     layers = _layers(cache)
+    if layers and getattr(layers[0], "ends", None) is not None and layers[0].ends() is not None:
+        return int(layers[0].ends())  # views a round program left unsliced (growing_cache.py)
     return int(layers[0].keys.shape[-2]) if layers else 0
 
 

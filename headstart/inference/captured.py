@@ -120,6 +120,13 @@ class BufferPool:
         keys, values = [], []
         for layer in getattr(cache, "layers", []):
             kb, vb = getattr(layer, "_key_buffer", None), getattr(layer, "_value_buffer", None)
+            ends = layer.ends() if hasattr(layer, "ends") else None
+            if ends is not None and kb is not None and vb is not None:  # views a round left unsliced
+                if ends != length:
+                    return None
+                keys.append(kb)
+                values.append(vb)
+                continue
             k = getattr(layer, "keys", None)
             if kb is None or vb is None or k is None or k.dim() != 4 or k.shape[-2] != length:
                 return None
@@ -262,10 +269,14 @@ def static_mask(allowed: torch.Tensor, size: int, capacity: int, dtype: torch.dt
 
 
 def end_views(cache: Any, length: int) -> None:
-    """Every layer's views end after the real entries (the pad nodes' entries stay unseen)."""
+    """Every layer's views end after the real entries (the pad nodes' entries stay unseen):
+    sliced when next read, where the layer can wait (targets/growing_cache.py, `end_at`)."""
     for layer in cache.layers:
-        layer.keys = layer._key_buffer[:, :, :length]
-        layer.values = layer._value_buffer[:, :, :length]
+        if hasattr(layer, "end_at"):
+            layer.end_at(length)
+        else:
+            layer.keys = layer._key_buffer[:, :, :length]
+            layer.values = layer._value_buffer[:, :, :length]
 
 
 def allow_graphs() -> None:

@@ -43,7 +43,7 @@ from headstart.inference.prefix import SharedPrefix
 from headstart.inference.prompts import PrefillAborted, prepare_prompts
 from headstart.inference.results import DecodeState, DecodeStats, position_bucket
 from headstart.inference.sampling import Generator, RowGenerators
-from headstart.inference.steps import Steps
+from headstart.inference.steps import Steps, unpack_report
 from headstart.inference.stops import StopRule
 
 
@@ -79,16 +79,17 @@ class Unread:
     tokens: torch.Tensor
     ready: Any  # a CUDA event recorded after the copy; None on the CPU (nothing runs ahead)
     jobs: list[Job]  # the rows it was queued for, in order (rows that leave before it is read drop out)
+    counted: bool = False  # a round program's report: each row's count, then its tokens
 
     @classmethod
-    def queue(cls, tokens: torch.Tensor, jobs: list[Job]) -> Unread:
+    def queue(cls, tokens: torch.Tensor, jobs: list[Job], counted: bool = False) -> Unread:
         if tokens.device.type != "cuda":
-            return cls(tokens, None, list(jobs))
+            return cls(tokens, None, list(jobs), counted)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()
-        return cls(host, ready, list(jobs))
+        return cls(host, ready, list(jobs), counted)
 
 
 class Engine:
@@ -324,6 +325,10 @@ class Engine:
         done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
+        return done + self._step_now()
+
+    def _step_now(self) -> list[Job]:
+        """One round over the live rows, read at once."""
         decoder, state = self.decoder, self.state
         assert state is not None
         plain = self._plain_at(len(self.jobs)) or (
@@ -333,6 +338,13 @@ class Engine:
         contexts = (
             [j.prompt + j.emitted for j in self.jobs] if decoder.tree.reads_context and not plain else None
         )
+        if not plain and contexts is None:  # the whole round as one program, where it can run
+            with region("headstart.captured"):
+                self.drafter = self.pending.flush()
+                taken = decoder.round(state, self.sampling, self.drafter)
+            if taken is not None:
+                self.target_forwards += 1
+                return self._take(*taken, rows=range(len(self.jobs)), counted=True)
         # the step's phases are named for profilers (scripts/gpu/check.py --profile); cost: ~1 us each
         with region("headstart.draft"):
             if not plain:  # what plain steps committed and deferred prompts, one observe a group
@@ -356,19 +368,31 @@ class Engine:
             committed, counts = decoder.commit(state, tree, feats, acc, observer)
         if plain and self._defers:
             self.pending.feed_over(self.pending_limit)
-        return done + self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
+        return self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
 
     # ---- reading ahead (plain decoding) -----------------------------------------------------------
     def _ahead(self) -> bool:
-        """Whether this step reads ahead: asked for, plain decoding (a root-only tree, no drafter),
-        and no batch generator shared by several rows (a row that stopped would still draw from it
-        in the step after its stop, moving the other rows' seeded draws)."""
+        """Whether this step reads ahead: asked for, and either plain decoding (a root-only tree,
+        no drafter) with no batch generator shared by several rows (a row that stopped would
+        still draw from it in the step after its stop, moving the other rows' seeded draws), or
+        the greedy round program (inference/captured_round.py: it knows its widths before it
+        runs) where no step must be plain (speculate_up_to, a learned position table: those
+        are decided by lengths the host has not read yet)."""
+        decoder = self.decoder
+        if not self.read_ahead:
+            return False
+        if decoder.heads is None and decoder.verify_nodes == 1:
+            return self.sampling.greedy or self.row_seeds or self.live == 1
+        return self._rounds_ahead()
+
+    def _rounds_ahead(self) -> bool:
         decoder = self.decoder
         return (
-            self.read_ahead
-            and decoder.heads is None
-            and decoder.verify_nodes == 1
-            and (self.sampling.greedy or self.row_seeds or self.live == 1)
+            decoder.captured_round is not None
+            and self.sampling.greedy
+            and not decoder.tree.reads_context
+            and not decoder.positions.limited
+            and not self._plain_at(self.live)
         )
 
     def _step_ahead(self, cancelled: list[int]) -> list[Job]:
@@ -380,7 +404,16 @@ class Engine:
             done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
-        pending = 1 if self.unread is not None else 0
+        pending = 1 if self.unread is not None else 0  # at least one token a row is on its way
+        if any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs) and self._rounds_ahead():
+            with region("headstart.captured"):
+                self.drafter = self.pending.flush()
+                report = self.decoder.round_unread(self.state, self.sampling, self.drafter)
+            if report is None:  # the program cannot run this round: read what is queued, then the steps
+                done += self._drain()
+                return done + (self._step_now() if self.jobs else [])
+            self.target_forwards += 1
+            return done + self._drain(Unread.queue(report, self.jobs, counted=True))
         if any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs):
             decoder, state = self.decoder, self.state
             assert state is not None
@@ -412,7 +445,10 @@ class Engine:
         row = {id(job): i for i, job in enumerate(unread.jobs)}
         # every live job was queued in it: rows join only after a drain, and leave by one
         committed = [tokens[row[id(job)]] for job in self.jobs]
-        finished = self._take(committed, [1] * len(committed), rows=range(len(self.jobs)), counted=True)
+        counts = [1] * len(committed)
+        if unread.counted:
+            committed, counts = unpack_report(committed)
+        finished = self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
         if not self.jobs:
             self.unread = None
         return finished

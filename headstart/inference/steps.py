@@ -33,7 +33,13 @@ from headstart.inference.trees import draft_static
 from headstart.inference.trees.draft import DraftTree
 from headstart.inference.trees.spec import TreeChoice, TreeSpec, choose_tree
 from headstart.inference.trees.static import ROOT_ONLY
-from headstart.inference.verify import Acceptance, accept_greedy, accept_sampling, accept_typical
+from headstart.inference.verify import (
+    Acceptance,
+    accept_greedy,
+    accept_sampling,
+    accept_typical,
+    committed_path,
+)
 from headstart.targets import Features, Target, forward, new_cache, tree_attention_mask
 from headstart.targets.exactness import check_no_processors, must_step_plainly, positions
 from headstart.targets.layer_kinds import check_tree_verifiable
@@ -72,12 +78,20 @@ class Steps:
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
         self.captured_head: Any = None  # the drafter's steps, compiled too (drafters.compiled_steps)
+        # the whole greedy round as one program, for a fixed tree and a drafter with round parts
+        # (inference/captured_round.py); None: the steps run one by one
+        self.captured_round: Any = None
         if compile:
             from headstart.inference.captured import CapturedVerify
             from headstart.inference.drafters import compiled_steps
 
             self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
             self.captured_head = compiled_steps(probe, heads, compile_backend)
+            plan = self.tree.fixed_plan(target.device)
+            if plan is not None and self.captured_head is not None and hasattr(probe, "round_inputs"):
+                from headstart.inference.captured_round import CapturedRound
+
+                self.captured_round = CapturedRound(self.captured, plan, backend=compile_backend)
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole
@@ -120,7 +134,8 @@ class Steps:
             sees = (causal[None] & valid[:, None, :]) | torch.eye(steps, dtype=torch.bool, device=ids.device)
             mask = tree_attention_mask(before, sees, self.target.dtype)  # (B, 1, T, shared + T)
         check_tree_verifiable(model)  # one line for recurrent/linear/chunked layers
-        reserve = shared + steps + sampling.max_new_tokens + self.verify_width()
+        new = self._new_columns(sampling)
+        reserve = shared + steps + new + self.verify_width()
         if shared:
             assert prefix is not None
             cache = prefix[0].rows(shared, ids.shape[0], reserve=reserve)
@@ -129,7 +144,7 @@ class Steps:
         if self.captured is not None:
             self.captured.adopt(cache)
         if self.captured_head is not None:
-            drafter.capture(self.captured_head, steps + sampling.max_new_tokens + self.draft_width())
+            drafter.capture(self.captured_head, steps + new + self.draft_width())
         kv.check_tree_compatible(cache)
         if abort is not None and steps > prefill_chunk(ids.device):
             feats = self._chunked_prefill(ids, valid, before, positions, cache, drafter.feature_layers, abort)
@@ -181,6 +196,32 @@ class Steps:
             layers={i: torch.cat([part.layers[i] for part in parts], 1) for i in parts[0].layers},
         )
 
+    def _new_columns(self, sampling: SamplingConfig) -> int:
+        """Cache columns a generation appends after its prompt: one a token, or, where the
+        round program may run, its path width a round (inference/captured_round.py's cost)."""
+        if self.captured_round is not None and sampling.greedy:
+            return self.captured_round.reserve(sampling.max_new_tokens)
+        return sampling.max_new_tokens
+
+    def round(self, state: DecodeState, sampling: SamplingConfig,
+              drafter: Any) -> tuple[list[list[int]], list[int]] | None:  # fmt: skip
+        """The whole round as one program (draft, verify, accept, commit), then its one read:
+        each row's committed tokens and count, as `commit` returns them; None where the program
+        cannot run (sampling, no round program, the caches not in its buffers or full: the
+        caller runs the steps)."""
+        report = self.round_unread(state, sampling, drafter)
+        if report is None:
+            return None
+        return unpack_report(self._read_step(report))  # host sync: the round's one read
+
+    def round_unread(self, state: DecodeState, sampling: SamplingConfig, drafter: Any) -> torch.Tensor | None:
+        """`round` without the read: the report (B, 1 + A), each row's count then its tokens, on
+        the device, for the engine to read after it queued the next round (the host knows the
+        round's widths: the program advances both caches by A)."""
+        if self.captured_round is None or not sampling.greedy:
+            return None
+        return self.captured_round.run(state, drafter, self.target.dtype)
+
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
               contexts: list[list[int]] | None = None, plain: bool = False,
               generator: Generator = None) -> DraftTree:  # fmt: skip
@@ -223,7 +264,7 @@ class Steps:
         real), read back in the step's ONE device-to-host transfer; everything before it has
         static shapes (acc.path is padded to the tree's depth + 1), and the width it reads back
         trims the cache and the head's inputs to the longest accepted path."""
-        slot, real, committed = _committed(acc, tree)
+        slot, real, committed = committed_path(acc, tree)
         in_place = ((acc.path == slot) | ~real).all(1)
         # host sync: the one device-to-host read of the step (lengths, in-place flags, tokens)
         host = self._read_step(torch.cat([acc.lengths[:, None], in_place[:, None].long(), committed], 1))
@@ -239,7 +280,7 @@ class Steps:
         stay on the device for the engine to read one step later (inference/engine.py, `Unread`)."""
         if tree.size != 1:
             raise ValueError("commit_unread is for root-only trees: a drafted tree's widths need the read")
-        self._advance(state, tree, feats, acc, drafter, _committed(acc, tree), 1, True)
+        self._advance(state, tree, feats, acc, drafter, committed_path(acc, tree), 1, True)
         return acc.bonus[:, None]
 
     @staticmethod
@@ -247,7 +288,7 @@ class Steps:
                  marks: tuple[torch.Tensor, torch.Tensor, torch.Tensor], width: int, in_place: bool) -> None:  # fmt: skip
         """The commit after its read: the cache kept to each row's path (`width`: the longest,
         `in_place`: every row's already where it belongs), the drafter's observation, the state.
-        `marks`: `_committed`'s slots, real flags and tokens."""
+        `marks`: `committed_path`'s slots, real flags and tokens."""
         prefix = kv.cache_length(state.cache) - tree.size
         slot, real, committed = marks
         kv.keep_entries(state.cache, prefix, acc.path[:, :width], in_place=in_place)
@@ -284,14 +325,10 @@ class Steps:
         return sample(probabilities(logits, sampling), generator)
 
 
-def _committed(acc: Acceptance, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: the path's slots (1, A), which are real (B, A), and the tokens they commit (B, A):
-    the accepted drafts after the root, then the bonus token."""
-    slot = torch.arange(acc.path.shape[1], device=acc.path.device)[None]
-    real = slot < acc.lengths[:, None]
-    path_tokens = tree.tokens.gather(1, acc.path)  # root + accepted drafts
-    shifted = torch.cat([path_tokens[:, 1:], acc.bonus[:, None]], dim=1)
-    return slot, real, torch.where(slot == acc.lengths[:, None] - 1, acc.bonus[:, None], shifted)
+def unpack_report(host: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """A round program's report read back, (B, 1 + A) rows of count then tokens -> each row's
+    committed tokens and count, as `commit` returns them."""
+    return [row[1 : 1 + row[0]] for row in host], [row[0] for row in host]
 
 
 def _after_prefix(prefix: Any, shared: int, feats: Features, ids: torch.Tensor,

@@ -118,3 +118,13 @@ def accept_sampling(
         residual = torch.where(moved[:, None], _rows(p_all, node), residual)
     path, lengths = path_to(tree.visible, node, tree.depth_bound + 1)
     return Acceptance(path, lengths, sample(residual, generator))
+
+
+def committed_path(acc: Acceptance, tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: the path's slots (1, A), which are real (B, A), and the tokens they commit (B, A):
+    the accepted drafts after the root, then the bonus token."""
+    slot = torch.arange(acc.path.shape[1], device=acc.path.device)[None]
+    real = slot < acc.lengths[:, None]
+    path_tokens = tree.tokens.gather(1, acc.path)  # root + accepted drafts
+    shifted = torch.cat([path_tokens[:, 1:], acc.bonus[:, None]], dim=1)
+    return slot, real, torch.where(slot == acc.lengths[:, None] - 1, acc.bonus[:, None], shifted)

@@ -82,6 +82,48 @@ def growing_layer_class() -> type | None:
         reserve: int = 0  # entries to preallocate (0: grow as needed)
         pool: tuple[torch.Tensor, torch.Tensor] | None = None  # (keys, values) buffers to start in
         zeroed: bool = False  # new buffers start as zeros (a captured verify reads every column)
+        # the length the views end at when a compiled round wrote past them (`end_at`), sliced
+        # only when keys or values are next read: a round program leaves no slicing per layer
+        # behind it (2 x layers view ops a round on the host, ~60 for SmolLM2)
+        _ends: int | None = None
+
+        @property
+        def keys(self) -> Any:
+            if self._ends is not None:
+                self._slice()
+            return self.__dict__.get("_keys")
+
+        @keys.setter
+        def keys(self, value: Any) -> None:
+            if self._ends is not None:
+                self._slice()
+            self.__dict__["_keys"] = value
+
+        @property
+        def values(self) -> Any:
+            if self._ends is not None:
+                self._slice()
+            return self.__dict__.get("_values")
+
+        @values.setter
+        def values(self, value: Any) -> None:
+            if self._ends is not None:
+                self._slice()
+            self.__dict__["_values"] = value
+
+        def end_at(self, length: int) -> None:
+            """The views end after `length` entries of the buffers (written there in place)."""
+            self._ends = length
+
+        def ends(self) -> int | None:
+            """The length `end_at` set and no read has sliced yet (None: the views are current)."""
+            return self._ends
+
+        def _slice(self) -> None:
+            length, self._ends = self._ends, None
+            assert self._key_buffer is not None and self._value_buffer is not None
+            self.__dict__["_keys"] = self._key_buffer[:, :, :length]
+            self.__dict__["_values"] = self._value_buffer[:, :, :length]
 
         def update(
             self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any

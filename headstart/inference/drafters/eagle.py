@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -161,6 +162,44 @@ class EagleDrafter:
         self.g = torch.cat([self.g[:, :1], other.g[:, :1]])  # the root's g: all a step starts from
         self.root_pos = torch.cat([self.root_pos, other.root_pos])
 
+    # ---- the captured round (inference/captured_round.py) ------------------------------------
+    def round_inputs(self, shape: Any) -> Any:
+        """What the round program takes of this drafter (RoundInputs), or None where it cannot
+        run: the head's steps not captured, the cache not in its kept buffer, or no room for the
+        round's drafted entries and committed path."""
+        if (
+            self.captured is None
+            or self.g is None
+            or self.visible is None
+            or self.root_pos is None
+            or self.entries
+        ):
+            return None
+        length = kv.cache_length(self.cache)
+        claimed = self.captured.buffers.claim(
+            self.cache, length, max(shape.drafted, shape.path_width), pad=False
+        )
+        if claimed is None or self.g.shape[1] != 1:
+            return None
+        from headstart.inference.captured_round import visibility_buffer
+
+        _, keys, values = claimed
+        seen = visibility_buffer(self.captured.seen, self.visible, keys[0].shape[-2])
+        start = self.captured.start.at(length, self.g.device)
+        return RoundInputs(
+            self.captured.round_parts(self), (keys, values, seen, start, self.g, self.root_pos)
+        )
+
+    def round_done(self, out: tuple[torch.Tensor, torch.Tensor], width: int) -> None:
+        """The round program observed `width` new entries (the committed path, padded): the
+        Python side of the head's state follows (views, the root's g and position)."""
+        self.g, self.root_pos = out
+        self.captured.start.advanced(width)
+        length = kv.cache_length(self.cache) + width
+        end_views(self.cache, length)
+        self.visible = self.captured.seen["seen"].narrow(1, 0, length)
+        self.committed = length
+
     @staticmethod
     def compiled_steps(heads: Any, backend: str) -> Any:
         """The head's step as graphs (`--compile`), for headstart's own decoder layer."""
@@ -180,8 +219,21 @@ class CapturedHead:
         mode = graph_mode(heads, mode)
         self.fn = _compiled_head(backend, mode)
         self.buffers = BufferPool()
+        self.seen: dict[str, torch.Tensor] = {}  # the captured round's visibility buffer of the head's cache
+        from headstart.inference.captured_round import DeviceLength
+
+        self.start = DeviceLength()  # the head cache's column count, as the round program reads it
+        self._parts: RoundParts | None = None
         self.steps = 0
         self.fallbacks = 0
+
+    def round_parts(self, drafter: EagleDrafter) -> RoundParts:
+        """The head's pieces of the round program, one object per decoder (the program is
+        specialized on it: a new one per generation would recompile it)."""
+        to_target = None if drafter._identity else drafter._to_target
+        if self._parts is None or self._parts.vocab != drafter.vocab_size:
+            self._parts = RoundParts(self.heads, to_target, int(drafter.vocab_size))
+        return self._parts
 
     def new_cache(self, reserve: int) -> Any:
         """The head's cache for one generation: `reserve` entries (rounded up), zeroed, in the
@@ -237,3 +289,75 @@ def _head_graph(heads: Any, hidden: torch.Tensor, tokens: torch.Tensor, position
 def _compiled_head(backend: str, mode: str | None) -> Any:
     allow_graphs()
     return torch.compile(_head_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
+
+
+@dataclass(frozen=True)
+class RoundInputs:
+    """An EAGLE drafter's share of the round program: its pieces and its tensors (the head's KV
+    buffers, their visibility (B, Ch), the committed column count, the root's g (B, 1, H) and
+    position (B,))."""
+
+    parts: RoundParts
+    tensors: tuple[Any, ...]
+
+
+class RoundParts:
+    """The head's draft and observe as pure functions of tensors, traced into the round program
+    (inference/captured_round.py) with the target's verify: the same steps as `expand` and
+    `observe`, over the kept buffers at a device-held column, with static widths."""
+
+    def __init__(self, heads: Any, to_target: torch.Tensor | None, vocab: int) -> None:
+        self.heads, self.to_target, self.vocab = heads, to_target, vocab
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        logits = self.heads.logits(g)
+        return in_target_vocab(logits, self.to_target, self.vocab) if self.to_target is not None else logits
+
+    def round_draft(self, shape: Any, fixed: dict[str, torch.Tensor], root: torch.Tensor,
+                    head: tuple[Any, ...]) -> torch.Tensor:  # fmt: skip
+        """Every level of the fixed tree: top-k of each frontier node's logits, then one head step
+        over the next frontier (their entries at columns start + offset). Returns tokens (B, n)."""
+        from headstart.inference.captured_round import capacity_mask
+
+        keys, values, seen, start, g_root, root_pos = head
+        batch, n = root.shape[0], shape.size
+        tokens = root.new_zeros(batch, n + 1)  # column n: scratch for missing children
+        tokens[:, 0] = root
+        table = g_root.new_zeros(batch, n + 1, g_root.shape[-1])  # each drafted node's g
+        table[:, 0] = g_root[:, 0]
+        logits = self.logits(g_root)  # (B, 1, V)
+        offset = 0
+        for i, (_, _, width, nxt) in enumerate(shape.levels):
+            tokens[:, fixed[f"into{i}"]] = logits.topk(width, dim=-1).indices  # (B, m, C)
+            if not nxt:
+                break
+            nodes = fixed[f"next{i}"]
+            mask = capacity_mask(seen, start, fixed[f"sees{i}"][None], table.dtype)
+            positions = (root_pos + i)[:, None].expand(batch, len(nxt))
+            g = self.heads(table[:, fixed[f"from{i}"]], tokens[:, nodes], position_ids=positions,
+                           attention_mask=mask, past_key_values=StaticKV(keys, values, start + offset))  # fmt: skip
+            logits = self.logits(g)
+            table[:, nodes] = g
+            offset += len(nxt)
+        return tokens[:, :n]
+
+    def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
+                      positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
+                      head: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`observe` of the committed path (B, A) at columns [start, start + A): the root's next
+        g (B, 1, H) and position (B,)."""
+        from headstart.inference.captured_round import capacity_mask
+
+        keys, values, seen, start, _, _ = head
+        batch, width = committed.shape
+        device = committed.device
+        hidden = self.heads.fuse(last, layers)
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        tree = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
+        mask = capacity_mask(seen, start, tree, hidden.dtype)
+        g = self.heads(hidden, committed, position_ids=positions, attention_mask=mask,
+                       past_key_values=StaticKV(keys, values, start))  # fmt: skip
+        seen.index_copy_(1, start + torch.arange(width, device=device), real)
+        start.add_(width)  # the next round's first column (the host counts the same)
+        rows = torch.arange(batch, device=device)
+        return g[rows, last_index][:, None], positions[rows, last_index] + 1

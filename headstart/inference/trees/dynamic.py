@@ -55,6 +55,9 @@ class DynamicTree:
     def prepare(self, device: torch.device) -> None:
         """Nothing: its shape is drafted each step."""
 
+    def fixed_plan(self, device: torch.device) -> None:
+        """None: its shape is not fixed."""
+
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
 

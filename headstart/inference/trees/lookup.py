@@ -123,6 +123,9 @@ class WithLookup:
     def prepare(self, device: torch.device) -> None:
         self.base.prepare(device)
 
+    def fixed_plan(self, device: torch.device) -> None:
+        """None: the lookup branch reads each row's context."""
+
     def draft(self, drafter: Any, root: torch.Tensor, sampling: Any, generator: Any, max_depth: int | None,
               contexts: Sequence[Sequence[int]] | None = None) -> DraftTree:  # fmt: skip
         tree = self.base.draft(drafter, root, sampling, generator, max_depth)

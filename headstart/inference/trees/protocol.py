@@ -46,6 +46,12 @@ class Tree(Protocol):
         """Anything built once per device (a static tree's index buffers)."""
         ...
 
+    def fixed_plan(self, device: torch.device) -> Any:
+        """Its StaticPlan on `device` (inference/trees/static.py) when every step drafts that one
+        shape from the heads alone, so a round program can be compiled for it
+        (inference/captured_round.py); None for a tree drafted per step or reading context."""
+        ...
+
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,
               max_depth: int | None, contexts: Any = None) -> DraftTree:  # fmt: skip
         """One step's drafted tree under each row's root, batched (`contexts`: each row's

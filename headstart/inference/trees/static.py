@@ -80,6 +80,9 @@ class TreeBuffers:
     def prepare(self, device: torch.device) -> None:
         static_plan(self, device)  # the device buffers, built once
 
+    def fixed_plan(self, device: torch.device) -> StaticPlan | None:
+        return static_plan(self, device) if self.size > 1 else None  # the root alone drafts nothing
+
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
 
