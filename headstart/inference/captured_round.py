@@ -1,17 +1,19 @@
-"""The whole steady-state speculative round as ONE compiled program (`--compile`, greedy, a fixed
-tree, a drafter with round parts: EAGLE-1/2/3): draft every level, verify, accept, commit the KV
-cache and feed the head, with no host read inside and no eager op between the phases.
+"""The whole steady-state speculative round as ONE compiled program (`--compile`, greedy, a tree
+drafted from the heads alone: static, chain or dynamic; a drafter with round parts: EAGLE-1/2/3):
+draft every level, verify, accept, commit the KV cache and feed the head, with no host read
+inside and no eager op between the phases.
 
-    inputs:  the target's KV buffers, its visibility (B, C), the cache's column count P;
-             the head's KV buffers, visibility (B, Ch) and column count Ph; each row's length
-             (its root's position), root token and the drafter's root state (EAGLE: g)
-    program: draft (the drafter's `round_draft`: every level's top-k and head step, static
-             widths) -> verify (one target forward over the n nodes at columns [P, P + n)) ->
-             greedy acceptance (accept_greedy, static shapes) -> commit: the accepted path's
-             entries gathered into columns [P, P + A), their visibility set, the drafter
-             observing them (`round_observe`) at [Ph, Ph + A)
-    outputs: each row's committed tokens (B, A) and count (B,), the next lengths, roots and
-             drafter root state
+    inputs:  the target's KV buffers, its visibility (B, C), the cache's column count P (a 0-d
+             device tensor); the head's KV buffers, visibility (B, Ch) and column count Ph; each
+             row's length (its root's position), root token and the drafter's root state (EAGLE: g)
+    program: draft (the tree's own draft function, trees.draft.RoundPlan, over the drafter's
+             in-program twin: every level's top-k and head step, a dynamic tree's selection to
+             its node budget) -> verify (one target forward over the n nodes at columns
+             [P, P + n)) -> greedy acceptance (accept_greedy, static shapes) -> commit: the
+             accepted path's entries gathered into columns [P, P + A), their visibility set, the
+             drafter observing them at [Ph, Ph + A); P and Ph advanced by A in place
+    outputs: a report (B, 1 + A): each row's count then its committed tokens; the next lengths,
+             roots and drafter root state
 
 A = the tree's depth + 1: every round appends A columns to both caches whatever it accepted,
 the columns past a row's accepted path masked (never seen). So P and Ph advance by a number the
@@ -21,85 +23,21 @@ caches' capacity holds max_new_tokens * A columns (worst case: nothing accepted)
 commit needs the tokens accepted; a captured verify attends over its whole capacity anyway.
 
 Where the program cannot run (rows joined or left and the caches are fresh tensors, the capacity
-is full, sampling, a tree drafted per step), `run` returns None and the engine takes the eager
-round, which leaves both caches and the visibility in a state the next captured round adopts
-(one copy of the visibility into this object's buffer, only then).
+is full, sampling, a lookup branch), `run` returns None and the engine takes the eager steps,
+which leave both caches and the visibility in a state the next program run adopts (one copy of
+the visibility into this object's buffer, only then).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from headstart.inference.captured import allow_graphs, end_views, graph_mode, own, step_begins
-from headstart.inference.trees.draft import DraftTree
 from headstart.inference.verify import accept_greedy, committed_path
-
-
-@dataclass(frozen=True)
-class RoundShape:
-    """A fixed tree's shape as the program reads it: Python ints and tuples only (the compiled
-    program specializes on them), built once per tree."""
-
-    size: int  # n, the root included
-    depth: int  # the deepest node's depth; A = depth + 1
-    parents: tuple[int, ...]
-    depths: tuple[int, ...]
-    visible: tuple[tuple[bool, ...], ...]  # (n, n): ancestor-or-self
-    children: tuple[tuple[int, ...], ...]  # (n, C): child ids by rank, -1 padded
-    # per level: (frontier ids, their children's ids (m, C) with n for a missing child, C,
-    # the next frontier's ids (empty: the last level))
-    levels: tuple[tuple[tuple[int, ...], tuple[tuple[int, ...], ...], int, tuple[int, ...]], ...]
-
-    @property
-    def path_width(self) -> int:
-        return self.depth + 1
-
-    @property
-    def drafted(self) -> int:
-        """Head-cache entries one draft writes (every expanded node once)."""
-        return sum(len(level[3]) for level in self.levels)
-
-    @classmethod
-    def of(cls, plan: Any) -> RoundShape:
-        """From a static tree's StaticPlan (inference/trees/static.py)."""
-        tree = plan.tree
-        levels = []
-        for depth, (frontier, into, width) in enumerate(plan.levels):
-            nxt = plan.expanding[depth]
-            levels.append((tuple(frontier.tolist()), tuple(map(tuple, into.tolist())), int(width),
-                           tuple(nxt.tolist()) if nxt is not None else ()))  # fmt: skip
-        return cls(
-            size=tree.size, depth=tree.max_depth, parents=tuple(tree.parents.tolist()),
-            depths=tuple(tree.depths.tolist()), visible=tuple(map(tuple, tree.visible.tolist())),
-            children=tuple(map(tuple, tree.children.tolist())), levels=tuple(levels),
-        )  # fmt: skip
-
-    def tensors(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """The shape's index tensors on `device`, made once (the program takes them as inputs):
-        the tree's, and per level i: `into{i}` (m, C) the candidates' node ids, `next{i}` (k,) the
-        next frontier, `from{i}` (k,) their parents, `sees{i}` (k, E) which of the E head-cache
-        entries drafted so far (every expanded node, level by level) each of them sees."""
-        fixed = {
-            "parents": torch.tensor(self.parents, device=device),
-            "depths": torch.tensor(self.depths, device=device),
-            "visible": torch.tensor(self.visible, dtype=torch.bool, device=device),
-            "children": torch.tensor(self.children, device=device),
-        }
-        entries: list[int] = []
-        for i, (_, into, _, nxt) in enumerate(self.levels):
-            fixed[f"into{i}"] = torch.tensor(into, device=device)
-            if nxt:
-                entries += nxt
-                fixed[f"next{i}"] = torch.tensor(nxt, device=device)
-                fixed[f"from{i}"] = torch.tensor([self.parents[j] for j in nxt], device=device)
-                sees = [[self.visible[j][e] for e in entries] for j in nxt]
-                fixed[f"sees{i}"] = torch.tensor(sees, dtype=torch.bool, device=device)
-        return fixed
 
 
 def capacity_mask(
@@ -132,7 +70,7 @@ def compact(buffers: list[torch.Tensor], start: torch.Tensor, path: torch.Tensor
 
 
 def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tuple[int, ...],
-                 cache_kw: str, dtype: torch.dtype, parts: Any, shape: RoundShape, fixed: dict[str, torch.Tensor],
+                 cache_kw: str, dtype: torch.dtype, parts: Any, plan: Any,
                  target: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor],
                  lengths: torch.Tensor, root: torch.Tensor, head: Any) -> Any:  # fmt: skip
     """The round that is compiled: every input explicit (see the module's note)."""
@@ -140,15 +78,11 @@ def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_id
     from headstart.targets.layer_kinds import layer_masks
 
     keys, values, seen, length = target
-    batch, n = root.shape[0], shape.size
-    tokens = parts.round_draft(shape, fixed, root, head)  # (B, n)
-    positions = lengths[:, None] + fixed["depths"][None]
-    mask = capacity_mask(seen, length, fixed["visible"][None], dtype)
-    out = model(input_ids=tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
+    tree = plan.draft(parts.drafter(head), root)  # the tree's own draft over the program's drafter
+    positions = lengths[:, None] + tree.depths
+    mask = capacity_mask(seen, length, tree.visible, dtype)
+    out = model(input_ids=tree.tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
                 **{cache_kw: StaticKV(keys, values, length)}, use_cache=True)  # fmt: skip
-    tree = DraftTree(tokens, fixed["parents"].expand(batch, n), fixed["depths"].expand(batch, n),
-                     fixed["visible"].expand(batch, n, n), fixed["children"].expand(batch, n, -1),
-                     torch.ones_like(tokens, dtype=torch.bool), None, max_depth=shape.depth)  # fmt: skip
     acc = accept_greedy(tree, out.logits)
     slot, real, committed = committed_path(acc, tree)
     compact(keys + values, length, acc.path)
@@ -157,7 +91,7 @@ def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_id
     layers = {i: taps[i].gather(1, index) for i in layer_ids}
     head = parts.round_observe(taps[-1].gather(1, index), layers, committed, lengths[:, None] + slot, real,
                                acc.lengths - 1, head)  # fmt: skip
-    length.add_(shape.path_width)  # the next round's first column (the host counts the same)
+    length.add_(plan.path_width)  # the next round's first column (the host counts the same)
     report = torch.cat([acc.lengths[:, None], committed], 1)  # what the host reads: count, tokens
     return report, lengths + acc.lengths, acc.bonus, head
 
@@ -172,12 +106,10 @@ class CapturedRound:
     """One target's and drafter kind's round program for a fixed tree; the visibility buffers
     are kept for the decoder's lifetime (static addresses, as the KV buffers)."""
 
-    def __init__(self, verify: Any, tree: Any, backend: str = "inductor", mode: str | None = None) -> None:
+    def __init__(self, verify: Any, plan: Any, backend: str = "inductor", mode: str | None = None) -> None:
         self.verify = verify  # the CapturedVerify whose KV buffers and feature taps this shares
-        self.plan = tree  # a static tree's StaticPlan
-        self.shape = RoundShape.of(tree)
+        self.plan = plan  # the tree's RoundPlan (inference/trees/draft.py)
         self.fn = _compiled(backend, graph_mode(verify.model, mode))
-        self._fixed: dict[str, dict[str, torch.Tensor]] = {}
         self._seen: dict[str, torch.Tensor] = {}  # the target's visibility buffer
         self.start = DeviceLength()  # the target cache's column count, as the program reads it
         self.rounds = 0  # rounds that ran as the program
@@ -185,30 +117,27 @@ class CapturedRound:
 
     @property
     def path_width(self) -> int:
-        return self.shape.path_width
+        return self.plan.path_width
 
     def reserve(self, new_tokens: int) -> int:
         """Target-cache columns a generation of `new_tokens` may append (A a round, the verify's
         n on top)."""
-        return new_tokens * self.path_width + self.shape.size
+        return new_tokens * self.path_width + self.plan.size
 
     def run(self, state: Any, drafter: Any, dtype: torch.dtype) -> torch.Tensor | None:
         """The round over `state` (inference/results.DecodeState) and `drafter`, advancing both;
         returns each row's count and committed tokens, (B, 1 + A) on the device (row b's first
         count real), or None (run the eager round: nothing was changed)."""
         length = state.visible.shape[1]
-        claimed = self.verify.buffers.claim(state.cache, length, self.shape.size, pad=False)
+        claimed = self.verify.buffers.claim(state.cache, length, self.plan.size, pad=False)
         inputs = getattr(drafter, "round_inputs", None)
-        head_in = inputs(self.shape) if inputs is not None and claimed is not None else None
+        head_in = inputs(self.plan) if inputs is not None and claimed is not None else None
         if head_in is None or claimed is None:
             self.fallbacks += 1
             return None
         _, keys, values = claimed
         device = state.root.device
         seen = visibility_buffer(self._seen, state.visible, keys[0].shape[-2])
-        fixed = self._fixed.get(str(device))
-        if fixed is None:  # made once per device (setdefault would build them every round)
-            fixed = self._fixed[str(device)] = self.shape.tensors(device)
         start = self.start.at(length, device)
         from headstart.targets.attention import grouped_query_attention
 
@@ -222,8 +151,7 @@ class CapturedRound:
                     self.verify.cache_kw,
                     dtype,
                     head_in.parts,
-                    self.shape,
-                    fixed,
+                    self.plan,
                     (keys, values, seen, start),
                     state.lengths,
                     state.root,

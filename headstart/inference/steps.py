@@ -78,7 +78,8 @@ class Steps:
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
         self.captured_head: Any = None  # the drafter's steps, compiled too (drafters.compiled_steps)
-        # the whole greedy round as one program, for a fixed tree and a drafter with round parts
+        # the whole greedy round as one program, for a tree drafted from the heads alone (static,
+        # chain, dynamic) and a drafter with round parts
         # (inference/captured_round.py); None: the steps run one by one
         self.captured_round: Any = None
         if compile:
@@ -87,7 +88,7 @@ class Steps:
 
             self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
             self.captured_head = compiled_steps(probe, heads, compile_backend)
-            plan = self.tree.fixed_plan(target.device)
+            plan = self.tree.round_plan(target.device, self.max_depth)
             if plan is not None and self.captured_head is not None and hasattr(probe, "round_inputs"):
                 from headstart.inference.captured_round import CapturedRound
 

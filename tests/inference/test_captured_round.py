@@ -13,46 +13,32 @@ from tiny import FC_LAYOUT
 from torch._dynamo.utils import counters
 
 from headstart.heads import HeadSpec, build_head
-from headstart.inference.captured_round import RoundShape, capacity_mask
+from headstart.inference.captured_round import capacity_mask
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.drafters.eagle import CapturedHead, RoundParts
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import prepare_prompts
-from headstart.inference.trees.spec import choose_tree
-from headstart.inference.trees.static import static_plan
 
 FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]
 
 
 class ScriptedParts(RoundParts):
-    """The round's draft from a script (each row's reference sequence, a device table), not the
-    head: node j at depth d and rank r under its parent drafts the true token at the root's
-    position + d for rank 0, except where that position is a multiple of `every` (there rank 1
-    holds the truth), so paths of every length are accepted. The head still observes."""
+    """The round's drafts from a script (each row's reference sequence, a device table), not the
+    head's logits: a child at position p drafts the true token first, except where p is a
+    multiple of `every` (there the truth is ranked second), so paths of every length are
+    accepted. The head still runs every step and observes."""
 
     def __init__(self, parts: RoundParts, table: torch.Tensor, every: int = 4) -> None:
         super().__init__(parts.heads, parts.to_target, parts.vocab)
         self.table, self.every = table, every
 
-    def round_draft(self, shape, fixed, root, head):
-        _, _, _, _, _, root_pos = head
-        depths = fixed["depths"][None]  # (1, n)
-        ranks = torch.tensor(_ranks(shape), device=root.device)[None]
-        at = (root_pos[:, None] + depths).clamp(max=self.table.shape[1] - 1)
-        truth = self.table.gather(1, at)
-        special = (at % self.every) == 0
-        wrong = (truth + ranks + 1) % self.vocab
-        tokens = torch.where(ranks == torch.where(special, 1, 0), truth, wrong)
-        return torch.where(depths == 0, root[:, None], tokens)
-
-
-def _ranks(shape: RoundShape) -> list[int]:
-    ranks = [0] * shape.size
-    for kids in shape.children:
-        for r, child in enumerate(kids):
-            if child >= 0:
-                ranks[child] = r
-    return ranks
+    def draft_logits(self, g, positions):
+        at = positions.clamp(max=self.table.shape[1] - 1)
+        truth = self.table.gather(1, at)[..., None]  # (B, k, 1)
+        wrong = (truth + 1) % self.vocab
+        logits = torch.zeros(*positions.shape, self.vocab, device=g.device)
+        logits.scatter_(2, truth, 10.0)
+        return logits.scatter(2, wrong, torch.where((at % self.every == 0)[..., None], 11.0, 0.0))
 
 
 def scripted(monkeypatch, sequences: list[list[int]], every: int = 4) -> None:
@@ -84,7 +70,7 @@ def test_the_round_program_is_exact_on_long_accepted_paths(tiny_root, family, mo
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
     refs = [generate_ref(target, ids, 40) for ids in prompts]
     head = eagle3(target)
-    for tree in ("chain:3", "static"):
+    for tree in ("chain:3", "static", "dynamic:depth=3,top_k=3,total_tokens=8"):
         scripted(monkeypatch, [p + r for p, r in zip(prompts, refs, strict=True)])
         decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
         out = decoder.generate(prompts, max_new_tokens=40, eos_token_id=None)
@@ -97,29 +83,30 @@ def test_the_round_program_is_exact_on_long_accepted_paths(tiny_root, family, mo
     assert not counters["graph_break"]
 
 
-def test_the_program_drafts_what_the_eager_steps_draft(tiny_root):
+@pytest.mark.parametrize("tree", ["static", "dynamic:depth=3,top_k=3,total_tokens=8"])
+def test_the_program_drafts_what_the_eager_steps_draft(tiny_root, tree):
     """A real (random) EAGLE-3 head: the program's draft, run eagerly over the same state, gives
-    the eager draft's tokens; and generation with the program equals generation without it."""
+    the eager draft's tree; and generation with the program equals generation without it."""
     target = family_target(tiny_root, "qwen3")
     head = eagle3(target)
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
-    decoder = SpeculativeDecoder(target, head, tree="static", compile=True, compile_backend="aot_eager")
+    decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
     sampling = SamplingConfig(max_new_tokens=8)
     prepared = prepare_prompts(prompts, None, 0, 1, None, False, target.device)
     from headstart.inference.drafters import make_drafter
 
     drafter = make_drafter(head, target.vocab_size)
     state = decoder.prefill(prepared, sampling, drafter)
-    round_program = decoder.captured_round
-    inputs = drafter.round_inputs(round_program.shape)
-    fixed = round_program.shape.tensors(target.device)
-    drafted = inputs.parts.round_draft(round_program.shape, fixed, state.root, inputs.tensors)
+    plan = decoder.captured_round.plan
+    inputs = drafter.round_inputs(plan)
+    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root)
     eager = decoder.draft(state, sampling, drafter)
     drafter.end_step()
-    assert torch.equal(drafted, eager.tokens)
+    for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
+        assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
     outs = {}
     for program in (True, False):
-        decoder = SpeculativeDecoder(target, head, tree="static", compile=True, compile_backend="aot_eager")
+        decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
         if not program:
             decoder.captured_round = None
         outs[program] = decoder.generate(prompts, max_new_tokens=30, eos_token_id=None).token_ids
@@ -174,58 +161,19 @@ def test_the_capacity_mask():
     ]
 
 
-def test_only_fixed_trees_with_round_parts_get_a_program(tiny_root):
+def test_trees_drafted_from_the_heads_alone_get_a_program(tiny_root):
     target = family_target(tiny_root, "llama")
     head = eagle3(target)
+    trees = ("chain:3", "static", "dynamic:depth=3,top_k=3,total_tokens=8", "static+lookup:3")
     made = {
         tree: SpeculativeDecoder(
             target, head, tree=tree, compile=True, compile_backend="aot_eager"
         ).captured_round
-        for tree in ("chain:3", "static", "dynamic:depth=3,top_k=3,total_tokens=8", "static+lookup:3")
+        for tree in trees
     }
-    assert made["chain:3"] is not None and made["static"] is not None
-    assert made["dynamic:depth=3,top_k=3,total_tokens=8"] is None and made["static+lookup:3"] is None
+    assert made["static+lookup:3"] is None  # the lookup branch reads each row's context on the host
+    assert made["chain:3"].plan.path_width == 4 and made["chain:3"].plan.drafted == 2
+    dynamic = made["dynamic:depth=3,top_k=3,total_tokens=8"].plan
+    assert (dynamic.size, dynamic.path_width, dynamic.drafted) == (9, 4, 6)
     assert SpeculativeDecoder(target, head, tree="chain:3").captured_round is None  # not compiled
-    plan = choose_tree("chain:3").resolve(None).fixed_plan(target.device)
-    assert plan is static_plan(plan.tree, target.device)  # built once per tree and device
-    assert RoundShape.of(plan).path_width == 4 and RoundShape.of(plan).drafted == 2
-
-
-def test_the_next_round_is_queued_before_a_round_is_read(tiny_root, monkeypatch):
-    """Reading ahead (on a GPU by default; asked for here): round k + 1 runs before round k's
-    report is read, every round; stops act a round late and what lies past them is dropped, so
-    each row's output is still the target's, with rows ending at different rounds."""
-    target = family_target(tiny_root, "llama")
-    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
-    refs = [generate_ref(target, ids, 40) for ids in prompts]
-    stop = next(t for t in refs[1][3:] if t not in refs[0] + refs[2])  # row 1 alone ends early
-    want = [r[: r.index(stop) + 1] if stop in r else r for r in refs]
-    scripted(monkeypatch, [p + r for p, r in zip(prompts, refs, strict=True)])
-    outs, orders = {}, {}
-    for ahead in (True, False):
-        decoder = SpeculativeDecoder(
-            target, eagle3(target), tree="chain:3", compile=True, compile_backend="aot_eager"
-        )
-        decoder.read_ahead = ahead
-        events: list[str] = []
-        run, read = decoder.captured_round.run, decoder._read_step
-
-        def run_logged(*args, run=run, events=events):
-            out = run(*args)
-            events.append("q" if out is not None else "eager")
-            return out
-
-        def read_logged(values, read=read, events=events):
-            events.append("r")
-            return read(values)
-
-        decoder.captured_round.run, decoder._read_step = run_logged, read_logged
-        outs[ahead] = decoder.generate(prompts, max_new_tokens=40, eos_token_id=stop).token_ids
-        orders[ahead] = events
-    assert outs[True] == outs[False] == want
-    at_once = [e for e in orders[False] if e != "eager"]
-    assert at_once[:6] == ["q", "r"] * 3
-    ahead = orders[True]
-    assert ahead[:5] == ["q", "q", "r", "q", "r"], ahead
-    steady = ahead[: ahead.index("eager")] if "eager" in ahead else ahead
-    assert all(steady[: i + 1].count("q") > steady[: i + 1].count("r") for i in range(len(steady) - 1))
+    assert SpeculativeDecoder(target, None, compile=True, compile_backend="aot_eager").captured_round is None

@@ -63,23 +63,14 @@ def test_a_captured_round_calls_compiled_code(target, eagle3):
     assert figures["compiled_calls"] >= 1 and figures["max"]["host_reads"] <= 1
 
 
-GOAL_TREES = [
-    "chain:3",
-    "static",
-    pytest.param(
-        "dynamic:depth=5,top_k=10,total_tokens=60",
-        marks=pytest.mark.xfail(strict=True, reason="issue 68: a dynamic tree's round is not one program yet "
-                                "(measured 2026-12-02 on the CPU: 6 compiled calls and ~550 eager ops a round)"),
-    ),
-]  # fmt: skip
+GOAL_TREES = ["chain:3", "static", "dynamic:depth=5,top_k=10,total_tokens=60"]
 
 
 @pytest.mark.parametrize("tree", GOAL_TREES)
 def test_the_captured_round_goal(target, eagle3, tree):
     """The goal of issue 68 at batch 1 with --compile on: <= 1 host read, <= 2 compiled calls and
-    <= 8 eager ops outside them a steady-state EAGLE-3 round. A fixed tree's greedy round is one
-    program (inference/captured_round.py: measured 1 read, 1 call, 6 ops); the dynamic tree's is
-    not yet (strict: passing it fails the mark)."""
+    <= 8 eager ops outside them a steady-state EAGLE-3 round: the greedy round is one program
+    (inference/captured_round.py; measured 2026-12-03: 1 read, 1 call, 6 ops for each tree)."""
     decoder = SpeculativeDecoder(target, eagle3, tree=tree, compile=True, compile_backend="aot_eager")
     figures = measure_rounds(decoder, target.chat.user_prompt_ids("hello there"), SAMPLING)
     assert figures["max"]["host_reads"] <= 1 and figures["max"]["compiled_calls"] <= 2

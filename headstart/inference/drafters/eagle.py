@@ -163,7 +163,7 @@ class EagleDrafter:
         self.root_pos = torch.cat([self.root_pos, other.root_pos])
 
     # ---- the captured round (inference/captured_round.py) ------------------------------------
-    def round_inputs(self, shape: Any) -> Any:
+    def round_inputs(self, plan: Any) -> Any:
         """What the round program takes of this drafter (RoundInputs), or None where it cannot
         run: the head's steps not captured, the cache not in its kept buffer, or no room for the
         round's drafted entries and committed path."""
@@ -177,7 +177,7 @@ class EagleDrafter:
             return None
         length = kv.cache_length(self.cache)
         claimed = self.captured.buffers.claim(
-            self.cache, length, max(shape.drafted, shape.path_width), pad=False
+            self.cache, length, max(plan.drafted, plan.path_width), pad=False
         )
         if claimed is None or self.g.shape[1] != 1:
             return None
@@ -302,9 +302,10 @@ class RoundInputs:
 
 
 class RoundParts:
-    """The head's draft and observe as pure functions of tensors, traced into the round program
-    (inference/captured_round.py) with the target's verify: the same steps as `expand` and
-    `observe`, over the kept buffers at a device-held column, with static widths."""
+    """The head's share of the round program (inference/captured_round.py), traced with the
+    target's verify: a drafter for the tree's draft (`ProgramDrafter`) and the observe of the
+    committed path, the same steps as EagleDrafter's over the kept buffers at a device-held
+    column, with static widths."""
 
     def __init__(self, heads: Any, to_target: torch.Tensor | None, vocab: int) -> None:
         self.heads, self.to_target, self.vocab = heads, to_target, vocab
@@ -313,33 +314,14 @@ class RoundParts:
         logits = self.heads.logits(g)
         return in_target_vocab(logits, self.to_target, self.vocab) if self.to_target is not None else logits
 
-    def round_draft(self, shape: Any, fixed: dict[str, torch.Tensor], root: torch.Tensor,
-                    head: tuple[Any, ...]) -> torch.Tensor:  # fmt: skip
-        """Every level of the fixed tree: top-k of each frontier node's logits, then one head step
-        over the next frontier (their entries at columns start + offset). Returns tokens (B, n)."""
-        from headstart.inference.captured_round import capacity_mask
+    def draft_logits(self, g: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The logits of the children of nodes whose g is `g` (B, k, H); `positions` (B, k): where
+        those children sit (unused here: a seam for scripted drafts in tests)."""
+        return self.logits(g)
 
-        keys, values, seen, start, g_root, root_pos = head
-        batch, n = root.shape[0], shape.size
-        tokens = root.new_zeros(batch, n + 1)  # column n: scratch for missing children
-        tokens[:, 0] = root
-        table = g_root.new_zeros(batch, n + 1, g_root.shape[-1])  # each drafted node's g
-        table[:, 0] = g_root[:, 0]
-        logits = self.logits(g_root)  # (B, 1, V)
-        offset = 0
-        for i, (_, _, width, nxt) in enumerate(shape.levels):
-            tokens[:, fixed[f"into{i}"]] = logits.topk(width, dim=-1).indices  # (B, m, C)
-            if not nxt:
-                break
-            nodes = fixed[f"next{i}"]
-            mask = capacity_mask(seen, start, fixed[f"sees{i}"][None], table.dtype)
-            positions = (root_pos + i)[:, None].expand(batch, len(nxt))
-            g = self.heads(table[:, fixed[f"from{i}"]], tokens[:, nodes], position_ids=positions,
-                           attention_mask=mask, past_key_values=StaticKV(keys, values, start + offset))  # fmt: skip
-            logits = self.logits(g)
-            table[:, nodes] = g
-            offset += len(nxt)
-        return tokens[:, :n]
+    def drafter(self, head: tuple[Any, ...]) -> ProgramDrafter:
+        """The drafter the tree's draft calls inside the program (root_logits, expand)."""
+        return ProgramDrafter(self, head)
 
     def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
                       positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
@@ -361,3 +343,46 @@ class RoundParts:
         start.add_(width)  # the next round's first column (the host counts the same)
         rows = torch.arange(batch, device=device)
         return g[rows, last_index][:, None], positions[rows, last_index] + 1
+
+
+class ProgramDrafter:
+    """EagleDrafter's `root_logits` and `expand` inside the round program: the head's entries for
+    drafted nodes go to columns start + offset of its kept buffers (offset: entries drafted so
+    far this round, a Python int: the tree's levels have fixed widths), the mask over the whole
+    capacity (committed entries as `seen` says, drafted ones as the tree's visibility says)."""
+
+    max_depth = None
+
+    def __init__(self, parts: RoundParts, head: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.keys, self.values, self.seen, self.start, g_root, self.root_pos = head
+        self.g = g_root  # (B, N, H): each drafted node's g, grown to the tree's pool (0 = the root)
+        self.entries: list[torch.Tensor] = []  # node ids (B, k) of drafted entries, in cache order
+        self.offset = 0
+
+    def root_logits(self) -> torch.Tensor:
+        return self.parts.draft_logits(self.g[:, :1], self.root_pos[:, None] + 1)[
+            :, 0
+        ]  # children at root + 1
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        from headstart.inference.captured_round import capacity_mask
+
+        batch, width = nodes.shape
+        rows = torch.arange(batch, device=nodes.device)[:, None]
+        if self.g.shape[1] < visible.shape[1]:
+            pad = self.g.new_zeros(batch, visible.shape[1] - self.g.shape[1], self.g.shape[2])
+            self.g = torch.cat([self.g, pad], dim=1)
+        sees = visible[rows, nodes]  # (B, k, N)
+        tree = torch.cat(
+            [sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in [*self.entries, nodes]], -1
+        )
+        mask = capacity_mask(self.seen, self.start, tree, self.g.dtype)
+        positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
+        g = self.parts.heads(self.g[rows, parents], tokens, position_ids=positions, attention_mask=mask,
+                             past_key_values=StaticKV(self.keys, self.values, self.start + self.offset))  # fmt: skip
+        self.entries.append(nodes)
+        self.offset += width
+        self.g = self.g.index_put((rows.expand(-1, width), nodes), g)
+        return self.parts.draft_logits(g, positions + 2)  # the children sit at the root's + depth + 1

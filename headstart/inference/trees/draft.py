@@ -6,8 +6,9 @@ so the ancestors of a node in increasing index order are its root-to-node path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,6 +75,22 @@ class DraftTree:
             draft_probs,
             max_depth=tree.max_depth if max_depth is None else max_depth,
         )
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A tree's greedy draft as a round program traces it (inference/captured_round.py): sizes
+    the host knows before the round, and `draft(drafter, root)` -> DraftTree, static shapes and
+    no host read, over a drafter that lives inside the program."""
+
+    size: int  # nodes one row's verify holds, the root included
+    depth: int  # levels drafted: an accepted path holds at most depth + 1 nodes
+    drafted: int  # entries one draft writes into a head's own cache
+    draft: Callable[[Any, torch.Tensor], DraftTree]
+
+    @property
+    def path_width(self) -> int:
+        return self.depth + 1
 
 
 def children_from_parents(

@@ -7,6 +7,7 @@ exact, also with a lookup branch beside it under sampling).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import warp_logits
-from headstart.inference.trees.draft import DraftTree, children_from_parents
+from headstart.inference.trees.draft import DraftTree, RoundPlan, children_from_parents
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,11 @@ class DynamicTree:
     def prepare(self, device: torch.device) -> None:
         """Nothing: its shape is drafted each step."""
 
-    def fixed_plan(self, device: torch.device) -> None:
-        """None: its shape is not fixed."""
+    def round_plan(self, device: torch.device, max_depth: int | None) -> RoundPlan:
+        """Its draft has fixed sizes (the pool, the kept nodes) whatever the scores choose."""
+        draft = functools.partial(_draft_greedy, self, max_depth=max_depth)
+        levels = self.levels(max_depth)  # every level after the first expands top_k frontier nodes
+        return RoundPlan(1 + self.kept(max_depth), levels, (levels - 1) * self.top_k, draft)
 
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
@@ -149,3 +153,11 @@ def draft_dynamic(
         draft_probs=None,
         max_depth=depth,
     )
+
+
+def _draft_greedy(spec: DynamicTree, drafter: Any, root: torch.Tensor, max_depth: int | None) -> DraftTree:
+    """`draft_dynamic` for a greedy round program (its one constant sampling: a trace that never
+    depends on a generation's settings)."""
+    from headstart.inference.trees.static import GREEDY
+
+    return draft_dynamic(spec, drafter, root, GREEDY, max_depth)

@@ -95,8 +95,8 @@ class LookaheadTree:
     def prepare(self, device: torch.device) -> None:
         """Nothing: its shape is built each step."""
 
-    def fixed_plan(self, device: torch.device) -> None:
-        """None: its shape is not fixed."""
+    def round_plan(self, device: torch.device, max_depth: int | None) -> None:
+        """None: its drafter (the Jacobi window) drafts it, outside any program."""
 
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""

@@ -123,7 +123,7 @@ class WithLookup:
     def prepare(self, device: torch.device) -> None:
         self.base.prepare(device)
 
-    def fixed_plan(self, device: torch.device) -> None:
+    def round_plan(self, device: torch.device, max_depth: int | None) -> None:
         """None: the lookup branch reads each row's context."""
 
     def draft(self, drafter: Any, root: torch.Tensor, sampling: Any, generator: Any, max_depth: int | None,

@@ -46,10 +46,10 @@ class Tree(Protocol):
         """Anything built once per device (a static tree's index buffers)."""
         ...
 
-    def fixed_plan(self, device: torch.device) -> Any:
-        """Its StaticPlan on `device` (inference/trees/static.py) when every step drafts that one
-        shape from the heads alone, so a round program can be compiled for it
-        (inference/captured_round.py); None for a tree drafted per step or reading context."""
+    def round_plan(self, device: torch.device, max_depth: int | None) -> Any:
+        """Its greedy draft as a round program traces it (trees.draft.RoundPlan), when its
+        shapes are fixed and it reads nothing but the drafter (inference/captured_round.py);
+        None for a tree that reads the rows' context or comes from its own drafter."""
         ...
 
     def draft(self, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, generator: Any,

@@ -14,6 +14,7 @@ node in index order are its path from the root.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +24,12 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import Generator, order_without_replacement, probabilities
-from headstart.inference.trees.draft import DraftTree
+from headstart.inference.trees.draft import DraftTree, RoundPlan
 
 Path = tuple[int, ...]
+GREEDY = SamplingConfig(max_new_tokens=1)
+"""The sampling a round program drafts with (greedy; one constant, so its trace never depends on
+a generation's settings)."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,12 @@ class TreeBuffers:
     def prepare(self, device: torch.device) -> None:
         static_plan(self, device)  # the device buffers, built once
 
-    def fixed_plan(self, device: torch.device) -> StaticPlan | None:
-        return static_plan(self, device) if self.size > 1 else None  # the root alone drafts nothing
+    def round_plan(self, device: torch.device, max_depth: int | None) -> RoundPlan | None:
+        if self.size == 1:  # the root alone drafts nothing
+            return None
+        plan = static_plan(self, device)
+        drafted = sum(int(nxt.numel()) for nxt in plan.expanding if nxt is not None)
+        return RoundPlan(self.size, self.max_depth, drafted, functools.partial(draft_planned, plan))
 
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
@@ -236,8 +244,14 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
                  generator: Generator = None) -> DraftTree:  # fmt: skip
     """Fill a static tree level by level; each level's frontier is one batched drafter call.
     Shapes come from the tree (StaticPlan), never from the drafted data: no host sync."""
+    return draft_planned(static_plan(tree, root.device), drafter, root, sampling, generator)
+
+
+def draft_planned(plan: StaticPlan, drafter: Any, root: torch.Tensor, sampling: SamplingConfig = GREEDY,
+                  generator: Generator = None) -> DraftTree:  # fmt: skip
+    """`draft_static` over its plan (what a round program traces: no plan lookup inside)."""
+    tree = plan.tree
     batch, n, device = root.shape[0], tree.size, root.device
-    plan = static_plan(tree, device)
     # column n is scratch: padded child slots (-1 in the plan) write there, since a boolean index
     # would read its count back from the device
     tokens = torch.zeros(batch, n + 1, dtype=torch.long, device=device)
