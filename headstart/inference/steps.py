@@ -89,7 +89,7 @@ class Steps:
             self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
             self.captured_head = compiled_steps(probe, heads, compile_backend)
             plan = self.tree.round_plan(target.device, self.max_depth)
-            if plan is not None and self.captured_head is not None and hasattr(probe, "round_inputs"):
+            if plan is not None and hasattr(probe, "round_inputs"):  # None inputs later: the steps
                 from headstart.inference.captured_round import CapturedRound
 
                 self.captured_round = CapturedRound(self.captured, plan, backend=compile_backend)

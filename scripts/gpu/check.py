@@ -287,10 +287,13 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
 
         return run
 
-    def ours(kind: str | None, compiled: bool, tree: str = "static", read_ahead: bool | None = None) -> Any:
+    def ours(kind: str | None, compiled: bool, tree: str = "static", read_ahead: bool | None = None,
+             program: bool = True) -> Any:  # fmt: skip
         decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree=tree if kind else None,
                                      compile=compiled, compile_backend=args.backend)  # fmt: skip
-        decoder.read_ahead = read_ahead  # plain decoding: None reads ahead on CUDA (inference/engine.py)
+        decoder.read_ahead = read_ahead  # None: reads ahead on CUDA (inference/engine.py)
+        if not program:  # the round's steps one by one (before the round program): what it gains
+            decoder.captured_round = None
 
         def run(ids: list[int]) -> tuple[list[int], int]:
             out = decoder.generate([ids], max_new_tokens=new)
@@ -310,6 +313,9 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
         if tuned_tree(shipped / "smollm2-eagle3"):
             methods[f"eagle3tuned_{mode}"] = ours("eagle3", compiled, tuned_tree(shipped / "smollm2-eagle3"))
         methods[f"eagle3ref_{mode}"] = ours("eagle3", compiled, EAGLE_REFERENCE_TREE)
+    # the captured rounds as steps, without the one program (inference/captured_round.py)
+    methods["eagle3_captured_steps"] = ours("eagle3", True, program=False)
+    methods["eagle3ref_captured_steps"] = ours("eagle3", True, EAGLE_REFERENCE_TREE, program=False)
     unknown = sorted(set(args.methods) - set(methods))
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(methods)}")

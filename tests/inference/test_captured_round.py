@@ -177,3 +177,26 @@ def test_trees_drafted_from_the_heads_alone_get_a_program(tiny_root):
     assert (dynamic.size, dynamic.path_width, dynamic.drafted) == (9, 4, 6)
     assert SpeculativeDecoder(target, head, tree="chain:3").captured_round is None  # not compiled
     assert SpeculativeDecoder(target, None, compile=True, compile_backend="aot_eager").captured_round is None
+
+
+@pytest.mark.parametrize("tree", ["chain:4", "dynamic:depth=5,top_k=10,total_tokens=60"])
+def test_the_replay_drafter_runs_as_the_program(tiny_root, tree):
+    """`--draft-model replay:accept=P` (the GPU check's loop measure at the 8B shape) drafts inside
+    the program too: exact, every steady round one program run, and its acceptance follows P."""
+    from headstart.inference.drafters.replay import Replay, ReplaySpec
+
+    target = family_target(tiny_root, "llama")
+    prompt = target.chat.user_prompt_ids(PROMPTS[0])
+    want = generate_ref(target, prompt, 60)
+    taus = {}
+    for accept in (0.3, 1.0):
+        decoder = SpeculativeDecoder(target, Replay(target, ReplaySpec(accept=accept, horizon=64)), tree=tree,
+                                     compile=True, compile_backend="aot_eager")  # fmt: skip
+        out = decoder.generate([prompt], max_new_tokens=60, eos_token_id=None)
+        assert out.token_ids[0] == want
+        assert (
+            decoder.captured_round.rounds >= out.stats.target_forwards - 2
+        )  # all but the prefill (and a fallback)
+        taus[accept] = out.stats.tau
+    assert taus[1.0] == pytest.approx(decoder.captured_round.path_width, abs=0.5)  # every draft right
+    assert taus[0.3] < taus[1.0] - 1

@@ -146,6 +146,28 @@ class ReplayDrafter:
         self.root_pos = torch.cat([self.root_pos, other.root_pos])  # type: ignore[list-item]
         self.reach = max(self.reach, other.reach)
 
+    # ---- the captured round (inference/captured_round.py) ------------------------------------
+    def round_inputs(self, plan: Any) -> ReplayInputs | None:
+        """The stream and root positions for the round program (extended first where the round
+        could reach past the stream: a host-side bound, no read)."""
+        if self.stream is None or self.root_pos is None:
+            return None
+        if self.reach + plan.path_width >= self.stream.shape[1]:
+            # the bound counts A a round (the program's widths), the rows move by what they
+            # accepted: near the end, read where they are (host sync: only then) before extending
+            self.reach = int(self.root_pos.max())
+        if self.reach + plan.path_width >= self.stream.shape[1]:
+            self._extend()  # cost: a plain pass, and one compile for the longer stream
+        key = (self.spec.accept, self.vocab_size)
+        parts = _PARTS.get(key)
+        if parts is None:
+            parts = _PARTS[key] = ReplayParts(*key)
+        return ReplayInputs(parts, (self.stream, self.root_pos))
+
+    def round_done(self, root_pos: torch.Tensor, width: int) -> None:
+        self.root_pos = root_pos
+        self.reach += width
+
     # ---- its own steps ----
     def _logits(self, depth: int, width: int) -> torch.Tensor:
         """(B, width, V): every node of the frontier proposes the stream's token `depth` past the
@@ -217,3 +239,57 @@ def _widen(stream: torch.Tensor, width: int) -> torch.Tensor:
     if stream.shape[1] == width:
         return stream
     return torch.cat([stream, stream.new_full((stream.shape[0], width - stream.shape[1]), -1)], 1)
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    parts: ReplayParts
+    tensors: tuple[torch.Tensor, torch.Tensor]  # the streams (B, W), the roots' positions (B,)
+
+
+class ReplayParts:
+    """The replay drafter's share of the round program: its drafts from the stream on the
+    device, each wrong with probability 1 - P (the program's own draws: no generator inside a
+    compiled program, so a seed does not replay the eager steps' choices; tau follows P alike)."""
+
+    def __init__(self, accept: float, vocab: int) -> None:
+        self.accept, self.vocab = accept, vocab
+
+    def drafter(self, head: tuple[torch.Tensor, torch.Tensor]) -> ProgramReplay:
+        return ProgramReplay(self, *head)
+
+    def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
+                      positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
+                      head: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        return positions.gather(1, last_index[:, None])[:, 0] + 1
+
+
+class ProgramReplay:
+    """ReplayDrafter's `root_logits` and `expand` inside the round program."""
+
+    max_depth = None
+
+    def __init__(self, parts: ReplayParts, stream: torch.Tensor, root_pos: torch.Tensor) -> None:
+        self.parts, self.stream, self.root_pos = parts, stream, root_pos
+
+    def root_logits(self) -> torch.Tensor:
+        return self._logits(1, 1)[:, 0]
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        return self._logits(depth + 1, nodes.shape[1])
+
+    def _logits(self, depth: int, width: int) -> torch.Tensor:
+        rows, vocab = self.stream.shape[0], self.parts.vocab
+        index = (self.root_pos + depth).clamp(max=self.stream.shape[1] - 1)
+        truth = self.stream.gather(1, index[:, None])[:, 0]
+        draws = torch.rand(rows, device=truth.device)
+        other = torch.randint(1, vocab, (rows,), device=truth.device)
+        token = torch.where(draws < self.parts.accept, truth, (truth + other) % vocab)
+        logits = torch.zeros(rows, width, vocab, device=truth.device)
+        return logits.scatter(2, token[:, None, None].expand(rows, width, 1), PEAK)
+
+
+_PARTS: dict[tuple[float, int], ReplayParts] = {}
+"""One parts object per (P, vocabulary): the program is specialized on it (a new one per
+generation would recompile it; P is a constant inside)."""
