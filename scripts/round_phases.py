@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Where a steady-state speculative round's eager ops are, by the engine's phases (draft, verify,
-accept, commit): random EAGLE-3 heads on the tests' tiny Llama, eager and `--compile on`, a chain
-and EAGLE's 60-node dynamic tree. Counts, not times: the same on a loaded machine.
+accept, commit): random EAGLE-3 heads on the tests' tiny Llama, eager, `--compile on` as the
+round's steps compiled one by one, and `--compile on` as one round program
+(inference/captured_round.py), a chain and EAGLE's 60-node dynamic tree, interleaved. Counts are
+the same on a loaded machine; the ms are only comparable within one quiet sitting.
 
     .venv/bin/python scripts/round_phases.py [--backend inductor] [--trees chain:3,dynamic:...]
 """
@@ -37,12 +39,15 @@ def main() -> None:
         target = load_target(str(make_target_dir(Path(root), "llama", seed=11)))
         head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=torch.arange(288.0))
         prompt = target.chat.user_prompt_ids("hello there")
-        for compile in (False, True):
-            for tree in args.trees.split(";"):
-                decoder = SpeculativeDecoder(target, head, tree=tree, compile=compile, compile_backend=args.backend)
+        for tree in args.trees.split(";"):
+            for mode in ("off", "steps", "program"):
+                decoder = SpeculativeDecoder(target, head, tree=tree, compile=mode != "off",
+                                             compile_backend=args.backend)  # fmt: skip
+                if mode == "steps":
+                    decoder.captured_round = None
                 figures = measure_rounds(decoder, prompt, SamplingConfig(max_new_tokens=args.max_new_tokens)) or {}
                 keep = ("host_reads", "compiled_calls", "eager_ops", "eager_by_phase", "ms")
-                print(json.dumps({"compile": compile, "tree": tree, **{k: figures.get(k) for k in keep}}), flush=True)
+                print(json.dumps({"compile": mode, "tree": tree, **{k: figures.get(k) for k in keep}}), flush=True)
 
 
 if __name__ == "__main__":

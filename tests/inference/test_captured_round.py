@@ -200,3 +200,22 @@ def test_the_replay_drafter_runs_as_the_program(tiny_root, tree):
         taus[accept] = out.stats.tau
     assert taus[1.0] == pytest.approx(decoder.captured_round.path_width, abs=0.5)  # every draft right
     assert taus[0.3] < taus[1.0] - 1
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text", "qwen3_moe"])
+def test_medusa_heads_run_as_the_program(tiny_root, family):
+    """Medusa's heads (full and draft vocabulary) inside the program: its draft reads the
+    per-depth logits, its observe runs the heads at the last accepted feature; exact, and the
+    steady rounds are program runs."""
+    target = family_target(tiny_root, family)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    refs = [generate_ref(target, ids, 30) for ids in prompts]
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    for vocab in (0, 100):
+        medusa = build_head(HeadSpec(kind="medusa", draft_vocab_size=vocab), target,
+                            token_counts=counts if vocab else None)  # fmt: skip
+        decoder = SpeculativeDecoder(target, medusa, tree="static", compile=True, compile_backend="aot_eager")
+        out = decoder.generate(prompts, max_new_tokens=30, eos_token_id=None)
+        assert out.token_ids == refs, (family, vocab)
+        program = decoder.captured_round  # every round but those after a row left (fresh caches)
+        assert program.rounds + program.fallbacks == out.stats.target_forwards - 1 and program.fallbacks <= 2

@@ -4,6 +4,7 @@ compiled step (`--compile`)."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,6 +72,17 @@ class MedusaDrafter(PerDepthLogits):
         assert self._logits is not None and other._logits is not None
         self._logits = torch.cat([self._logits, other._logits])
 
+    # ---- the captured round (inference/captured_round.py) ------------------------------------
+    def round_inputs(self, plan: Any) -> MedusaInputs | None:
+        """Its per-depth logits for the round program (None: the steps, where its heads are not
+        captured or nothing was observed yet)."""
+        if self.captured is None or self._logits is None:
+            return None
+        return MedusaInputs(self.captured.round_parts(self), (self._logits,))
+
+    def round_done(self, logits: torch.Tensor, width: int) -> None:
+        self._logits = logits
+
     @staticmethod
     def compiled_steps(heads: Any, backend: str) -> Any:
         """Its heads as one graph (`--compile`), for headstart's own modules."""
@@ -85,7 +97,20 @@ class CapturedMedusa:
         self.heads = heads
         mode = graph_mode(heads, mode)
         self.fn = _compiled_medusa(backend, mode)
+        self._parts: dict[tuple[int, bool, int], MedusaParts] = {}
         self.steps = 0
+
+    def round_parts(self, drafter: MedusaDrafter) -> MedusaParts:
+        """The heads' share of the round program, one object per decoder and depth (the program
+        is specialized on it)."""
+        draft_vocab = drafter._to_target is not None
+        key = (drafter.depth, draft_vocab, drafter.vocab_size)
+        parts = self._parts.get(key)
+        if parts is None:
+            rows = self.heads.draft_rows(drafter.depth) if draft_vocab else None  # a Python cache: outside
+            parts = self._parts[key] = MedusaParts(self.heads, drafter.depth, rows, drafter._to_target,
+                                                   drafter.vocab_size)  # fmt: skip
+        return parts
 
     def __call__(self, hidden: torch.Tensor, depth: int, draft_vocab: bool) -> torch.Tensor:
         rows = self.heads.draft_rows(depth) if draft_vocab else None  # outside: a Python cache
@@ -104,3 +129,37 @@ def _medusa_graph(
 def _compiled_medusa(backend: str, mode: str | None) -> Any:
     allow_graphs()
     return torch.compile(_medusa_graph, fullgraph=True, backend=backend, mode=mode, dynamic=False)
+
+
+@dataclass(frozen=True)
+class MedusaInputs:
+    parts: MedusaParts
+    tensors: tuple[torch.Tensor]  # the per-depth logits (B, K, V) at the last committed feature
+
+
+class MedusaParts:
+    """Medusa's share of the round program: the tree's draft reads the per-depth logits, and the
+    observe runs the heads at each row's last accepted feature (MedusaDrafter.observe's steps)."""
+
+    def __init__(self, heads: Any, depth: int, rows: list[torch.Tensor] | None, to_target: torch.Tensor | None,
+                 vocab: int) -> None:  # fmt: skip
+        self.heads, self.depth, self.rows, self.to_target, self.vocab = heads, depth, rows, to_target, vocab
+
+    def drafter(self, head: tuple[torch.Tensor]) -> ProgramMedusa:
+        return ProgramMedusa(head[0])
+
+    def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
+                      positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
+                      head: tuple[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        hidden = last.gather(1, last_index[:, None, None].expand(-1, 1, last.shape[-1]))  # (B, 1, H)
+        logits = _medusa_graph(self.heads, hidden, self.depth, self.rows)[:, :, 0].transpose(0, 1)
+        return in_target_vocab(logits, self.to_target, self.vocab) if self.to_target is not None else logits
+
+
+class ProgramMedusa(PerDepthLogits):
+    """MedusaDrafter's `root_logits` and `expand` inside the round program."""
+
+    max_depth = None
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self._logits = logits
