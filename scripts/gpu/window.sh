@@ -34,6 +34,11 @@
 # METHODS=generate,plain_captured,plain_captured_at_once,eagle3_captured (issue 68, 2026-12-02): plain
 # captured decoding reading ahead (the default on CUDA) against reading each step at once, the
 # gain of the async read (its warm-up costs ~40 s of DECODE_S).
+# METHODS=generate,plain_captured,eagle3_captured,eagle3_captured_steps (issue 68, 2026-12-03): the
+# greedy round as one compiled program (inference/captured_round.py, the default for EAGLE-3 and
+# Medusa under --compile) against its phases compiled one by one (the program off): what the
+# program gains on the device; eagle3ref_captured[_steps] the same at EAGLE's 60-node tree. CPU
+# dry run green 2026-12-03 (204 s, every output identical to generate's).
 # DECODE_SECTIONS=replay8b,smollm2 adds the loop at 8B shape with the replay drafter first (the
 # round in plain steps at P 0.6/0.8, chain 2/4 and the 60-node tree: issue 68's baseline; ~5 min).
 # Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
