@@ -56,7 +56,9 @@ def busy_loop() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def measure(name: str, env: dict[str, str], loaded: bool, args: argparse.Namespace, cache: str) -> dict[str, float]:
+def measure(
+    name: str, env: dict[str, str], loaded: bool, args: argparse.Namespace, cache: str
+) -> dict[str, float]:
     load = busy_loop() if loaded else None
     try:
         if load is not None:
@@ -70,7 +72,9 @@ def measure(name: str, env: dict[str, str], loaded: bool, args: argparse.Namespa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--configs", default="auto,spin", help=f"comma-separated, of {', '.join(CONFIGS)}")
@@ -88,10 +92,12 @@ def main() -> None:
     rows: dict[str, dict[bool, list[dict[str, float]]]] = {n: {False: [], True: []} for n in names}
     for rep in range(args.runs):
         for name in names:
-            for loaded in ((False, True) if rep % 2 == 0 else (True, False)):
+            for loaded in (False, True) if rep % 2 == 0 else (True, False):
                 figures = measure(name, CONFIGS[name], loaded, args, caches[name])
                 rows[name][loaded].append(figures)
-                print(f"run {rep} {name:8} {'loaded' if loaded else 'idle  '} {json.dumps(figures)}", flush=True)
+                print(
+                    f"run {rep} {name:8} {'loaded' if loaded else 'idle  '} {json.dumps(figures)}", flush=True
+                )
     print(f"\n{'config':8} {'idle s':>7} {'loaded s':>8} {'ratio':>6} {'idle tok/s':>10} {'loaded tok/s':>12}"
           + ("  calibration s idle/loaded" if args.calibration else ""))  # fmt: skip
     for name in names:

@@ -37,7 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         target = load_target(str(make_target_dir(Path(root), "llama", seed=11)))
-        head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=torch.arange(288.0))
+        head = build_head(
+            HeadSpec(kind="eagle3", draft_vocab_size=100), target, token_counts=torch.arange(288.0)
+        )
         prompt = target.chat.user_prompt_ids("hello there")
         for tree in args.trees.split(";"):
             for mode in ("off", "steps", "program"):
@@ -45,9 +47,14 @@ def main() -> None:
                                              compile_backend=args.backend)  # fmt: skip
                 if mode == "steps":
                     decoder.captured_round = None
-                figures = measure_rounds(decoder, prompt, SamplingConfig(max_new_tokens=args.max_new_tokens)) or {}
+                figures = (
+                    measure_rounds(decoder, prompt, SamplingConfig(max_new_tokens=args.max_new_tokens)) or {}
+                )
                 keep = ("host_reads", "compiled_calls", "eager_ops", "eager_by_phase", "ms")
-                print(json.dumps({"compile": mode, "tree": tree, **{k: figures.get(k) for k in keep}}), flush=True)
+                print(
+                    json.dumps({"compile": mode, "tree": tree, **{k: figures.get(k) for k in keep}}),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

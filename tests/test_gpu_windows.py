@@ -69,3 +69,38 @@ def test_next_runs_with_the_standard_library_alone(tmp_path):
         [sys.executable, "-S", str(SCRIPT), "next"], capture_output=True, text=True, cwd=ROOT
     )
     assert out.returncode == 0 and out.stdout.strip().isdigit(), out.stderr
+
+
+@pytest.mark.parametrize(
+    ("gain", "long_gain", "adopted"),
+    [
+        (0.05, 0.0, True),  # better on short prompts, the same on long ones
+        (0.0, 0.05, True),  # better on long prompts, the same on short ones
+        (0.05, -0.05, False),  # helps short prompts and hurts long ones: not shipped
+        (-0.05, 0.08, False),  # the reverse
+        (0.01, 0.01, False),  # within the noise on both
+        (0.05, None, True),  # a ledger entry from before the long set: the short set alone
+        (0.01, None, False),
+    ],
+)
+def test_the_verdict_asks_both_held_out_sets(windows, gain, long_gain, adopted):
+    assert windows.verdict(gain, long_gain) is adopted
+
+
+def test_the_long_evaluation_overrides_the_held_out_set(windows, monkeypatch, tmp_path):
+    """`evaluate` with the long set passes its folder and a length that holds its rows."""
+    seen = []
+
+    def run(command, cwd, check):
+        seen.append(command)
+        out = Path(next(c for c in command if c.startswith("output_dir=")).split("=", 1)[1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps({"final_eval": {"eval/accept_len_est": 2.3}}))
+
+    monkeypatch.setattr(windows.subprocess, "run", run)
+    assert (
+        windows.evaluate(tmp_path / "head", tmp_path / "eval", windows.LONG_EVAL)["eval/accept_len_est"]
+        == 2.3
+    )
+    assert "data.eval_path=[data/smollm2-kept/sglong-eval]" in seen[0] and "data.max_length=2048" in seen[0]
+    assert seen[0][-1] == "-q"

@@ -102,7 +102,9 @@ def machine(report: Report, device: str) -> None:
 
     # recorded without this machine's folders: --out as $OUT, any other absolute argument's folder as $STAGE
     argv = sys.argv
-    out = {argv[i + 1]: "$OUT" for i, a in enumerate(argv[:-1]) if a == "--out" and argv[i + 1].startswith("/")}
+    out = {
+        argv[i + 1]: "$OUT" for i, a in enumerate(argv[:-1]) if a == "--out" and argv[i + 1].startswith("/")
+    }
     staged = out | {str(Path(a).parent): "$STAGE" for a in argv[1:] if a.startswith("/") and a not in out}
     report.put("machine", "command", placeheld(" ".join(sys.argv), staged))
     report.log(f"{card}, torch {torch.__version__}, transformers {transformers.__version__}")
@@ -495,7 +497,9 @@ def section_replay8b(args: argparse.Namespace, report: Report) -> None:
     target = Target(model=model, tokenizer=stub, chat=None, spec="random-llama-8b-shape", fingerprint={},
                     load_s=0.0, eos_token_ids=())  # fmt: skip
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
-    prompt = torch.randint(0, shape["vocab_size"], (128,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(
+        0, shape["vocab_size"], (128,), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     compile = args.device == "cuda" or args.dry_run
 
     def build(heads: Any, tree: str | None) -> Any:
