@@ -18,6 +18,11 @@
 # about 9.5 minutes, so set DEADLINE to what the call has and resume the rest in a second call.
 # Dry run on a CPU: DEVICE=cpu BATCH=8 SGEVAL_NUM=2 SG_NUM=2 SGV3_NUM=2 GSM8K=2 DATAFREE=2 \
 #   OUT=/tmp/gd STAGE=/tmp/stage scripts/gpu/distill.sh device
+# Long and multi-turn data (issue 69), after `stage`: scripts/gpu/distill.sh device_long (DEADLINE,
+# LONG_SOURCES, LONG_BATCH), then here scripts/gpu/distill.sh unpack_long FILES_DIR. Its CPU dry
+# run (the embedded target, no staged GGUF): DEVICE=cpu THREADS=1 LONG_BATCH=2 NUM_SGLONG=2 NUM_SGFOLLOW=1 \
+#   FOLLOWUPS=1 LONG_TARGET=smollm2 LONG_DATA=../shared/data OUT=/tmp/gdl STAGE=/tmp/stage \
+#   scripts/gpu/distill.sh device_long
 set -euo pipefail
 SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-runs/kept-out}
@@ -56,6 +61,40 @@ EOF
   cat "$OUT/kept.json"
   tar -C runs/scaling --exclude=.lock -cf - "${kept[@]}" | xz -T0 -6 | split -b 15000000 -d -a 1 - "$OUT/kept.tar.xz."
   ls -la "$OUT"
+}
+
+device_long() {  # issue 69: fresh long and multi-turn conversations, at the card's pace
+  # sglong (the 304 of sg_90k's 355 long first turns the CPU did not reach) and sgfollow (self-
+  # conversations: histories of 1-2k tokens), replies up to 512 / 256 tokens; cut at DEADLINE,
+  # finished records kept (a later call on the same machine resumes). Brought back as long.tar.xz.N.
+  mkdir -p "$OUT"
+  [[ ${LONG_TARGET:-} == smollm2 ]] || gpu_prepare  # the dry run: the embedded target, no staged GGUF
+  local packed data=${LONG_DATA:-.gpu/data}
+  for packed in "$data"/train/*.gz; do [[ -f "$packed" && ! -f "${packed%.gz}" ]] && gunzip -k "$packed"; done
+  local start=$SECONDS code=0 sources=(${LONG_SOURCES:-sglong sgfollow})
+  DATA=$data OUT=runs/long DEVICE=${DEVICE:-cuda} BATCH=${LONG_BATCH:-64} THREADS=${THREADS:-4} \
+    TARGET=${LONG_TARGET:-$STAGE/smollm2.gguf} \
+    timeout -s TERM -k 30 "$DEADLINE" experiments/smollm2-long/distill_long.sh "${sources[@]}" || code=$?
+  settle 'headstart distill'
+  echo "distill (long): exit $code after $((SECONDS - start)) s (124: cut at the deadline, finished records kept)"
+  local kept=()
+  for source in "${sources[@]}"; do [[ -f "runs/long/$source/distill_meta.json" ]] && kept+=("$source"); done
+  ((${#kept[@]})) || { echo "distill (long): nothing finished"; return 1; }
+  tar -C runs/long --exclude=.lock -cf - "${kept[@]}" | xz -T0 -6 | split -b 15000000 -d -a 1 - "$OUT/long.tar.xz."
+  printf '%s\n' "${kept[@]}" > "$OUT/long.sources"
+  ls -la "$OUT"
+}
+
+unpack_long() {  # here: data/smollm2-kept/<source> for each long source the window brought back
+  local files=${1:?the folder holding long.tar.xz.N and long.sources}
+  tmp=$(mktemp -d)
+  trap 'rm -rf "${tmp:-}"' EXIT
+  cat "$files"/long.tar.xz.* | xz -d | tar -C "$tmp" -xf -
+  local source kept=${KEPT:-data/smollm2-kept}  # KEPT: a folder under /tmp for a dry run
+  while read -r source; do
+    [[ -d "$tmp/$source" ]] && ${PY:-.venv/bin/python} -m headstart.distill.pack "$tmp/$source" "$kept/$source"
+  done < "$files/long.sources"
+  echo "packed: $(tr '\n' ' ' < "$files/long.sources")(kept.json's long section and the README table are updated by hand)"
 }
 
 unpack() {
