@@ -80,6 +80,17 @@ def counting_reads(decoder: SpeculativeDecoder) -> Iterator[ReadCounter]:
         counter.steps.append([])
         return original_draft(*args, **kwargs)
 
+    original_round = decoder.round_unread
+
+    def round_unread(
+        *args, **kwargs
+    ):  # a round as one program (inference/captured_round.py) starts a step too
+        counter.steps.append([])
+        report = original_round(*args, **kwargs)
+        if report is None:  # not run: the steps follow, and their draft starts the step
+            assert not counter.steps.pop()
+        return report
+
     def sequences(*args, **kwargs):  # the loop is over
         counter.closed = True
         return original_sequences(*args, **kwargs)
@@ -88,13 +99,13 @@ def counting_reads(decoder: SpeculativeDecoder) -> Iterator[ReadCounter]:
         for name in READS:
             setattr(torch.Tensor, name, wrap(name))
         torch.Tensor.__getitem__, torch.nonzero = getitem, nonzero
-        decoder.draft, Prompts.sequences = draft, sequences
+        decoder.draft, decoder.round_unread, Prompts.sequences = draft, round_unread, sequences
         yield counter
     finally:
         for name, method in originals.items():
             setattr(torch.Tensor, name, method)
         torch.Tensor.__getitem__, torch.nonzero = original_getitem, original_nonzero
-        del decoder.draft
+        del decoder.draft, decoder.round_unread
         Prompts.sequences = original_sequences
 
 
@@ -180,7 +191,7 @@ def test_the_captured_steps_add_no_host_read(target, kind, tree):
         out = decoder.generate([ids], max_new_tokens=24, eos_token_id=None)
     assert counter.steps and len(counter.steps) == out.stats.target_forwards - out.stats.prefills
     assert max(len(step) for step in counter.steps) <= 1, counter.steps
-    assert decoder.captured.steps > 0
+    assert decoder.captured.steps + decoder.captured_round.rounds > 0
 
 
 @pytest.mark.gpu
