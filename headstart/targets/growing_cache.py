@@ -140,6 +140,8 @@ def growing_layer_class() -> type | None:
             return self.keys, self.values
 
         def reset(self) -> None:
+            if self._ends is not None:
+                self._slice()  # the views first: the base class resets what they hold
             self._key_buffer = self._value_buffer = None
             super().reset()
 

@@ -51,6 +51,32 @@ def test_keep_entries_in_place_path_and_the_next_update(make_cache):
     assert torch.equal(layer.values, -layer.keys)
 
 
+def test_views_a_round_program_leaves_are_sliced_when_next_read(tiny_llama):
+    """`end_at` (the round program writes past the views in place): the layer reports the new
+    length without slicing, slices on the next read of keys or values, and every other path
+    (an update, a reset) sees the sliced views first."""
+    from headstart.targets.growing_cache import growing_cache
+
+    cache = growing_cache(load_target(str(tiny_llama)).model.config, reserve=16)
+    keys = torch.arange(4, dtype=torch.float32).reshape(1, 1, 4, 1)
+    for layer in cache.layers:
+        layer.update(keys, -keys)
+    layer = cache.layers[0]
+    layer._key_buffer[:, :, 4:6] = torch.tensor([10.0, 11.0]).reshape(1, 1, 2, 1)  # written in place
+    layer._value_buffer[:, :, 4:6] = -layer._key_buffer[:, :, 4:6]
+    for other in cache.layers:
+        other.end_at(6)
+    assert layer.ends() == 6 and kv.cache_length(cache) == 6  # known without slicing
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 10, 11] and layer.ends() is None
+    assert torch.equal(layer.values, -layer.keys)
+    layer.end_at(5)
+    layer.update(torch.full((1, 1, 1, 1), 7.0), torch.full((1, 1, 1, 1), -7.0))  # appends after the 5
+    assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 10, 7]
+    layer.end_at(6)
+    layer.reset()
+    assert layer.ends() is None
+
+
 def test_growing_layers_append_in_place_and_survive_row_selection(tiny_llama):
     from headstart.targets.growing_cache import growing_cache
 
