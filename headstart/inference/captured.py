@@ -33,6 +33,9 @@ weights for a short context on a GPU, but a CPU pays it and loses headstart's pa
 which is why the CPU default stays eager (measured: EAGLE-3 on SmolLM2 38.8 tok/s eager, 20.4
 captured, the same tokens; README). The first step of each shape compiles (seconds to a
 minute); on CUDA the outputs the decoder keeps are copied out of the graph's memory.
+
+With greedy decoding and a drafter that has round parts, the whole round (draft, this verify,
+acceptance, the commit) runs as ONE program over these buffers instead: inference/captured_round.py.
 """
 
 from __future__ import annotations
