@@ -1,5 +1,6 @@
-"""The whole steady-state speculative round as ONE compiled program (`--compile`, greedy, a tree
-drafted from the heads alone: static, chain or dynamic; a drafter with round parts: EAGLE-1/2/3):
+"""The whole steady-state speculative round as ONE compiled program (`--compile`, greedy or exact
+sampling, a tree drafted from the heads alone: static, chain or dynamic; a drafter with round
+parts: EAGLE-1/2/3, Medusa, DFlash, the replay drafter):
 draft every level, verify, accept, commit the KV cache and feed the head, with no host read
 inside and no eager op between the phases.
 
@@ -9,7 +10,8 @@ inside and no eager op between the phases.
     program: draft (the tree's own draft function, trees.draft.RoundPlan, over the drafter's
              in-program twin: every level's top-k and head step, a dynamic tree's selection to
              its node budget) -> verify (one target forward over the n nodes at columns
-             [P, P + n)) -> greedy acceptance (accept_greedy, static shapes) -> commit: the
+             [P, P + n)) -> acceptance (accept_greedy, or accept_sampling over uniforms drawn
+             before the program: static shapes) -> commit: the
              accepted path's entries gathered into columns [P, P + A), their visibility set, the
              drafter observing them at [Ph, Ph + A); P and Ph advanced by A in place
     outputs: a report (B, 1 + A): each row's count then its committed tokens; the next lengths,
@@ -22,8 +24,18 @@ anything back, which is what lets the engine queue round k + 1 before it reads r
 caches' capacity holds max_new_tokens * A columns (worst case: nothing accepted), where the eager
 commit needs the tokens accepted; a captured verify attends over its whole capacity anyway.
 
+Sampling: the draft stays deterministic (a static tree's children are the frontier's top-k, a
+dynamic tree scores by the warped draft distribution, as its steps do), and acceptance is exact
+rejection sampling with each child a point mass (accept x with p(x), else remove it from p; the
+bonus from what remains), EAGLE's and SGLang's rule. Its uniforms, K = depth * (n - 1) + 1 a row
+(an upper bound on the coin flips, then the bonus), are drawn before the program from the batch's
+or each row's generator (sampling.PreDrawn): a seeded generation repeats, and a seeded row's
+draws do not depend on its batch. The steps under sampling draw a static tree's children from q
+instead, so a seed's tokens differ between the program and the steps; both are the target's
+distribution.
+
 Where the program cannot run (rows joined or left and the caches are fresh tensors, the capacity
-is full, sampling, a lookup branch), `run` returns None and the engine takes the eager steps,
+is full, typical acceptance, a lookup branch), `run` returns None and the engine takes the eager steps,
 which leave both caches and the visibility in a state the next program run adopts (one copy of
 the visibility into this object's buffer, only then).
 """
@@ -37,7 +49,20 @@ from typing import Any
 import torch
 
 from headstart.inference.captured import allow_graphs, end_views, graph_mode, own, step_begins
-from headstart.inference.verify import accept_greedy, committed_path
+from headstart.inference.plain import SamplingConfig
+from headstart.inference.sampling import Generator, PreDrawn, uniform
+from headstart.inference.trees.draft import GREEDY
+from headstart.inference.verify import accept_greedy, accept_sampling, committed_path
+
+
+@functools.cache
+def warp_of(sampling: SamplingConfig) -> SamplingConfig:
+    """What a round program traces of a generation's sampling: the warp alone (temperature,
+    top-k, top-p), so a new length or seed never recompiles it (one object per warp)."""
+    if sampling.greedy:
+        return GREEDY
+    return SamplingConfig(max_new_tokens=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k)  # fmt: skip
 
 
 def capacity_mask(
@@ -72,18 +97,23 @@ def compact(buffers: list[torch.Tensor], start: torch.Tensor, path: torch.Tensor
 def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_ids: tuple[int, ...],
                  cache_kw: str, dtype: torch.dtype, parts: Any, plan: Any,
                  target: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor, torch.Tensor],
-                 lengths: torch.Tensor, root: torch.Tensor, head: Any) -> Any:  # fmt: skip
-    """The round that is compiled: every input explicit (see the module's note)."""
+                 lengths: torch.Tensor, root: torch.Tensor, head: Any, warp: SamplingConfig,
+                 draws: torch.Tensor | None) -> Any:  # fmt: skip
+    """The round that is compiled: every input explicit (see the module's note); `draws` (B, K)
+    the round's uniforms under sampling, None when greedy."""
     from headstart.inference.captured import StaticKV
     from headstart.targets.layer_kinds import layer_masks
 
     keys, values, seen, length = target
-    tree = plan.draft(parts.drafter(head), root)  # the tree's own draft over the program's drafter
+    tree = plan.draft(parts.drafter(head), root, warp)  # the tree's own draft over the program's drafter
     positions = lengths[:, None] + tree.depths
     mask = capacity_mask(seen, length, tree.visible, dtype)
     out = model(input_ids=tree.tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
                 **{cache_kw: StaticKV(keys, values, length)}, use_cache=True)  # fmt: skip
-    acc = accept_greedy(tree, out.logits)
+    if draws is None:
+        acc = accept_greedy(tree, out.logits)
+    else:
+        acc = accept_sampling(tree, out.logits, warp, PreDrawn(draws))
     slot, real, committed = committed_path(acc, tree)
     compact(keys + values, length, acc.path)
     seen.index_copy_(1, length + slot[0], real)
@@ -119,15 +149,23 @@ class CapturedRound:
     def path_width(self) -> int:
         return self.plan.path_width
 
+    @property
+    def draws(self) -> int:
+        """Uniforms a sampled round takes a row: every level's sibling coin flips (at most depth
+        * (n - 1)), then the bonus token's."""
+        return self.plan.depth * (self.plan.size - 1) + 1
+
     def reserve(self, new_tokens: int) -> int:
         """Target-cache columns a generation of `new_tokens` may append (A a round, the verify's
         n on top)."""
         return new_tokens * self.path_width + self.plan.size
 
-    def run(self, state: Any, drafter: Any, dtype: torch.dtype) -> torch.Tensor | None:
+    def run(self, state: Any, drafter: Any, dtype: torch.dtype, sampling: SamplingConfig = GREEDY,
+            generator: Generator = None) -> torch.Tensor | None:  # fmt: skip
         """The round over `state` (inference/results.DecodeState) and `drafter`, advancing both;
         returns each row's count and committed tokens, (B, 1 + A) on the device (row b's first
-        count real), or None (run the eager round: nothing was changed)."""
+        count real), or None (run the eager round: nothing was changed). `generator`: the
+        batch's or its rows' (RowGenerators) sampling draws."""
         length = state.visible.shape[1]
         claimed = self.verify.buffers.claim(state.cache, length, self.plan.size, pad=False)
         inputs = getattr(drafter, "round_inputs", None)
@@ -139,6 +177,9 @@ class CapturedRound:
         device = state.root.device
         seen = visibility_buffer(self._seen, state.visible, keys[0].shape[-2])
         start = self.start.at(length, device)
+        rows = state.root.shape[0]
+        # cost under sampling: one draw op a round (one a row with per-row generators)
+        draws = None if sampling.greedy else uniform((rows, self.draws), generator, device)
         from headstart.targets.attention import grouped_query_attention
 
         with grouped_query_attention(self.verify.model) if device.type == "cpu" else contextlib.nullcontext():
@@ -156,6 +197,8 @@ class CapturedRound:
                     state.lengths,
                     state.root,
                     head_in.tensors,
+                    warp_of(sampling),
+                    draws,
                 )  # fmt: skip
             )
         width = length + self.path_width

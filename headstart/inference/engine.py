@@ -327,8 +327,8 @@ class Engine:
             return done
         return done + self._step_now()
 
-    def _step_now(self) -> list[Job]:
-        """One round over the live rows, read at once."""
+    def _step_now(self, program: bool = True) -> list[Job]:
+        """One round over the live rows, read at once (`program`: try the round program first)."""
         decoder, state = self.decoder, self.state
         assert state is not None
         plain = self._plain_at(len(self.jobs)) or (
@@ -338,10 +338,10 @@ class Engine:
         contexts = (
             [j.prompt + j.emitted for j in self.jobs] if decoder.tree.reads_context and not plain else None
         )
-        if not plain and contexts is None:  # the whole round as one program, where it can run
+        if program and not plain and contexts is None:  # the whole round as one program, where it can run
             with region("headstart.captured"):
                 self.drafter = self.pending.flush()
-                taken = decoder.round(state, self.sampling, self.drafter)
+                taken = decoder.round(state, self.sampling, self.drafter, self.generator)
             if taken is not None:
                 self.target_forwards += 1
                 return self._take(*taken, rows=range(len(self.jobs)), counted=True)
@@ -375,8 +375,8 @@ class Engine:
         """Whether this step reads ahead: asked for, and either plain decoding (a root-only tree,
         no drafter) with no batch generator shared by several rows (a row that stopped would
         still draw from it in the step after its stop, moving the other rows' seeded draws), or
-        the greedy round program (inference/captured_round.py: it knows its widths before it
-        runs) where no step must be plain (speculate_up_to, a learned position table: those
+        the round program (inference/captured_round.py: it knows its widths before it runs;
+        under sampling, the same rule on generators) where no step must be plain (speculate_up_to, a learned position table: those
         are decided by lengths the host has not read yet)."""
         decoder = self.decoder
         if not self.read_ahead:
@@ -388,8 +388,8 @@ class Engine:
     def _rounds_ahead(self) -> bool:
         decoder = self.decoder
         return (
-            decoder.captured_round is not None
-            and self.sampling.greedy
+            decoder.program_for(self.sampling)
+            and (self.sampling.greedy or self.row_seeds or self.live == 1)  # as plain steps, above
             and not decoder.tree.reads_context
             and not decoder.positions.limited
             and not self._plain_at(self.live)
@@ -405,33 +405,35 @@ class Engine:
         if not self.jobs:
             return done
         pending = 1 if self.unread is not None else 0  # at least one token a row is on its way
-        if any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs) and self._rounds_ahead():
-            with region("headstart.captured"):
-                self.drafter = self.pending.flush()
-                report = self.decoder.round_unread(self.state, self.sampling, self.drafter)
-            if report is None:  # the program cannot run this round: read what is queued, then the steps
-                done += self._drain()
-                return done + (self._step_now() if self.jobs else [])
-            self.target_forwards += 1
-            return done + self._drain(Unread.queue(report, self.jobs, counted=True))
-        if any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs):
-            decoder, state = self.decoder, self.state
-            assert state is not None
-            with region("headstart.draft"):
-                tree = decoder.draft(
-                    state, self.sampling, self.drafter, None, plain=True, generator=self.generator
-                )
-            self.plain_steps += 1
-            with region("headstart.verify"):
-                feats = decoder.verify(state, tree, self.drafter)
-            self.target_forwards += 1
-            with region("headstart.accept"):
-                acc = decoder.accept(tree, feats, self.sampling, self.generator)
-            with region("headstart.commit"):  # no read: the host knows the widths
-                queued = Unread.queue(decoder.commit_unread(state, tree, feats, acc, self.drafter), self.jobs)
-        else:
-            queued = None
-        return done + self._drain(queued)
+        if not any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs):
+            return done + self._drain()
+        if not self._rounds_ahead():
+            return done + self._drain(self._queue_plain())
+        with region("headstart.captured"):
+            self.drafter = self.pending.flush()
+            report = self.decoder.round_unread(self.state, self.sampling, self.drafter, self.generator)
+        if report is None:  # the program cannot run this round: read what is queued, then the steps
+            done += self._drain()
+            return done + (self._step_now(program=False) if self.jobs else [])
+        self.target_forwards += 1
+        return done + self._drain(Unread.queue(report, self.jobs, counted=True))
+
+    def _queue_plain(self) -> Unread:
+        """One plain step queued, its token left on the device (the host knows its width)."""
+        decoder, state = self.decoder, self.state
+        assert state is not None
+        with region("headstart.draft"):
+            tree = decoder.draft(
+                state, self.sampling, self.drafter, None, plain=True, generator=self.generator
+            )
+        self.plain_steps += 1
+        with region("headstart.verify"):
+            feats = decoder.verify(state, tree, self.drafter)
+        self.target_forwards += 1
+        with region("headstart.accept"):
+            acc = decoder.accept(tree, feats, self.sampling, self.generator)
+        with region("headstart.commit"):  # no read: the host knows the widths
+            return Unread.queue(decoder.commit_unread(state, tree, feats, acc, self.drafter), self.jobs)
 
     def _drain(self, then: Unread | None = None) -> list[Job]:
         """Take the unread step's tokens (waiting only for that step's copy), then keep `then`

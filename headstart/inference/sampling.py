@@ -74,20 +74,58 @@ class RowGenerators:
         return torch.stack(rows)
 
 
-Generator = torch.Generator | RowGenerators | None
+class PreDrawn:
+    """U(0, 1) draws made BEFORE a compiled program from the batch's or its rows' generators (a
+    torch.Generator cannot enter a compiled region; inference/captured_round.py) and consumed
+    inside it, one column a draw in the order the code asks: acceptance's coin flips, then the
+    bonus token by inverse CDF. Which column serves which draw is fixed by the tree's shape, never
+    by the data, so a seeded row's round draws the same whatever its batch holds."""
+
+    def __init__(self, draws: torch.Tensor) -> None:
+        self.draws = draws  # (B, K)
+        self.used = 0  # a trace-time count: the program's draws are static
+
+    def take(self, rows: int) -> torch.Tensor:
+        """The next column, (B,)."""
+        if rows != self.draws.shape[0] or self.used >= self.draws.shape[1]:
+            raise ValueError(
+                f"a round asked draw {self.used + 1} for {rows} rows of {tuple(self.draws.shape)} pre-drawn"
+            )
+        column = self.draws[:, self.used]
+        self.used += 1
+        return column
+
+
+Generator = torch.Generator | RowGenerators | PreDrawn | None
 
 
 def uniform(shape: tuple[int, ...], generator: Generator, device: Any) -> torch.Tensor:
-    """U(0, 1) draws of `shape`, from one generator or per row (RowGenerators)."""
+    """U(0, 1) draws of `shape`, from one generator, per row (RowGenerators) or pre-drawn (one
+    (B,) column of a PreDrawn)."""
     if isinstance(generator, RowGenerators):
         return generator.rand(shape, device)
+    if isinstance(generator, PreDrawn):
+        if len(shape) != 1:
+            raise ValueError(f"pre-drawn uniforms come a (B,) column at a time, not {shape}")
+        return generator.take(shape[0])
     return torch.rand(shape, generator=generator, device=device)
 
 
+def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of probs (B, V) from u (B,) in [0, 1): the first token whose cumulative
+    mass reaches (1 - u) * the total, a threshold in (0, total], so a token of probability 0 is
+    never chosen and each is chosen with its probability (what FlashInfer's samplers do)."""
+    cumulative = probs.cumsum(-1)
+    threshold = (1.0 - u)[:, None] * cumulative[:, -1:]
+    return (cumulative < threshold).sum(-1).clamp_max(probs.shape[-1] - 1)
+
+
 def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
-    """One token per row of probs (..., V) -> (...,) long."""
+    """One token per row of probs (..., V) -> (...,) long (a PreDrawn: probs (B, V))."""
     if isinstance(generator, RowGenerators):
         return generator.multinomial(probs)
+    if isinstance(generator, PreDrawn):
+        return inverse_cdf(probs, generator.take(probs.shape[0]))
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 

@@ -78,8 +78,8 @@ class Steps:
         # --compile: the verify as a compiled graph over a fixed buffer (inference/captured.py)
         self.captured: Any = None
         self.captured_head: Any = None  # the drafter's steps, compiled too (drafters.compiled_steps)
-        # the whole greedy round as one program, for a tree drafted from the heads alone (static,
-        # chain, dynamic) and a drafter with round parts
+        # the whole round as one program (greedy or sampled), for a tree drafted from the heads
+        # alone (static, chain, dynamic) and a drafter with round parts
         # (inference/captured_round.py); None: the steps run one by one
         self.captured_round: Any = None
         if compile:
@@ -200,28 +200,34 @@ class Steps:
     def _new_columns(self, sampling: SamplingConfig) -> int:
         """Cache columns a generation appends after its prompt: one a token, or, where the
         round program may run, its path width a round (inference/captured_round.py's cost)."""
-        if self.captured_round is not None and sampling.greedy:
+        if self.program_for(sampling):
             return self.captured_round.reserve(sampling.max_new_tokens)
         return sampling.max_new_tokens
 
-    def round(self, state: DecodeState, sampling: SamplingConfig,
-              drafter: Any) -> tuple[list[list[int]], list[int]] | None:  # fmt: skip
+    def program_for(self, sampling: SamplingConfig) -> bool:
+        """Whether rounds under `sampling` may run as the round program (not typical acceptance:
+        it is lossy and stays in the steps)."""
+        return self.captured_round is not None and (sampling.greedy or not self.typical)
+
+    def round(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
+              generator: Generator = None) -> tuple[list[list[int]], list[int]] | None:  # fmt: skip
         """The whole round as one program (draft, verify, accept, commit), then its one read:
         each row's committed tokens and count, as `commit` returns them; None where the program
-        cannot run (sampling, no round program, the caches not in its buffers or full: the
-        caller runs the steps)."""
-        report = self.round_unread(state, sampling, drafter)
+        cannot run (no round program, typical acceptance, the caches not in its buffers or full:
+        the caller runs the steps). `generator`: the batch's or its rows' sampling draws."""
+        report = self.round_unread(state, sampling, drafter, generator)
         if report is None:
             return None
         return unpack_report(self._read_step(report))  # host sync: the round's one read
 
-    def round_unread(self, state: DecodeState, sampling: SamplingConfig, drafter: Any) -> torch.Tensor | None:
+    def round_unread(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
+                     generator: Generator = None) -> torch.Tensor | None:  # fmt: skip
         """`round` without the read: the report (B, 1 + A), each row's count then its tokens, on
         the device, for the engine to read after it queued the next round (the host knows the
         round's widths: the program advances both caches by A)."""
-        if self.captured_round is None or not sampling.greedy:
+        if not self.program_for(sampling):
             return None
-        return self.captured_round.run(state, drafter, self.target.dtype)
+        return self.captured_round.run(state, drafter, self.target.dtype, sampling, generator)
 
     def draft(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
               contexts: list[list[int]] | None = None, plain: bool = False,

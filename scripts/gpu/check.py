@@ -290,7 +290,7 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
         return run
 
     def ours(kind: str | None, compiled: bool, tree: str = "static", read_ahead: bool | None = None,
-             program: bool = True) -> Any:  # fmt: skip
+             program: bool = True, temperature: float = 0.0) -> Any:  # fmt: skip
         decoder = SpeculativeDecoder(target, heads.get(kind) if kind else None, tree=tree if kind else None,
                                      compile=compiled, compile_backend=args.backend)  # fmt: skip
         decoder.read_ahead = read_ahead  # None: reads ahead on CUDA (inference/engine.py)
@@ -298,7 +298,9 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
             decoder.captured_round = None
 
         def run(ids: list[int]) -> tuple[list[int], int]:
-            out = decoder.generate([ids], max_new_tokens=new)
+            # sampled: seeded, so a method repeats (its tokens are not generate's greedy ones)
+            out = decoder.generate([ids], max_new_tokens=new, do_sample=temperature > 0, temperature=temperature,
+                                   seed=0 if temperature > 0 else None)  # fmt: skip
             tokens = out.token_ids[0]
             return tokens, out.stats.target_forwards
 
@@ -318,6 +320,13 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     # the captured rounds as steps, without the one program (inference/captured_round.py)
     methods["eagle3_captured_steps"] = ours("eagle3", True, program=False)
     methods["eagle3ref_captured_steps"] = ours("eagle3", True, EAGLE_REFERENCE_TREE, program=False)
+    # sampling at T = 0.7 (exact: the tokens are the target's distribution, not generate's greedy
+    # ones, so `same_as_generate` reads 0): the program's point-mass acceptance over top-k drafts
+    # against the steps' children drawn from q, and plain captured sampling as their anchor
+    methods["plain_captured_t07"] = ours(None, True, temperature=0.7)
+    methods["eagle3_captured_t07"] = ours("eagle3", True, temperature=0.7)
+    methods["eagle3_captured_steps_t07"] = ours("eagle3", True, program=False, temperature=0.7)
+    methods["eagle3ref_captured_t07"] = ours("eagle3", True, EAGLE_REFERENCE_TREE, temperature=0.7)
     unknown = sorted(set(args.methods) - set(methods))
     if unknown:
         raise SystemExit(f"--methods: unknown {', '.join(unknown)}; known: {', '.join(methods)}")

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from chisq import chisquare_pvalue
 from test_captured import PROMPTS, family_target, fresh_dynamo, generate_ref  # noqa: F401 - the fixture
+from test_sampling_exactness import ALPHA, CONFIGS, PROMPT, VOCAB, exact_joint, small_vocab_target
 from tiny import FC_LAYOUT
 from torch._dynamo.utils import counters
 
 from headstart.heads import HeadSpec, build_head
-from headstart.inference.captured_round import capacity_mask
+from headstart.inference.captured_round import capacity_mask, warp_of
 from headstart.inference.decoder import SpeculativeDecoder
 from headstart.inference.drafters.eagle import CapturedHead, RoundParts
+from headstart.inference.engine import Engine, Job
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import prepare_prompts
+from headstart.inference.stops import StopRule
 
 FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]
 
@@ -99,11 +103,18 @@ def test_the_program_drafts_what_the_eager_steps_draft(tiny_root, tree):
     state = decoder.prefill(prepared, sampling, drafter)
     plan = decoder.captured_round.plan
     inputs = drafter.round_inputs(plan)
-    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root)
+    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(sampling))
     eager = decoder.draft(state, sampling, drafter)
     drafter.end_step()
     for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
         assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
+    if tree.startswith("dynamic"):  # under sampling too: a dynamic draft is deterministic, scored warped
+        warm = SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=20, seed=1)
+        drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(warm))
+        eager = decoder.draft(state, warm, drafter)
+        drafter.end_step()
+        for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
+            assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
     outs = {}
     for program in (True, False):
         decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
@@ -219,3 +230,60 @@ def test_medusa_heads_run_as_the_program(tiny_root, family):
         assert out.token_ids == refs, (family, vocab)
         program = decoder.captured_round  # every round but those after a row left (fresh caches)
         assert program.rounds + program.fallbacks == out.stats.target_forwards - 1 and program.fallbacks <= 2
+
+
+SLOW = pytest.mark.slow  # ~20-30 s each on one core: the default run keeps one config per tree kind
+
+
+@pytest.mark.parametrize(
+    ("tree", "config"),
+    [
+        ("chain:3", "T0.8-topk5-topp0.9"),
+        ("dynamic:depth=3,top_k=3,total_tokens=8", "T1"),
+        pytest.param("static", "T0.8-topk5-topp0.9", marks=SLOW),
+        pytest.param("static", "T1", marks=SLOW),
+        pytest.param("chain:3", "T1", marks=SLOW),
+        pytest.param("dynamic:depth=3,top_k=3,total_tokens=8", "T0.8-topk5-topp0.9", marks=SLOW),
+    ],
+)
+def test_sampling_inside_the_program_preserves_the_targets_distribution(tree, config, monkeypatch):
+    """Exact sampling inside the program (point-mass acceptance over deterministic drafts, its
+    uniforms drawn before it): 12,000 copies of one prompt as ONE batch, whose first rounds all run
+    as the program at B = 12,000 (6 new tokens: no row ends before its second round); the first
+    three tokens' joint against the warped target's, by enumeration (test_sampling_exactness)."""
+    from headstart.inference import captured
+
+    monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
+    target = small_vocab_target()
+    head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=0), target)
+    sampling = SamplingConfig(max_new_tokens=6, seed=7, **CONFIGS[config])
+    decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
+    out = decoder.generate([PROMPT] * 12_000, sampling=sampling, eos_token_id=None)
+    assert decoder.captured_round.rounds >= 2 and out.stats.tau > 1.05  # drafts were accepted in it
+    tokens = torch.tensor([ids[:3] for ids in out.token_ids])
+    cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
+    counts = torch.bincount(cells, minlength=VOCAB**3)
+    assert chisquare_pvalue(counts, exact_joint(target, sampling).flatten()) > ALPHA
+
+
+def test_a_seeded_sampled_row_reads_ahead_as_at_once(tiny_root):
+    """Under sampling the program reads ahead too (a row's own generator: what it draws past its
+    stop is its own): a seeded row's tokens are the same read ahead or at once, a seed repeats,
+    and another seed gives other tokens."""
+    target = family_target(tiny_root, "llama")
+    prompt = target.chat.user_prompt_ids(PROMPTS[0])
+    decoder = SpeculativeDecoder(
+        target, eagle3(target), tree="chain:3", compile=True, compile_backend="aot_eager"
+    )
+    sampling = SamplingConfig(max_new_tokens=40, temperature=0.9, top_k=20)
+    outputs = []
+    for flag, seed in ((False, 5), (True, 5), (True, 5), (True, 6)):
+        rounds = decoder.captured_round.rounds
+        engine = Engine(decoder, sampling, row_seeds=True, read_ahead=flag)
+        job = Job(key=0, prompt=prompt, rule=StopRule(23), seed=seed)
+        engine.add([job])
+        while engine.live:
+            engine.step()
+        assert decoder.captured_round.rounds - rounds >= 3 and len(job.emitted) == 23
+        outputs.append(job.emitted)
+    assert outputs[0] == outputs[1] == outputs[2] != outputs[3]

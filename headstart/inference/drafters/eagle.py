@@ -27,6 +27,17 @@ from headstart.inference.drafters.common import in_target_vocab, module_device, 
 from headstart.targets.packing import packed
 
 
+def drafted_visibility(
+    visible: torch.Tensor, nodes: torch.Tensor, entries: list[torch.Tensor]
+) -> torch.Tensor:
+    """(B, k, E): which of this step's drafted head-cache entries (`entries`, earlier frontiers in
+    cache order, then `nodes` (B, k) themselves) each of `nodes` sees, from the tree's
+    ancestor-or-self relation `visible` (B, N, N)."""
+    width = nodes.shape[1]
+    sees = visible[torch.arange(nodes.shape[0], device=nodes.device)[:, None], nodes]  # (B, k, N)
+    return torch.cat([sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in [*entries, nodes]], -1)
+
+
 class EagleDrafter:
     """EAGLE-1/2/3: an autoregressive head with its own KV cache. Committed positions enter the
     cache with the TARGET's features; drafted nodes enter it with the head's own guesses and
@@ -126,12 +137,8 @@ class EagleDrafter:
             pad = self.g.new_zeros(batch, visible.shape[1] - self.g.shape[1], self.g.shape[2])
             self.g = torch.cat([self.g, pad], dim=1)
         hidden = self.g[rows, parents]  # (B, k, H): the g that predicted each node's token
-        sees = visible[rows, nodes]  # (B, k, N)
-        drafted = [sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in self.entries]
         prefix = self.visible[:, None, :].expand(-1, width, -1)
-        allowed = torch.cat(
-            [prefix, *drafted, sees.gather(2, nodes[:, None, :].expand(-1, width, -1))], dim=-1
-        )
+        allowed = torch.cat([prefix, drafted_visibility(visible, nodes, self.entries)], dim=-1)
         positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
         g, logits = self._step(hidden, tokens, positions, allowed, logits=True)
         assert logits is not None
@@ -361,9 +368,8 @@ class ProgramDrafter:
         self.offset = 0
 
     def root_logits(self) -> torch.Tensor:
-        return self.parts.draft_logits(self.g[:, :1], self.root_pos[:, None] + 1)[
-            :, 0
-        ]  # children at root + 1
+        children = self.root_pos[:, None] + 1  # where the root's children sit
+        return self.parts.draft_logits(self.g[:, :1], children)[:, 0]
 
     def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
                visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
@@ -374,10 +380,7 @@ class ProgramDrafter:
         if self.g.shape[1] < visible.shape[1]:
             pad = self.g.new_zeros(batch, visible.shape[1] - self.g.shape[1], self.g.shape[2])
             self.g = torch.cat([self.g, pad], dim=1)
-        sees = visible[rows, nodes]  # (B, k, N)
-        tree = torch.cat(
-            [sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in [*self.entries, nodes]], -1
-        )
+        tree = drafted_visibility(visible, nodes, self.entries)
         mask = capacity_mask(self.seen, self.start, tree, self.g.dtype)
         positions = (self.root_pos + depth - 1)[:, None].expand(-1, width)
         g = self.parts.heads(self.g[rows, parents], tokens, position_ids=positions, attention_mask=mask,

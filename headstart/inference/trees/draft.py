@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from headstart.inference.plain import SamplingConfig
+
 if TYPE_CHECKING:  # an annotation only: static.py builds DraftTrees
     from headstart.inference.trees.static import TreeBuffers
 
@@ -77,16 +79,22 @@ class DraftTree:
         )
 
 
+GREEDY = SamplingConfig(max_new_tokens=1)
+"""Greedy, as one constant: what a static draft defaults to, and a greedy round program's warp
+(so its trace never depends on a generation's other settings)."""
+
+
 @dataclass(frozen=True)
 class RoundPlan:
-    """A tree's greedy draft as a round program traces it (inference/captured_round.py): sizes
-    the host knows before the round, and `draft(drafter, root)` -> DraftTree, static shapes and
-    no host read, over a drafter that lives inside the program."""
+    """A tree's draft as a round program traces it (inference/captured_round.py): sizes the host
+    knows before the round, and `draft(drafter, root, sampling)` -> DraftTree, static shapes, no
+    host read and deterministic proposals (`sampling` warps the scores only), over a drafter that
+    lives inside the program."""
 
     size: int  # nodes one row's verify holds, the root included
     depth: int  # levels drafted: an accepted path holds at most depth + 1 nodes
     drafted: int  # entries one draft writes into a head's own cache
-    draft: Callable[[Any, torch.Tensor], DraftTree]
+    draft: Callable[[Any, torch.Tensor, SamplingConfig], DraftTree]
 
     @property
     def path_width(self) -> int:

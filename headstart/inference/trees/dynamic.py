@@ -58,7 +58,7 @@ class DynamicTree:
 
     def round_plan(self, device: torch.device, max_depth: int | None) -> RoundPlan:
         """Its draft has fixed sizes (the pool, the kept nodes) whatever the scores choose."""
-        draft = functools.partial(_draft_greedy, self, max_depth=max_depth)
+        draft = functools.partial(_draft_program, self, max_depth=max_depth)
         levels = self.levels(max_depth)  # every level after the first expands top_k frontier nodes
         return RoundPlan(1 + self.kept(max_depth), levels, (levels - 1) * self.top_k, draft)
 
@@ -155,9 +155,9 @@ def draft_dynamic(
     )
 
 
-def _draft_greedy(spec: DynamicTree, drafter: Any, root: torch.Tensor, max_depth: int | None) -> DraftTree:
-    """`draft_dynamic` for a greedy round program (its one constant sampling: a trace that never
-    depends on a generation's settings)."""
-    from headstart.inference.trees.static import GREEDY
-
-    return draft_dynamic(spec, drafter, root, GREEDY, max_depth)
+def _draft_program(
+    spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None
+) -> DraftTree:
+    """`draft_dynamic` in a round program: the same deterministic draft the steps make (scored by
+    the warped draft distribution), `sampling` a round program's warp (captured_round.warp_of)."""
+    return draft_dynamic(spec, drafter, root, sampling, max_depth)

@@ -24,12 +24,9 @@ import torch
 from headstart.errors import HeadstartError
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.sampling import Generator, order_without_replacement, probabilities
-from headstart.inference.trees.draft import DraftTree, RoundPlan
+from headstart.inference.trees.draft import GREEDY, DraftTree, RoundPlan
 
 Path = tuple[int, ...]
-GREEDY = SamplingConfig(max_new_tokens=1)
-"""The sampling a round program drafts with (greedy; one constant, so its trace never depends on
-a generation's settings)."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +86,7 @@ class TreeBuffers:
             return None
         plan = static_plan(self, device)
         drafted = sum(int(nxt.numel()) for nxt in plan.expanding if nxt is not None)
-        return RoundPlan(self.size, self.max_depth, drafted, functools.partial(draft_planned, plan))
+        return RoundPlan(self.size, self.max_depth, drafted, functools.partial(draft_top, plan))
 
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
@@ -245,6 +242,14 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
     """Fill a static tree level by level; each level's frontier is one batched drafter call.
     Shapes come from the tree (StaticPlan), never from the drafted data: no host sync."""
     return draft_planned(static_plan(tree, root.device), drafter, root, sampling, generator)
+
+
+def draft_top(plan: StaticPlan, drafter: Any, root: torch.Tensor, sampling: SamplingConfig) -> DraftTree:
+    """A round program's draft (trees.draft.RoundPlan): every level's children are the frontier's
+    top-k, whatever the sampling. Deterministic proposals: acceptance treats each child as a
+    point mass (accept x with p(x), then remove it from p), exact for any proposal, as EAGLE's
+    and SGLang's tree samplers do; the steps under sampling draw the children from q instead."""
+    return draft_planned(plan, drafter, root)
 
 
 def draft_planned(plan: StaticPlan, drafter: Any, root: torch.Tensor, sampling: SamplingConfig = GREEDY,
