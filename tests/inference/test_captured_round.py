@@ -287,3 +287,51 @@ def test_a_seeded_sampled_row_reads_ahead_as_at_once(tiny_root):
         assert decoder.captured_round.rounds - rounds >= 3 and len(job.emitted) == 23
         outputs.append(job.emitted)
     assert outputs[0] == outputs[1] == outputs[2] != outputs[3]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+def test_dflash_blocks_run_as_the_program(tiny_root, family):
+    """DFlash (full and draft vocabulary) inside the program: the observe adds the committed path
+    to the head's context at its device-held column and runs the next block over it; exact,
+    chain and static trees, and the steady rounds are program runs."""
+    target = family_target(tiny_root, family)
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    refs = [generate_ref(target, ids, 30) for ids in prompts]
+    counts = torch.rand(target.vocab_size, generator=torch.Generator().manual_seed(0))
+    for vocab, tree in ((0, "chain:3"), (100, "static")):
+        dflash = build_head(HeadSpec(kind="dflash", block_size=5, num_layers=1, draft_vocab_size=vocab), target,
+                            token_counts=counts if vocab else None)  # fmt: skip
+        decoder = SpeculativeDecoder(target, dflash, tree=tree, compile=True, compile_backend="aot_eager")
+        out = decoder.generate(prompts, max_new_tokens=30, eos_token_id=None)
+        assert out.token_ids == refs, (family, vocab)
+        program = decoder.captured_round  # every round but those after a row left (fresh caches)
+        assert program.rounds >= 6 and program.rounds + program.fallbacks == out.stats.target_forwards - 1
+
+
+def test_the_programs_dflash_context_is_the_steps_context(tiny_root):
+    """The block the program drafts over its context (the committed paths added at a device-held
+    column, padding unseen) is the block the steps draft: one row decoded both ways, the
+    same rounds and every block's logits equal."""
+    target = family_target(tiny_root, "qwen3")
+    prompt = target.chat.user_prompt_ids(PROMPTS[1])
+    # a head with the target's own layer accepts drafts on this prompt (27 forwards for 40 tokens)
+    spec = HeadSpec(kind="dflash", block_size=5, num_layers=1, init_layers="target", feature_layers=[0])
+    dflash = build_head(spec, target)
+    runs = {}
+    for program in (True, False):
+        decoder = SpeculativeDecoder(target, dflash, tree="static", compile=True, compile_backend="aot_eager")
+        if not program:
+            decoder.captured_round = None
+        engine = Engine(decoder, SamplingConfig(max_new_tokens=40))
+        job = Job(key=0, prompt=prompt, rule=StopRule(40))
+        engine.add([job])
+        blocks = []
+        while engine.live:
+            engine.step()
+            if engine.live:
+                blocks.append(engine.drafter._logits)  # the next round's block, drafted in this one
+        runs[program] = (job.emitted, engine.target_forwards, torch.stack(blocks))
+        assert program is False or decoder.captured_round.rounds >= 10
+    assert runs[True][0] == runs[False][0] == generate_ref(target, prompt, 40)
+    assert runs[True][1] == runs[False][1] < 39  # drafts accepted, in the same rounds
+    torch.testing.assert_close(runs[True][2], runs[False][2], rtol=1e-4, atol=1e-4)

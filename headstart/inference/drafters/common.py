@@ -61,3 +61,13 @@ class PerDepthLogits:
         """Logits (B, k, V) of the children of `nodes` (B, k) at `depth` (they sit at depth + 1)."""
         assert self._logits is not None
         return self._logits[:, depth][:, None].expand(-1, nodes.shape[1], -1)
+
+
+class PerDepthProgram(PerDepthLogits):
+    """A per-depth drafter's `root_logits` and `expand` inside the round program
+    (inference/captured_round.py), over the logits its last observe made (B, depth, V)."""
+
+    max_depth = None
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self._logits = logits

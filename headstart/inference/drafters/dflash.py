@@ -4,6 +4,7 @@ block steps (`--compile`)."""
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from headstart.inference.captured import (
 )
 from headstart.inference.drafters.common import (
     PerDepthLogits,
+    PerDepthProgram,
     in_target_vocab,
     module_device,
     packers,
@@ -109,6 +111,35 @@ class DFlashDrafter(PerDepthLogits):
         kv.stack_rows(self.cache, other.cache)
         self._logits = torch.cat([self._logits, other._logits])
 
+    # ---- the captured round (inference/captured_round.py) ------------------------------------
+    def round_inputs(self, plan: Any) -> DFlashInputs | None:
+        """What the round program takes of this drafter, or None (the steps) where its steps are
+        not captured, nothing was observed yet, or the context cache has no room in its kept
+        buffer for the round's path and the next block after it."""
+        if self.captured is None or self._logits is None or self.visible is None:
+            return None
+        length = _context_length(self.cache)
+        claimed = self.captured.buffers.claim(
+            self.cache, length, plan.path_width + self.heads.block_size, pad=False
+        )
+        if claimed is None:
+            return None
+        from headstart.inference.captured_round import visibility_buffer
+
+        _, keys, values = claimed
+        seen = visibility_buffer(self.captured.seen, self.visible, keys[0].shape[-2])
+        start = self.captured.start.at(length, self._logits.device)
+        return DFlashInputs(self.captured.round_parts(self), (keys, values, seen, start, self._logits))
+
+    def round_done(self, logits: torch.Tensor, width: int) -> None:
+        """The program added `width` context entries (the committed path, padded) and drafted
+        the next block: the Python side follows (views, visibility, the block's logits)."""
+        self._logits = logits
+        self.captured.start.advanced(width)
+        length = _context_length(self.cache) + width
+        end_views(self.cache, length)
+        self.visible = self.captured.seen["seen"].narrow(1, 0, length)
+
     @staticmethod
     def compiled_steps(heads: Any, backend: str) -> Any:
         """Its context and block steps as graphs (`--compile`)."""
@@ -127,8 +158,26 @@ class CapturedDFlash:
         mode = graph_mode(heads, mode)
         self.context_fn, self.block_fn = _compiled_dflash(backend, mode)
         self.buffers = BufferPool()
+        self.seen: dict[str, torch.Tensor] = {}  # the round program's visibility buffer of the context
+        from headstart.inference.captured_round import DeviceLength
+
+        self.start = DeviceLength()  # the context cache's column count, as the round program reads it
+        self._parts: dict[tuple[int, bool, int], DFlashParts] = {}
         self.steps = 0
         self.fallbacks = 0
+
+    def round_parts(self, drafter: DFlashDrafter) -> DFlashParts:
+        """The head's share of the round program, one object per decoder and depth (the program
+        is specialized on it)."""
+        draft_vocab = drafter._to_target is not None
+        key = (drafter.depth, draft_vocab, drafter.vocab_size)
+        parts = self._parts.get(key)
+        if parts is None:
+            lm_head = self.heads.bound("lm_head")
+            rows = self.heads._draft_rows(lm_head) if draft_vocab else None  # a Python cache: outside
+            parts = self._parts[key] = DFlashParts(self.heads, drafter.depth, rows, drafter._to_target,
+                                                   drafter.vocab_size)  # fmt: skip
+        return parts
 
     def new_cache(self, reserve: int) -> Any:
         from headstart.targets.growing_cache import growing_cache
@@ -204,3 +253,51 @@ def _compiled_dflash(backend: str, mode: str | None) -> tuple[Any, Any]:
         torch.compile(_dflash_context, fullgraph=True, backend=backend, mode=mode, dynamic=False),
         torch.compile(_dflash_block, fullgraph=True, backend=backend, mode=mode, dynamic=False),
     )
+
+
+@dataclass(frozen=True)
+class DFlashInputs:
+    parts: DFlashParts
+    tensors: tuple[Any, ...]  # the context's KV buffers, visibility, column count; the block's logits
+
+
+class DFlashParts:
+    """DFlash's share of the round program: the tree's draft reads the block's per-depth logits,
+    and the observe adds the committed path to the context at the device-held column (A entries,
+    those past a row's path unseen), then runs the next block over it (DFlashDrafter.observe's
+    steps with static widths; the block's own entries, written after the path, are never seen
+    and the next round's context overwrites them)."""
+
+    def __init__(self, heads: Any, depth: int, rows: torch.Tensor | None, to_target: torch.Tensor | None,
+                 vocab: int) -> None:  # fmt: skip
+        self.heads, self.depth, self.rows, self.to_target, self.vocab = heads, depth, rows, to_target, vocab
+
+    def drafter(self, head: tuple[Any, ...]) -> PerDepthProgram:
+        return PerDepthProgram(head[4])
+
+    def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
+                      positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
+                      head: tuple[Any, ...]) -> torch.Tensor:  # fmt: skip
+        from headstart.inference.captured_round import capacity_mask
+
+        keys, values, seen, start, _ = head
+        batch, width = committed.shape
+        device = committed.device
+        self.heads.add_context(self.heads.fuse(last, layers), positions, StaticKV(keys, values, start))
+        seen.index_copy_(1, start + torch.arange(width, device=device), real)
+        rows = torch.arange(batch, device=device)
+        root, root_pos = committed[rows, last_index], positions[rows, last_index] + 1
+        size = self.heads.block_size
+        tokens = torch.full((batch, size), self.heads.mask_token_id, dtype=torch.long, device=device)
+        tokens[:, 0] = root
+        block = torch.ones(1, size, size, dtype=torch.bool, device=device)
+        after = start + width  # the block's first column
+        mask = capacity_mask(seen, after, block, self.heads.fc.weight.dtype)
+        states = self.heads.block(tokens, root_pos[:, None] + torch.arange(size, device=device), mask,
+                                  StaticKV(keys, values, after))  # fmt: skip
+        start.add_(width)  # the next round's first column (the host counts the same)
+        states = states[:, 1 : 1 + self.depth]
+        if self.rows is None:
+            return self.heads.bound("lm_head")(states)
+        logits = torch.nn.functional.linear(states, self.rows)
+        return in_target_vocab(logits, self.to_target, self.vocab) if self.to_target is not None else logits

@@ -10,7 +10,13 @@ from typing import Any
 import torch
 
 from headstart.inference.captured import allow_graphs, graph_mode, own, step_begins
-from headstart.inference.drafters.common import PerDepthLogits, in_target_vocab, module_device, packers
+from headstart.inference.drafters.common import (
+    PerDepthLogits,
+    PerDepthProgram,
+    in_target_vocab,
+    module_device,
+    packers,
+)
 from headstart.targets.packing import packed
 
 
@@ -145,8 +151,8 @@ class MedusaParts:
                  vocab: int) -> None:  # fmt: skip
         self.heads, self.depth, self.rows, self.to_target, self.vocab = heads, depth, rows, to_target, vocab
 
-    def drafter(self, head: tuple[torch.Tensor]) -> ProgramMedusa:
-        return ProgramMedusa(head[0])
+    def drafter(self, head: tuple[torch.Tensor]) -> PerDepthProgram:
+        return PerDepthProgram(head[0])
 
     def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
                       positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
@@ -154,12 +160,3 @@ class MedusaParts:
         hidden = last.gather(1, last_index[:, None, None].expand(-1, 1, last.shape[-1]))  # (B, 1, H)
         logits = _medusa_graph(self.heads, hidden, self.depth, self.rows)[:, :, 0].transpose(0, 1)
         return in_target_vocab(logits, self.to_target, self.vocab) if self.to_target is not None else logits
-
-
-class ProgramMedusa(PerDepthLogits):
-    """MedusaDrafter's `root_logits` and `expand` inside the round program."""
-
-    max_depth = None
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        self._logits = logits
