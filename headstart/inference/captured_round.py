@@ -24,15 +24,15 @@ anything back, which is what lets the engine queue round k + 1 before it reads r
 caches' capacity holds max_new_tokens * A columns (worst case: nothing accepted), where the eager
 commit needs the tokens accepted; a captured verify attends over its whole capacity anyway.
 
-Sampling: the draft stays deterministic (a static tree's children are the frontier's top-k, a
-dynamic tree scores by the warped draft distribution, as its steps do), and acceptance is exact
-rejection sampling with each child a point mass (accept x with p(x), else remove it from p; the
-bonus from what remains), EAGLE's and SGLang's rule. Its uniforms, K = depth * (n - 1) + 1 a row
-(an upper bound on the coin flips, then the bonus), are drawn before the program from the batch's
-or each row's generator (sampling.PreDrawn): a seeded generation repeats, and a seeded row's
-draws do not depend on its batch. The steps under sampling draw a static tree's children from q
-instead, so a seed's tokens differ between the program and the steps; both are the target's
-distribution.
+Sampling: the program drafts as the steps do (a static tree's children drawn without replacement
+from the warped draft distribution q by Gumbel-top-k; a dynamic tree's deterministic, scored by
+the warped q) and accepts by the same exact tree rejection sampling (verify.accept_sampling). Its
+uniforms are drawn before the program, one (B, K) draw a round from the batch's or each row's
+generator (sampling.PreDrawn), K = the static draft's noise (V a frontier node a level) + depth *
+(n - 1) coin flips (an upper bound) + 1 for the bonus: a seeded generation repeats, a seeded row's
+draws do not depend on its batch, and the program's tree equals the steps' over the same draws.
+(A seed's tokens still differ between the program and the steps: the steps draw one call at a
+time.)
 
 Where the program cannot run (rows joined or left and the caches are fresh tensors, the capacity
 is full, typical acceptance, a lookup branch), `run` returns None and the engine takes the eager steps,
@@ -105,7 +105,10 @@ def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_id
     from headstart.targets.layer_kinds import layer_masks
 
     keys, values, seen, length = target
-    tree = plan.draft(parts.drafter(head), root, warp)  # the tree's own draft over the program's drafter
+    drawn = PreDrawn(draws) if draws is not None else None  # the draft's draws first, then acceptance's
+    tree = plan.draft(
+        parts.drafter(head), root, warp, drawn
+    )  # the tree's own draft over the program's drafter
     positions = lengths[:, None] + tree.depths
     mask = capacity_mask(seen, length, tree.visible, dtype)
     out = model(input_ids=tree.tokens, attention_mask=layer_masks(model, mask), position_ids=positions,
@@ -113,7 +116,7 @@ def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_id
     if draws is None:
         acc = accept_greedy(tree, out.logits)
     else:
-        acc = accept_sampling(tree, out.logits, warp, PreDrawn(draws))
+        acc = accept_sampling(tree, out.logits, warp, drawn)
     slot, real, committed = committed_path(acc, tree)
     compact(keys + values, length, acc.path)
     seen.index_copy_(1, length + slot[0], real)
@@ -136,9 +139,11 @@ class CapturedRound:
     """One target's and drafter kind's round program for a fixed tree; the visibility buffers
     are kept for the decoder's lifetime (static addresses, as the KV buffers)."""
 
-    def __init__(self, verify: Any, plan: Any, backend: str = "inductor", mode: str | None = None) -> None:
+    def __init__(self, verify: Any, plan: Any, vocab: int, backend: str = "inductor",
+                 mode: str | None = None) -> None:  # fmt: skip
         self.verify = verify  # the CapturedVerify whose KV buffers and feature taps this shares
         self.plan = plan  # the tree's RoundPlan (inference/trees/draft.py)
+        self.vocab = vocab  # the drafter's logits' width (the target vocabulary): a sampled draft's noise
         self.fn = _compiled(backend, graph_mode(verify.model, mode))
         self._seen: dict[str, torch.Tensor] = {}  # the target's visibility buffer
         self.start = DeviceLength()  # the target cache's column count, as the program reads it
@@ -151,9 +156,10 @@ class CapturedRound:
 
     @property
     def draws(self) -> int:
-        """Uniforms a sampled round takes a row: every level's sibling coin flips (at most depth
-        * (n - 1)), then the bonus token's."""
-        return self.plan.depth * (self.plan.size - 1) + 1
+        """Uniforms a sampled round takes a row: a static draft's Gumbel noise (V for each frontier
+        node of each level), every level's sibling coin flips (at most depth * (n - 1)), then the
+        bonus token's. cost: (B, K) floats a round (the default static tree on SmolLM2: ~1M)."""
+        return self.plan.sampled * self.vocab + self.plan.depth * (self.plan.size - 1) + 1
 
     def reserve(self, new_tokens: int) -> int:
         """Target-cache columns a generation of `new_tokens` may append (A a round, the verify's

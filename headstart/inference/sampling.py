@@ -8,6 +8,7 @@ speculative decoder sample from the same p.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -77,37 +78,37 @@ class RowGenerators:
 class PreDrawn:
     """U(0, 1) draws made BEFORE a compiled program from the batch's or its rows' generators (a
     torch.Generator cannot enter a compiled region; inference/captured_round.py) and consumed
-    inside it, one column a draw in the order the code asks: acceptance's coin flips, then the
-    bonus token by inverse CDF. Which column serves which draw is fixed by the tree's shape, never
-    by the data, so a seeded row's round draws the same whatever its batch holds."""
+    inside it in the order the code asks, each draw a block of the next columns: a static tree's
+    Gumbel noise, acceptance's coin flips, then the bonus token by inverse CDF. Which columns
+    serve which draw is fixed by the tree's shape, never by the data, so a seeded row's round
+    draws the same whatever its batch holds."""
 
     def __init__(self, draws: torch.Tensor) -> None:
         self.draws = draws  # (B, K)
         self.used = 0  # a trace-time count: the program's draws are static
 
-    def take(self, rows: int) -> torch.Tensor:
-        """The next column, (B,)."""
-        if rows != self.draws.shape[0] or self.used >= self.draws.shape[1]:
+    def take(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The next prod(shape[1:]) columns as `shape` (B, ...)."""
+        count = math.prod(shape[1:])
+        if shape[0] != self.draws.shape[0] or self.used + count > self.draws.shape[1]:
             raise ValueError(
-                f"a round asked draw {self.used + 1} for {rows} rows of {tuple(self.draws.shape)} pre-drawn"
+                f"a round asked {tuple(shape)} draws after {self.used} of {tuple(self.draws.shape)} pre-drawn"
             )
-        column = self.draws[:, self.used]
-        self.used += 1
-        return column
+        block = self.draws[:, self.used : self.used + count].reshape(shape)
+        self.used += count
+        return block
 
 
 Generator = torch.Generator | RowGenerators | PreDrawn | None
 
 
 def uniform(shape: tuple[int, ...], generator: Generator, device: Any) -> torch.Tensor:
-    """U(0, 1) draws of `shape`, from one generator, per row (RowGenerators) or pre-drawn (one
-    (B,) column of a PreDrawn)."""
+    """U(0, 1) draws of `shape`, from one generator, per row (RowGenerators) or pre-drawn (the
+    next block of a PreDrawn)."""
     if isinstance(generator, RowGenerators):
         return generator.rand(shape, device)
     if isinstance(generator, PreDrawn):
-        if len(shape) != 1:
-            raise ValueError(f"pre-drawn uniforms come a (B,) column at a time, not {shape}")
-        return generator.take(shape[0])
+        return generator.take(tuple(shape))
     return torch.rand(shape, generator=generator, device=device)
 
 
@@ -125,7 +126,7 @@ def sample(probs: torch.Tensor, generator: Generator = None) -> torch.Tensor:
     if isinstance(generator, RowGenerators):
         return generator.multinomial(probs)
     if isinstance(generator, PreDrawn):
-        return inverse_cdf(probs, generator.take(probs.shape[0]))
+        return inverse_cdf(probs, generator.take((probs.shape[0],)))
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
@@ -139,7 +140,8 @@ def order_without_replacement(
     draws without replacement. Returns (tokens (..., count), valid (..., count)); a draw is invalid
     once the row's support is exhausted (fewer than `count` tokens with p > 0).
     """
-    draws = uniform(tuple(probs.shape), generator, probs.device).clamp_(1e-20, 1.0)
+    # out of place: pre-drawn uniforms are a compiled program's input (CUDA graphs skip mutated ones)
+    draws = uniform(tuple(probs.shape), generator, probs.device).clamp(1e-20, 1.0)
     keys = probs.log() - (-draws.log()).log()  # log p + Gumbel(0, 1); -inf where p == 0
     values, tokens = torch.topk(keys, count, dim=-1)
     return tokens, values > float("-inf")

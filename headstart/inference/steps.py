@@ -92,7 +92,9 @@ class Steps:
             if plan is not None and hasattr(probe, "round_inputs"):  # None inputs later: the steps
                 from headstart.inference.captured_round import CapturedRound
 
-                self.captured_round = CapturedRound(self.captured, plan, backend=compile_backend)
+                self.captured_round = CapturedRound(
+                    self.captured, plan, target.vocab_size, backend=compile_backend
+                )
 
     def draft_width(self) -> int:
         """The most nodes one step drafts into an EAGLE head's cache (a dynamic tree's whole

@@ -321,8 +321,8 @@ def section_smollm2(args: argparse.Namespace, report: Report) -> None:
     methods["eagle3_captured_steps"] = ours("eagle3", True, program=False)
     methods["eagle3ref_captured_steps"] = ours("eagle3", True, EAGLE_REFERENCE_TREE, program=False)
     # sampling at T = 0.7 (exact: the tokens are the target's distribution, not generate's greedy
-    # ones, so `same_as_generate` reads 0): the program's point-mass acceptance over top-k drafts
-    # against the steps' children drawn from q, and plain captured sampling as their anchor
+    # ones, so `same_as_generate` reads 0): the program against its steps (both draw a static
+    # tree's children from q), and plain captured sampling as their anchor
     methods["plain_captured_t07"] = ours(None, True, temperature=0.7)
     methods["eagle3_captured_t07"] = ours("eagle3", True, temperature=0.7)
     methods["eagle3_captured_steps_t07"] = ours("eagle3", True, program=False, temperature=0.7)

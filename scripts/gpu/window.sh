@@ -40,10 +40,10 @@
 # program gains on the device; eagle3ref_captured[_steps] the same at EAGLE's 60-node tree. CPU
 # dry run green 2026-12-03 (204 s, every output identical to generate's).
 # METHODS=generate,plain_captured_t07,eagle3_captured_t07,eagle3_captured_steps_t07 (issue 68,
-# 2026-12-03): sampling at T 0.7 inside the round program (point-mass acceptance over top-k drafts,
-# uniforms drawn before it) against the steps (children drawn from q) and plain captured sampling:
-# tok/s and tau (exact in distribution, so same_as_generate reads 0); eagle3ref_captured_t07 at
-# EAGLE's tree.
+# 2026-12-03): sampling at T 0.7 inside the round program (the static tree's children drawn from q
+# as the steps draw them, tree rejection sampling, the uniforms drawn before it) against the steps
+# and plain captured sampling: tok/s and tau (exact in distribution, so same_as_generate reads 0);
+# eagle3ref_captured_t07 at EAGLE's tree.
 # DECODE_SECTIONS=replay8b,smollm2 adds the loop at 8B shape with the replay drafter first (the
 # round in plain steps at P 0.6/0.8, chain 2/4 and the 60-node tree: issue 68's baseline; ~5 min).
 # Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),

@@ -21,6 +21,7 @@ from headstart.inference.drafters.eagle import CapturedHead, RoundParts
 from headstart.inference.engine import Engine, Job
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import prepare_prompts
+from headstart.inference.sampling import PreDrawn
 from headstart.inference.stops import StopRule
 
 FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]
@@ -103,18 +104,22 @@ def test_the_program_drafts_what_the_eager_steps_draft(tiny_root, tree):
     state = decoder.prefill(prepared, sampling, drafter)
     plan = decoder.captured_round.plan
     inputs = drafter.round_inputs(plan)
-    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(sampling))
+    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(sampling), None)
     eager = decoder.draft(state, sampling, drafter)
     drafter.end_step()
     for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
         assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
-    if tree.startswith("dynamic"):  # under sampling too: a dynamic draft is deterministic, scored warped
-        warm = SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=20, seed=1)
-        drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(warm))
-        eager = decoder.draft(state, warm, drafter)
-        drafter.end_step()
-        for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
-            assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
+    # under sampling over the same pre-drawn uniforms (a static tree draws its children from q)
+    warm = SamplingConfig(max_new_tokens=8, temperature=0.7, top_k=20, seed=1)
+    draws = torch.rand(len(prompts), decoder.captured_round.draws, generator=torch.Generator().manual_seed(2))
+    drafted = plan.draft(inputs.parts.drafter(inputs.tensors), state.root, warp_of(warm), PreDrawn(draws))
+    eager = decoder.draft(state, warm, drafter, generator=PreDrawn(draws.clone()))
+    drafter.end_step()
+    for name in ("tokens", "parents", "depths", "visible", "children", "valid"):
+        assert torch.equal(getattr(drafted, name), getattr(eager, name)), name
+    assert (drafted.draft_probs is None) == (tree != "static")  # q recorded where children are drawn from it
+    if drafted.draft_probs is not None:
+        torch.testing.assert_close(drafted.draft_probs, eager.draft_probs)
     outs = {}
     for program in (True, False):
         decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
@@ -247,17 +252,19 @@ SLOW = pytest.mark.slow  # ~20-30 s each on one core: the default run keeps one 
     ],
 )
 def test_sampling_inside_the_program_preserves_the_targets_distribution(tree, config, monkeypatch):
-    """Exact sampling inside the program (point-mass acceptance over deterministic drafts, its
-    uniforms drawn before it): 12,000 copies of one prompt as ONE batch, whose first rounds all run
-    as the program at B = 12,000 (6 new tokens: no row ends before its second round); the first
-    three tokens' joint against the warped target's, by enumeration (test_sampling_exactness)."""
+    """Exact sampling inside the program (a static tree's children drawn from q, a dynamic tree's
+    deterministic; tree rejection sampling; its uniforms drawn before it): 12,000 copies of one
+    prompt as ONE batch, whose first rounds all run as the program at B = 12,000 (no row ends
+    before its second round); the first three tokens' joint against the warped target's, by
+    enumeration (test_sampling_exactness)."""
     from headstart.inference import captured
 
     monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
     target = small_vocab_target()
     head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=0), target)
-    sampling = SamplingConfig(max_new_tokens=6, seed=7, **CONFIGS[config])
     decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
+    # one token past what the prefill and a first round can commit: no row ends before round 2
+    sampling = SamplingConfig(max_new_tokens=decoder.captured_round.path_width + 2, seed=7, **CONFIGS[config])
     out = decoder.generate([PROMPT] * 12_000, sampling=sampling, eos_token_id=None)
     assert decoder.captured_round.rounds >= 2 and out.stats.tau > 1.05  # drafts were accepted in it
     tokens = torch.tensor([ids[:3] for ids in out.token_ids])

@@ -1,6 +1,6 @@
-"""inference/sampling.py's pre-drawn uniforms (what a round program samples from): the columns
-are taken in order and no more of them than were drawn; the inverse-CDF draw never picks a
-token of probability 0 and picks each with its probability."""
+"""inference/sampling.py's pre-drawn uniforms (what a round program samples from): blocks of
+columns are taken in order, shaped, and no more of them than were drawn; the inverse-CDF draw
+never picks a token of probability 0 and picks each with its probability."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ def test_pre_drawn_columns_come_in_order_and_run_out():
     pre = PreDrawn(draws)
     assert torch.equal(uniform((3,), pre, "cpu"), draws[:, 0])
     assert torch.equal(uniform((3,), pre, "cpu"), draws[:, 1])
-    with pytest.raises(ValueError, match="draw 3"):
+    with pytest.raises(ValueError, match="after 2 of"):
         uniform((3,), pre, "cpu")
-    with pytest.raises(ValueError, match="for 2 rows"):
-        PreDrawn(draws).take(2)
-    with pytest.raises(ValueError, match="a \\(B,\\) column"):
-        uniform((3, 4), PreDrawn(draws), "cpu")
+    with pytest.raises(ValueError, match="asked \\(2,\\)"):
+        PreDrawn(draws).take((2,))
+    block = PreDrawn(torch.arange(12.0).reshape(2, 6))
+    assert block.take((2, 1)).tolist() == [[0.0], [6.0]]
+    assert block.take((2, 1, 5)).tolist() == [[[1.0, 2.0, 3.0, 4.0, 5.0]], [[7.0, 8.0, 9.0, 10.0, 11.0]]]
 
 
 def test_inverse_cdf_skips_zero_probability_tokens_at_the_ends():

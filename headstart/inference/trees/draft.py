@@ -87,14 +87,17 @@ GREEDY = SamplingConfig(max_new_tokens=1)
 @dataclass(frozen=True)
 class RoundPlan:
     """A tree's draft as a round program traces it (inference/captured_round.py): sizes the host
-    knows before the round, and `draft(drafter, root, sampling)` -> DraftTree, static shapes, no
-    host read and deterministic proposals (`sampling` warps the scores only), over a drafter that
-    lives inside the program."""
+    knows before the round, and `draft(drafter, root, sampling, generator)` -> DraftTree, static
+    shapes and no host read, over a drafter that lives inside the program; under sampling its
+    draws come from `generator`, uniforms drawn before the program (sampling.PreDrawn)."""
 
     size: int  # nodes one row's verify holds, the root included
     depth: int  # levels drafted: an accepted path holds at most depth + 1 nodes
     drafted: int  # entries one draft writes into a head's own cache
-    draft: Callable[[Any, torch.Tensor, SamplingConfig], DraftTree]
+    draft: Callable[[Any, torch.Tensor, SamplingConfig, Any], DraftTree]
+    sampled: int = 0
+    """Distributions one draft draws children from under sampling (a static tree: one for each
+    frontier node of each level, V uniforms each); 0: deterministic proposals (a dynamic tree)."""
 
     @property
     def path_width(self) -> int:

@@ -155,9 +155,9 @@ def draft_dynamic(
     )
 
 
-def _draft_program(
-    spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig, max_depth: int | None
-) -> DraftTree:
+def _draft_program(spec: DynamicTree, drafter: Any, root: torch.Tensor, sampling: SamplingConfig,
+                   generator: Any, max_depth: int | None) -> DraftTree:  # fmt: skip
     """`draft_dynamic` in a round program: the same deterministic draft the steps make (scored by
-    the warped draft distribution), `sampling` a round program's warp (captured_round.warp_of)."""
+    the warped draft distribution: it draws nothing), `sampling` a round program's warp
+    (captured_round.warp_of)."""
     return draft_dynamic(spec, drafter, root, sampling, max_depth)

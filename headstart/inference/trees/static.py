@@ -86,7 +86,8 @@ class TreeBuffers:
             return None
         plan = static_plan(self, device)
         drafted = sum(int(nxt.numel()) for nxt in plan.expanding if nxt is not None)
-        return RoundPlan(self.size, self.max_depth, drafted, functools.partial(draft_top, plan))
+        sampled = sum(int(frontier.numel()) for frontier, _, _ in plan.levels)
+        return RoundPlan(self.size, self.max_depth, drafted, functools.partial(draft_planned, plan), sampled)
 
     reads_context = False
     """It drafts from the heads alone, not from the rows' committed tokens."""
@@ -244,17 +245,10 @@ def draft_static(tree: TreeBuffers, drafter: Any, root: torch.Tensor, sampling: 
     return draft_planned(static_plan(tree, root.device), drafter, root, sampling, generator)
 
 
-def draft_top(plan: StaticPlan, drafter: Any, root: torch.Tensor, sampling: SamplingConfig) -> DraftTree:
-    """A round program's draft (trees.draft.RoundPlan): every level's children are the frontier's
-    top-k, whatever the sampling. Deterministic proposals: acceptance treats each child as a
-    point mass (accept x with p(x), then remove it from p), exact for any proposal, as EAGLE's
-    and SGLang's tree samplers do; the steps under sampling draw the children from q instead."""
-    return draft_planned(plan, drafter, root)
-
-
 def draft_planned(plan: StaticPlan, drafter: Any, root: torch.Tensor, sampling: SamplingConfig = GREEDY,
                   generator: Generator = None) -> DraftTree:  # fmt: skip
-    """`draft_static` over its plan (what a round program traces: no plan lookup inside)."""
+    """`draft_static` over its plan (what a round program traces, its draws pre-drawn: no plan
+    lookup inside)."""
     tree = plan.tree
     batch, n, device = root.shape[0], tree.size, root.device
     # column n is scratch: padded child slots (-1 in the plan) write there, since a boolean index
