@@ -3,6 +3,7 @@ bookkeeping, and the card of the shipped head saying how many windows, steps and
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import shutil
@@ -104,3 +105,28 @@ def test_the_long_evaluation_overrides_the_held_out_set(windows, monkeypatch, tm
     )
     assert "data.eval_path=[data/smollm2-kept/sglong-eval]" in seen[0] and "data.max_length=2048" in seen[0]
     assert seen[0][-1] == "-q"
+
+
+def test_a_continuation_off_the_windows_is_shipped_and_kept_in_the_lineage(windows, tmp_path):
+    head = tmp_path / "export"
+    head.mkdir()
+    for name, text in (("model.safetensors", "weights"), ("config.json", json.dumps({"training": {}})),
+                       ("README.md", "# card\n\ntext\n")):  # fmt: skip
+        (head / name).write_text(text)
+    (tmp_path / "results.json").write_text(json.dumps({"steps": 166, "tokens": 325_724}))
+    windows.LEDGER.write_text(json.dumps({"windows": [window(1, True, 2.05, 2.22)]}))
+    args = argparse.Namespace(head=str(head), results=str(tmp_path / "results.json"), recipe="long-cpu",
+                              evidence="held-out +0.36", card="CPU", date="2026-12-03")  # fmt: skip
+    windows.cmd_continue(args)
+    assert (windows.SHIPPED / "model.safetensors").read_text() == "weights"
+    book = json.loads(windows.LEDGER.read_text())
+    assert len(book["windows"]) == 1 and book["continuations"][0]["steps"] == 166
+    windows.cmd_next(None)  # a continuation spends no window number (no seed)
+    book["windows"].append(window(2, True, 2.22, 2.30) | {"date": "2026-12-05"})
+    windows.describe_lineage(book)  # a later window's promote rewrites the lineage: it is kept, in order
+    lines = json.loads((windows.SHIPPED / "config.json").read_text())["training"]["lineage"]["windows"]
+    assert [line.split(" ")[1] for line in lines] == ["before", "window", "continued", "window"]
+    card = (windows.SHIPPED / "README.md").read_text()
+    assert (
+        card.count("## How it was made") == 1 and "continued (2026-12-03, CPU, long-cpu): 166 steps" in card
+    )

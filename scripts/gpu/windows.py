@@ -164,13 +164,37 @@ def cmd_promote(args: argparse.Namespace) -> None:
     print(f"window {number}'s head is now {SHIPPED} (re-tune its tree: headstart tune)")
 
 
+def cmd_continue(args: argparse.Namespace) -> None:
+    """Adopt a head continued OFF the windows (a CPU run of another recipe, its every check passed:
+    the caller's `--evidence`): its files become the shipped head's and the ledger keeps it under
+    `continuations`, so the card's lineage keeps it when a later window is promoted."""
+    head = Path(args.head).resolve()
+    results = json.loads(Path(args.results).read_text())
+    book = ledger()
+    book.setdefault("continuations", []).append({
+        "date": args.date or time.strftime("%Y-%m-%d"), "card": args.card, "recipe": args.recipe,
+        "steps": results["steps"], "train_tokens": results["tokens"], "evidence": args.evidence,
+    })  # fmt: skip
+    for name in ("model.safetensors", "config.json", "README.md"):
+        shutil.copy2(head / name, SHIPPED / name)
+    LEDGER.write_text(json.dumps(book, indent=1) + "\n")
+    describe_lineage(book)
+    print(f"{head} is now {SHIPPED} (re-tune its tree: headstart tune)")
+
+
 def describe_lineage(book: dict) -> None:
-    """The shipped head's card and config say how many windows, steps and tokens made it."""
+    """The shipped head's card and config say how many windows, steps and tokens made it (and
+    any continuation adopted off the windows), in date order."""
     adopted = [w for w in book["windows"] if w["adopted"]]
+    steps = [(w["date"], 0, w) for w in adopted] + [(c["date"], 1, c) for c in book.get("continuations", [])]
     lines = [
         f"- before the first window: {ORIGIN['note']} ({ORIGIN['steps']} steps of {ORIGIN['global_batch']})"
     ]
-    for w in adopted:
+    for _, kind, w in sorted(steps, key=lambda item: item[:2]):
+        if kind:
+            lines.append(f"- continued ({w['date']}, {w['card']}, {w['recipe']}): {w['steps']} steps, "
+                         f"{w['train_tokens'] / 1e6:.2f}M train tokens; {w['evidence']}")  # fmt: skip
+            continue
         lines.append(
             f"- window {w['window']} ({w['date']}, {w['card']}): {w['steps']} steps of 128, "
             f"{w['train_tokens'] / 1e6:.1f}M train tokens, held-out estimate {w['cpu_eval']['window_head']['eval/accept_len_est']:.3f} "
@@ -179,6 +203,9 @@ def describe_lineage(book: dict) -> None:
     tokens = sum(w["train_tokens"] for w in adopted)
     summary = (f"{len(adopted)} GPU windows of recipes/smollm2-eagle3-windows-gpu.yaml on top of the earlier head: "
                f"{sum(w['steps'] for w in adopted)} steps, {tokens / 1e6:.1f}M train tokens")  # fmt: skip
+    continued = book.get("continuations", [])
+    if continued:
+        summary += f", and {len(continued)} continuation(s) off the windows ({', '.join(c['recipe'] for c in continued)})"
     config_path = SHIPPED / "config.json"
     config = json.loads(config_path.read_text())
     config["training"]["lineage"] = {
@@ -190,8 +217,8 @@ def describe_lineage(book: dict) -> None:
     card = SHIPPED / "README.md"
     text = card.read_text().split("\n## How it was made")[0].rstrip()
     card.write_text(
-        f"{text}\n\n## How it was made\n\n{summary} (the ledger: `{LEDGER.relative_to(ROOT)}`; each window "
-        "continued from the head before it, on the kept data, under warmup-stable-decay):\n\n"
+        f"{text}\n\n## How it was made\n\n{summary} (the ledger: `{LEDGER.relative_to(ROOT)}`; each step "
+        "continued from the head before it; the windows on the kept data, under warmup-stable-decay):\n\n"
         + "\n".join(lines)
         + "\n"
     )
@@ -211,6 +238,14 @@ def main() -> None:
     promote.add_argument("folder")
     promote.add_argument("--reference-tree", required=True, help="the bench's tau, window against shipped")
     promote.set_defaults(fn=cmd_promote)
+    cont = sub.add_parser("continue", help="adopt a head continued off the windows (e.g. a CPU run)")
+    cont.add_argument("head", help="the head's bf16 export (headstart export --dtype bfloat16)")
+    cont.add_argument("--results", required=True, help="its run's results.json (steps, tokens)")
+    cont.add_argument("--recipe", required=True)
+    cont.add_argument("--evidence", required=True, help="what the checks said (held-out, decoding)")
+    cont.add_argument("--card", default="CPU")
+    cont.add_argument("--date")
+    cont.set_defaults(fn=cmd_continue)
     args = parser.parse_args()
     args.fn(args)
 
