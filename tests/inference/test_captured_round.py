@@ -296,7 +296,9 @@ def test_a_seeded_sampled_row_reads_ahead_as_at_once(tiny_root):
     assert outputs[0] == outputs[1] == outputs[2] != outputs[3]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize(
+    "family", ["llama", pytest.param("qwen3", marks=SLOW), pytest.param("gemma3_text", marks=SLOW)]
+)
 def test_dflash_blocks_run_as_the_program(tiny_root, family):
     """DFlash (full and draft vocabulary) inside the program: the observe adds the committed path
     to the head's context at its device-held column and runs the next block over it; exact,
