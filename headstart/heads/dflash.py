@@ -355,6 +355,11 @@ class DFlashHead(DraftVocab, HeadCheckpoint, nn.Module):
             return lm_head(states)
         return nn.functional.linear(states, self._draft_rows(lm_head))
 
+    def draft_rows(self) -> torch.Tensor:
+        """The target lm_head's draft-vocabulary rows (Vd, H), what `logits` multiplies by (a
+        compiled round takes them as an input: the cache below is Python)."""
+        return self._draft_rows(self.bound("lm_head"))
+
     def _draft_rows(self, lm_head: nn.Module) -> torch.Tensor:
         """The target lm_head's draft-vocabulary rows (Vd, H), cached until a weight changes."""
         weight = lm_head.weight

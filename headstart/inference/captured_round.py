@@ -55,14 +55,15 @@ from headstart.inference.trees.draft import GREEDY
 from headstart.inference.verify import accept_greedy, accept_sampling, committed_path
 
 
-@functools.cache
 def warp_of(sampling: SamplingConfig) -> SamplingConfig:
     """What a round program traces of a generation's sampling: the warp alone (temperature,
     top-k, top-p), so a new length or seed never recompiles it (one object per warp)."""
-    if sampling.greedy:
-        return GREEDY
-    return SamplingConfig(max_new_tokens=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k)  # fmt: skip
+    return GREEDY if sampling.greedy else _warp(sampling.temperature, sampling.top_p, sampling.top_k)
+
+
+@functools.lru_cache(maxsize=64)  # a server's requests bring their own warps: bounded
+def _warp(temperature: float, top_p: float, top_k: int) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=1, temperature=temperature, top_p=top_p, top_k=top_k)
 
 
 def capacity_mask(
@@ -106,9 +107,8 @@ def _round_graph(model: torch.nn.Module, taps: dict[int, torch.Tensor], layer_id
 
     keys, values, seen, length = target
     drawn = PreDrawn(draws) if draws is not None else None  # the draft's draws first, then acceptance's
-    tree = plan.draft(
-        parts.drafter(head), root, warp, drawn
-    )  # the tree's own draft over the program's drafter
+    # the tree's own draft over the program's drafter
+    tree = plan.draft(parts.drafter(head), root, warp, drawn)
     positions = lengths[:, None] + tree.depths
     mask = capacity_mask(seen, length, tree.visible, dtype)
     out = model(input_ids=tree.tokens, attention_mask=layer_masks(model, mask), position_ids=positions,

@@ -376,20 +376,26 @@ class Engine:
         no drafter) with no batch generator shared by several rows (a row that stopped would
         still draw from it in the step after its stop, moving the other rows' seeded draws), or
         the round program (inference/captured_round.py: it knows its widths before it runs;
-        under sampling, the same rule on generators) where no step must be plain (speculate_up_to, a learned position table: those
-        are decided by lengths the host has not read yet)."""
+        under sampling, the same rule on generators) where no step must be plain
+        (speculate_up_to, a learned position table: those are decided by lengths the host has
+        not read yet)."""
         decoder = self.decoder
         if not self.read_ahead:
             return False
         if decoder.heads is None and decoder.verify_nodes == 1:
-            return self.sampling.greedy or self.row_seeds or self.live == 1
+            return self._draws_own()
         return self._rounds_ahead()
+
+    def _draws_own(self) -> bool:
+        """Every row's draws are its own (greedy, per-row generators, or one row): a step queued
+        past a row's stop moves no other row's draws."""
+        return self.sampling.greedy or self.row_seeds or self.live == 1
 
     def _rounds_ahead(self) -> bool:
         decoder = self.decoder
         return (
             decoder.program_for(self.sampling)
-            and (self.sampling.greedy or self.row_seeds or self.live == 1)  # as plain steps, above
+            and self._draws_own()
             and not decoder.tree.reads_context
             and not decoder.positions.limited
             and not self._plain_at(self.live)

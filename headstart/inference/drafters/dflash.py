@@ -173,8 +173,7 @@ class CapturedDFlash:
         key = (drafter.depth, draft_vocab, drafter.vocab_size)
         parts = self._parts.get(key)
         if parts is None:
-            lm_head = self.heads.bound("lm_head")
-            rows = self.heads._draft_rows(lm_head) if draft_vocab else None  # a Python cache: outside
+            rows = self.heads.draft_rows() if draft_vocab else None  # a Python cache: outside
             parts = self._parts[key] = DFlashParts(self.heads, drafter.depth, rows, drafter._to_target,
                                                    drafter.vocab_size)  # fmt: skip
         return parts

@@ -47,8 +47,8 @@ class Tree(Protocol):
         ...
 
     def round_plan(self, device: torch.device, max_depth: int | None) -> Any:
-        """Its draft as a round program traces it (trees.draft.RoundPlan: deterministic
-        proposals, greedy or sampled), when its
+        """Its draft as a round program traces it (trees.draft.RoundPlan, greedy or sampled:
+        the same draft its steps make), when its
         shapes are fixed and it reads nothing but the drafter (inference/captured_round.py);
         None for a tree that reads the rows' context or comes from its own drafter."""
         ...
