@@ -232,15 +232,21 @@ class Variant:
 def batches(variant: Variant, count: int) -> tuple[list[dict[str, Any]], float]:
     """The first `count` batches of the trainer's own loader (length-grouped, seeded) on the
     device, and the seconds the loader took per batch (collation)."""
+    import headstart.train.loop as loop
     from headstart.train.data import EpochSampler
     from headstart.train.loop import _loader
 
     p, cfg = variant.plan, variant.cfg
-    lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
-    sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, cfg.batch_size, cfg.data.group_by_length)
+    # the trainer's own dataset (packed rows where data.pack says so); older commits index conversations
+    dataset = loop._dataset(p, p.train_idx, train=True) if hasattr(loop, "_dataset") else p.train_idx
+    if hasattr(dataset, "lengths"):
+        lengths = dataset.lengths
+    else:
+        lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
+    sampler = EpochSampler(len(lengths), cfg.seed, lengths, cfg.batch_size, cfg.data.group_by_length)
     # train=True: the training loader's own collate (EAGLE-3's host-side plan); older commits lack it
     train = {"train": True} if "train" in inspect.signature(_loader).parameters else {}
-    loader = iter(_loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True, **train))
+    loader = iter(_loader(p, dataset, sampler, cfg.batch_size, drop_last=True, **train))
     out, start = [], time.perf_counter()
     for _ in range(count):
         out.append(next(loader))

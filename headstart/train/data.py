@@ -7,6 +7,7 @@ offline, cached features readable by `headstart.distill.load_features`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,6 +255,14 @@ class Conversations(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    def length(self, i: int) -> int:
+        return min(len(self.data.input_ids[self.indices[i]]), self.max_length)
+
+    @property
+    def lengths(self) -> list[int]:
+        """Each item's tokens (what the sampler groups by), as `Packed.lengths` gives its rows'."""
+        return [self.length(i) for i in range(len(self))]
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         j = self.indices[i]
         item: dict[str, Any] = {
@@ -263,6 +272,66 @@ class Conversations(torch.utils.data.Dataset):
         if self.data.features is not None:
             item["features"] = {k: v[: self.max_length] for k, v in self.data.features(j).items()}
         return item
+
+
+def pack_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Indices into `lengths` grouped into rows of at most `capacity` tokens, best-fit decreasing
+    (each item, longest first, into the fullest row it fits; O(n log n)); a row's items in index order.
+    Chat data packs to ~97% full rows where one conversation a row padded to the batch's longest."""
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (room left, row), sorted
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        if lengths[i] > capacity:
+            raise HeadstartError(
+                f"a conversation of {lengths[i]} tokens does not fit a packed row of {capacity}",
+                f"set data.pack>={lengths[i]} or data.max_length<={capacity}",
+            )
+        at = bisect_left(free, (lengths[i], -1))
+        if at == len(free):
+            rows.append([i])
+            room, row = capacity - lengths[i], len(rows) - 1
+        else:
+            room, row = free.pop(at)
+            rows[row].append(i)
+            room -= lengths[i]
+        if room > 0:
+            insort(free, (room, row))
+    return [sorted(row) for row in rows]
+
+
+class Packed(torch.utils.data.Dataset):
+    """`Conversations` packed into rows of `capacity` positions (`pack_rows`, once). A row carries
+    `docs` (which of its conversations a position belongs to) and `positions` (the position inside
+    that conversation), from which the target's and the head's masks keep each conversation to
+    itself. The first `margin` loss marks of every conversation are cleared: an objective that
+    scores position t against a label up to `margin` positions ahead (EAGLE-3: 2 + ttt_steps)
+    must never pair a query in one conversation with a label in the next (they are prompt tokens in
+    chat data, so nothing is lost there)."""
+
+    def __init__(self, conversations: Conversations, capacity: int, margin: int) -> None:
+        self.conversations, self.margin = conversations, margin
+        self.rows = pack_rows(conversations.lengths, capacity)
+        self.lengths = [sum(conversations.length(i) for i in row) for row in self.rows]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, r: int) -> dict[str, Any]:
+        items = [self.conversations[i] for i in self.rows[r]]
+        masks = [it["loss_mask"].clone() for it in items]
+        for mask in masks:
+            mask[: self.margin] = 0
+        row: dict[str, Any] = {
+            "input_ids": torch.cat([it["input_ids"] for it in items]),
+            "loss_mask": torch.cat(masks),
+            "docs": torch.cat([torch.full((len(it["input_ids"]),), k) for k, it in enumerate(items)]),
+            "positions": torch.cat([torch.arange(len(it["input_ids"])) for it in items]),
+        }
+        if "features" in items[0]:
+            row["features"] = {
+                name: torch.cat([it["features"][name] for it in items]) for name in items[0]["features"]
+            }
+        return row
 
 
 def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.Tensor], Any] | None = None
@@ -278,6 +347,12 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0, plan: Callable[[torch.
         mask[row, : len(it["loss_mask"])] = it["loss_mask"]
     lengths = torch.tensor([len(it["input_ids"]) for it in items], dtype=torch.long)
     batch: dict[str, Any] = {"input_ids": ids, "loss_mask": mask, "lengths": lengths}
+    if "docs" in items[0]:  # packed rows (`Packed`): padding is a conversation of its own (-1)
+        batch["docs"] = torch.full((len(items), width), -1, dtype=torch.long)
+        batch["positions"] = torch.zeros((len(items), width), dtype=torch.long)
+        for row, it in enumerate(items):
+            batch["docs"][row, : len(it["docs"])] = it["docs"]
+            batch["positions"][row, : len(it["positions"])] = it["positions"]
     if "features" in items[0]:
         batch["features"] = {}
         for name in items[0]["features"]:

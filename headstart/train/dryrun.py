@@ -89,11 +89,16 @@ def dry_run(cfg: TrainConfig, accelerate_config: str | None = None, resume: bool
             "holdout": cfg.data.holdout,
             "mode": cfg.data.mode,
             "max_length": cfg.data.max_length,
+            "pack": cfg.data.pack,
         },  # fmt: skip
         "init_from": cfg.init_from,
         "global_batch": cfg.batch_size * cfg.grad_accum * world,
         "max_steps": cfg.max_steps,
-        "conversations_seen": cfg.batch_size * cfg.grad_accum * world * cfg.max_steps,
+        # packed: batch_size counts rows of data.pack positions, each of several conversations
+        ("rows_seen" if cfg.data.pack else "conversations_seen"): cfg.batch_size
+        * cfg.grad_accum
+        * world
+        * cfg.max_steps,
         "trackers": chosen,
         "accelerate": procs,
         "output_dir": cfg.output_dir,

@@ -20,7 +20,7 @@ from headstart.logs import progress_off
 from headstart.provenance import portable, stamp
 from headstart.train import checkpoints, metrics
 from headstart.train.config import TrainConfig
-from headstart.train.data import Conversations, EpochSampler, TrainData, collate
+from headstart.train.data import Conversations, EpochSampler, Packed, TrainData, collate
 from headstart.train.heap import trim_heap
 from headstart.train.objective import Objective
 from headstart.train.setup import add_lora, make_accelerator, make_head, make_optimizer, plan
@@ -41,11 +41,26 @@ def check_finite(loss: float, step: int, ckpt_root: Any) -> None:
     )
 
 
-def _loader(
-    p: Any, indices: list[int], sampler: Any, batch_size: int, drop_last: bool, train: bool = False
-) -> Any:
+def _dataset(p: Any, indices: list[int], train: bool) -> Any:
+    """The conversations at `indices`; training rows packed where data.pack says so (the
+    objective's `pack_margin`: how far ahead of a query its labels reach)."""
+    conversations = Conversations(p.data, indices, p.cfg.data.max_length)
+    if not (train and p.cfg.data.pack):
+        return conversations
+    margin = getattr(kinds.load(kinds.get(p.cfg.head.kind).objective), "pack_margin", None)
+    if margin is None:
+        from headstart.errors import HeadstartError
+
+        raise HeadstartError(
+            f"data.pack={p.cfg.data.pack}: head.kind={p.cfg.head.kind} trains one conversation a row "
+            "(its objective does not keep packed conversations apart)",
+            "set data.pack=0, or train a kind that packs (eagle3)",
+        )
+    return Packed(conversations, p.cfg.data.pack, margin(p.cfg))
+
+
+def _loader(p: Any, dataset: Any, sampler: Any, batch_size: int, drop_last: bool, train: bool = False) -> Any:
     pad = p.target.tokenizer.pad_token_id or 0
-    dataset = Conversations(p.data, indices, p.cfg.data.max_length)
     # a kind's training step may read its indices from a plan made here, on the host, by the
     # collate (EAGLE-3: train/objectives/eagle/plan.py): its objective's `planner`
     plan_for = getattr(kinds.load(kinds.get(p.cfg.head.kind).objective), "planner", None)
@@ -324,14 +339,23 @@ def _start(cfg: TrainConfig, data: TrainData | None, resume: bool, target: Any, 
     optimizer, scheduler = make_optimizer(
         cfg, [(n, q) for n, q in model.named_parameters() if q.requires_grad]
     )
-    lengths = [min(len(p.data.input_ids[i]), cfg.data.max_length) for i in p.train_idx]
+    train_set = _dataset(p, p.train_idx, train=True)
+    lengths = (
+        train_set.lengths
+        if isinstance(train_set, Packed)
+        else [train_set.length(i) for i in range(len(train_set))]
+    )
     # Grouped by the batch of all processes together: accelerate hands process r the r-th of each
     # run of num_processes consecutive batches, so N processes see the conversations one process
     # with N times the batch would (tests/train/test_train_distributed.py).
     global_batch = cfg.batch_size * accelerator.num_processes
-    sampler = EpochSampler(len(p.train_idx), cfg.seed, lengths, global_batch, cfg.data.group_by_length)
-    train_loader = _loader(p, p.train_idx, sampler, cfg.batch_size, drop_last=True, train=True)
-    eval_loader = _loader(p, p.eval_idx, None, cfg.batch_size, drop_last=False) if p.eval_idx else None
+    sampler = EpochSampler(len(train_set), cfg.seed, lengths, global_batch, cfg.data.group_by_length)
+    train_loader = _loader(p, train_set, sampler, cfg.batch_size, drop_last=True, train=True)
+    eval_loader = (
+        _loader(p, _dataset(p, p.eval_idx, train=False), None, cfg.batch_size, drop_last=False)
+        if p.eval_idx
+        else None
+    )
     model, optimizer, train_loader = accelerator.prepare(model, optimizer, train_loader)
     if eval_loader is not None:
         eval_loader = accelerator.prepare(eval_loader)

@@ -58,6 +58,13 @@ class Objective(nn.Module):
         is NOT run at every position (logits are None): the losses project only the positions
         they score (`target_logits_at`); prompt tokens are most of a batch and score nothing."""
         layers = self.head.feature_layers
+        if "features" not in batch and "docs" in batch:
+            # packed rows: transformers reads where each conversation starts from positions that
+            # restart at 0 (masking_utils.find_packed_sequence_indices) and keeps each to itself:
+            # a block-causal mask under SDPA (cost: attention over the whole row, T x T, where
+            # one conversation a row attends over its own length), varlen kernels under flash attention
+            return capture(self.target_model, batch["input_ids"], layers=layers, grad=grad,
+                           position_ids=batch["positions"], logits_to_keep=0 if full_logits else 1)  # fmt: skip
         if "features" not in batch and self.cfg.compile and not (grad or full_logits):
             return compiled_features(self.target_model, batch["input_ids"], layers, self.compile_backend)
         if "features" not in batch:

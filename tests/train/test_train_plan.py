@@ -79,7 +79,9 @@ def test_with_a_plan_the_training_loss_is_one_graph(target):
     h0 = objective.head.fuse(feats.last_hidden, feats.layers)
 
     def step(h0, ids, mask):
-        return ttt_train_loss(objective, h0, feats, ids, mask, None, planned["plan"])
+        return ttt_train_loss(
+            objective, h0, feats, {"input_ids": ids, "loss_mask": mask, "plan": planned["plan"]}, None
+        )
 
     traced = torch.compile(step, fullgraph=True, backend="eager")
     got = traced(h0, planned["input_ids"], planned["loss_mask"])

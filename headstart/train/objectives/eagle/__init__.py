@@ -22,7 +22,7 @@ from headstart.train.compiled import compiled
 from headstart.train.objective import shared_counts
 from headstart.train.objectives.eagle import loss_terms as eagle_losses
 from headstart.train.objectives.eagle.fused import fused_ttt_loss
-from headstart.train.objectives.eagle.plan import TTTPlan, ttt_plan
+from headstart.train.objectives.eagle.plan import ttt_plan
 from headstart.train.objectives.eagle.unroll import unroll, unroll_scored
 
 
@@ -120,7 +120,7 @@ def eagle3_loss(
     depth = (cfg.eval_ttt_steps or cfg.ttt_steps) if evaluate else cfg.ttt_steps
     counts = shared_counts(mask, [2 + j for j in range(depth)])
     if not evaluate:
-        loss, per_step = ttt_train_loss(objective, h0, feats, ids, mask, counts, batch.get("plan"))
+        loss, per_step = ttt_train_loss(objective, h0, feats, batch, counts)
         return {"loss": loss, "parts": per_step}
     steps = unroll(head, h0, ids, depth)  # every position: the hit counts need each step's top-k
     target_draft = feats.logits[..., head.draft_ids()]  # (B, T, Vd)
@@ -129,6 +129,8 @@ def eagle3_loss(
     return {"loss": loss, "parts": per_step, "hits": _hits(objective, step_logits, feats, mask)}
 
 
+# packed rows (data.pack): step j's label lies 2 + j positions ahead of its query
+eagle3_loss.pack_margin = lambda cfg: 2 + cfg.loss.ttt_steps  # type: ignore[attr-defined]
 eagle3_loss.parts = lambda cfg: [f"ce/step{j}" for j in range(cfg.loss.ttt_steps)]  # type: ignore[attr-defined]
 # the step's indices planned on the host by the collate (widths in buckets of 16 when compiled: no
 # width of 1, which dynamic shapes specialise on)
@@ -145,19 +147,20 @@ def _hits(
 
 
 def ttt_train_loss(
-    objective: Any, h0: torch.Tensor, feats: Features, ids: torch.Tensor, mask: torch.Tensor, counts: Any,
-    plan: TTTPlan | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    objective: Any, h0: torch.Tensor, feats: Features, batch: dict[str, Any], counts: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The EAGLE-3 training loss: sum_j decay**j * mean over step j's scored positions of
     loss.kl_weight * soft CE + loss.tv_weight * TV against the target's draft-vocabulary
     distribution. cost: the draft lm_head runs only where a step is scored, every step's rows
     in one fused chunked pass (fused.py), and the target's labels are projected
-    once, at the positions they are needed; no host sync with the batch's plan."""
+    once, at the positions they are needed; no host sync with the batch's plan (batch["plan"]).
+    Packed rows (batch["docs"], batch["positions"]) keep each conversation to itself."""
     head, cfg = objective.head, objective.cfg.loss
+    ids, mask, plan = batch["input_ids"], batch["loss_mask"], batch.get("plan")
     if plan is None:
         plan = ttt_plan(mask, cfg.ttt_steps).to(h0.device)  # cost: one host sync
     run = compiled(unroll_scored, objective.compile_backend) if objective.cfg.compile else unroll_scored
-    outs, _, _ = run(head, h0, ids, mask, cfg.ttt_steps, plan)
+    outs, _, _ = run(head, h0, ids, mask, cfg.ttt_steps, plan, batch.get("docs"), batch.get("positions"))
     chosen = torch.cat([g.flatten(0, 1) for g in outs]).index_select(0, plan.select)  # (M, H)
     labels = feats.last_hidden.flatten(0, 1).index_select(0, plan.needed)  # (N, H)
     probs = torch.softmax(objective.target_logits_at(labels, head), -1, dtype=torch.float32)  # (N, Vd)

@@ -52,7 +52,7 @@ def unroll(head: Any, h0: torch.Tensor, input_ids: torch.Tensor, steps: int) -> 
 
 def unroll_scored(
     head: Any, h0: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, steps: int,
-    plan: TTTPlan | None = None,
+    plan: TTTPlan | None = None, docs: torch.Tensor | None = None, positions: torch.Tensor | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:  # fmt: skip
     """`unroll` for training, run only where a loss reads it (`TTTPlan.order`).
 
@@ -64,29 +64,42 @@ def unroll_scored(
     `plan`: the batch's host-side plan (plan.py, made by the collate); without one
     it is made here. cost: the draft layer's MLP and attention output run on the reply positions
     only (about half the tokens of a chat batch); step j's mask is S x (T + jS), not T x (j+1)T.
-    No host sync with a plan (one without)."""
+    No host sync with a plan (one without).
+    `docs`, `positions` (B, T): packed rows (train/data.py `Packed`): a query sees the keys of its
+    own conversation only, at that conversation's positions; a packed row of one conversation
+    gives unroll_scored's outputs without them (tests/train/test_train_pack.py)."""
     batch = h0.shape[0]
     if plan is None:
         plan = ttt_plan(loss_mask, steps).to(h0.device)  # cost: one host sync (the mask's copy)
     order, first, later = plan.order, plan.first, plan.later
     cache = head.new_cache()
+    doc_of = (lambda at: at) if docs is None else (lambda at: docs.gather(1, at))
+    position_of = (lambda at: at) if positions is None else (lambda at: positions.gather(1, at))
+
+    def seen(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """(B, S, K): the true prefix each query sees (its own conversation's, when packed)."""
+        visible = keys[:, None, :] <= queries[:, :, None]
+        return (
+            visible if docs is None else visible & (doc_of(keys)[:, None, :] == doc_of(queries)[:, :, None])
+        )
+
     rest = order[:, first:]  # step 0 keys and values only
     if rest.shape[1]:
         head(
             h0.gather(1, rest[..., None].expand(-1, -1, h0.shape[-1])),
             ahead(input_ids, 1).gather(1, rest),
-            position_ids=rest,
-            attention_mask=additive(rest[:, None, :] <= rest[:, :, None], h0.dtype)[:, None],
+            position_ids=position_of(rest),
+            attention_mask=additive(seen(rest, rest), h0.dtype)[:, None],
             past_key_values=cache,
             keys_only=True,
         )
     keys = torch.cat([rest, order[:, :first]], dim=1)  # (B, T): positions of the cached step-0 keys
-    positions = [order[:, :first]] + [order[:, :later]] * (steps - 1)
+    queries = [order[:, :first]] + [order[:, :later]] * (steps - 1)  # each step's positions
     outs = []
-    for j, at in enumerate(positions):
+    for j, at in enumerate(queries):
         width = at.shape[1]
         eye = torch.eye(width, dtype=torch.bool, device=h0.device).expand(batch, width, width)
-        causal = keys[:, None, :] <= at[:, :, None]  # (B, S, T): the true prefix each query sees
+        causal = seen(at, keys)  # (B, S, T)
         # steps >= 1 read the previous step's first S_1 outputs, copied (index_select): a view would
         # be contiguous only when S_1 = S_0, a shape relation a compiled step would guard on
         hidden = (
@@ -98,11 +111,11 @@ def unroll_scored(
             head(
                 hidden,
                 ahead(input_ids, 1 + j).gather(1, at),
-                position_ids=at + j,
+                position_ids=position_of(at) + j,
                 attention_mask=additive(torch.cat([causal] + [eye] * j, dim=-1), h0.dtype)[:, None],
                 past_key_values=cache,
             )
         )
     valid = [torch.arange(a.shape[1], device=h0.device)[None] < c[:, None] for a, c in
-             zip(positions, [plan.first_counts] + [plan.later_counts] * (steps - 1), strict=True)]  # fmt: skip
-    return outs, positions, valid
+             zip(queries, [plan.first_counts] + [plan.later_counts] * (steps - 1), strict=True)]  # fmt: skip
+    return outs, queries, valid
