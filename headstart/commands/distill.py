@@ -27,6 +27,11 @@ FLAGS: dict[str, tuple[type, str]] = {
     "num": (int, "records wanted in the output (default 1000)"),
     "max_turns": (int, "answer at most this many user turns per conversation (0 = all)"),
     "followups": (int, "then let the target write this many more user turns and answer them (default 0)"),
+    "documents": (
+        int,
+        "long-document tasks: the target first writes a document of up to N tokens on each first turn, "
+        "then the turn is that document and a task about it (default 0: off)",
+    ),
     "max_new_tokens": (int, "longest reply per turn (default 256)"),
     "temperature": (float, "0 = greedy replies (default)"),
     "top_p": (float, "nucleus sampling for replies"),

@@ -95,6 +95,12 @@ class DistillConfig:
     """A self-conversation: after the conversation's own turns the target writes this many more
     user turns itself (sampled with the `datafree` settings, filtered like data-free prompts), each
     answered after its own earlier replies, so histories grow long (headstart engine only)."""
+    documents: int = 0
+    """Long-document tasks (distill/documents.py): the target first writes a document of up to
+    this many tokens on each row's first user turn (a genre picked per row, sampled with the
+    `datafree` settings), and that turn becomes the document followed by a task about it
+    (summarise, list its points, ...): long prompts from short ones, data-free with no --prompts
+    (headstart engine only; 0 = off)."""
     max_new_tokens: int = 256
     """Longest reply per turn, in tokens."""
     temperature: float = 0.0
@@ -182,6 +188,13 @@ class DistillConfig:
                 f"--followups needs --engine headstart (the target writes the next user turns), not {self.engine}",
                 "use --engine headstart, or --followups 0",
             )
+        if self.documents < 0:
+            raise HeadstartError(f"--documents must be >= 0, got {self.documents}", "use 0 for none")
+        if self.documents and self.engine != "headstart":
+            raise HeadstartError(
+                f"--documents needs --engine headstart (the target writes the documents), not {self.engine}",
+                "use --engine headstart, or --documents 0",
+            )
         if self.max_turns < 0:
             raise HeadstartError(f"--max-turns must be >= 0, got {self.max_turns}", "use 0 for all turns")
         if not math.isfinite(self.temperature) or self.temperature < 0:
@@ -216,8 +229,13 @@ class DistillConfig:
         out["feature_layers"] = self.feature_layers if self.cache_features else None
         if self.min_prompt_tokens:  # only when set: outputs written before it still resume
             out["min_prompt_tokens"] = self.min_prompt_tokens
-        if self.followups:  # the same; the user turns it writes follow the data-free settings
-            out["followups"] = self.followups
+        if self.documents:  # the same; the documents follow the data-free settings
+            out["documents"] = self.documents
+        if (
+            self.followups or self.documents
+        ):  # the same; what the target writes follows the data-free settings
+            if self.followups:
+                out["followups"] = self.followups
             out["datafree"] = {
                 k: getattr(self.datafree, k) for k in DatafreeConfig.__dataclass_fields__
                 if k not in ("batch_size", "max_attempts")

@@ -5,7 +5,10 @@ A self-conversation (`followups`): once the conversation's own turns are answere
 writes the next user turn itself (the chat template rendered up to a user message's content after
 the history, sampled with the data-free settings until it closes the turn, filtered like a
 data-free prompt), then answers it, `followups` times: histories of 1-2k tokens from one prompt.
-A follow-up the filter rejects ends the conversation there (counted by reason)."""
+A follow-up the filter rejects ends the conversation there (counted by reason).
+
+A long-document task (`documents`, distill/documents.py): before the first turn the target writes
+a document on it (not trained on), and that turn becomes the document followed by a task about it."""
 
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ class Dialogue:
     written: list[str] = field(default_factory=list)  # the user turns the target wrote (followups)
     writing: bool = False  # the request out is for the target's own next user turn
     rejected: str | None = None  # why a written follow-up was refused (it ended the conversation)
+    document: str | None = None  # --documents: the text the target wrote on the first turn
+    documenting: bool = False  # the request out is for that document
 
     def __post_init__(self) -> None:
         if self.item.system is not None:
@@ -48,13 +53,20 @@ class Dialogue:
     def user_turn(self) -> str | None:
         """The current user turn: the conversation's own, or one the target wrote; None past them."""
         if self.turn < self.turns:
-            return self.item.conversation.turns[self.turn]
+            own = self.item.conversation.turns[self.turn]
+            if self.turn == 0 and self.document:  # an empty document leaves the turn as it was
+                from headstart.distill.documents import pick, with_document
+
+                return with_document(self.document, pick(self.cfg.seed, self.item.index)[1])
+            return own
         written = self.turn - self.turns
         return self.written[written] if written < len(self.written) else None
 
     def next_request(self) -> Request | None:
         """The request for the next user turn (or for the target to write it), or None when the
         conversation is complete."""
+        if self.cfg.documents and self.document is None:
+            return self._document_request()
         turn = self.user_turn()
         if turn is None:
             wanted = self.turn < self.turns + self.cfg.followups and self.rejected is None
@@ -93,9 +105,26 @@ class Dialogue:
         seed = self.cfg.seed * 1_000_003 + self.item.index * 131 + self.turn + 65_537
         return Request(key=self, prompt=ids, sampling=sampling, seed=seed)
 
+    def _document_request(self) -> Request:
+        """The target writes the row's document: its first turn as the subject, a genre picked
+        by (seed, row), sampled with the data-free settings up to `documents` tokens."""
+        from headstart.distill.documents import instruction, pick
+
+        cfg = self.cfg
+        genre = pick(cfg.seed, self.item.index)[0]
+        ask = instruction(genre, self.item.conversation.turns[0], cfg.documents)
+        ids = self.target.chat.prompt_ids(self.history + [{"role": "user", "content": ask}])
+        self.documenting = True
+        sampling = SamplingConfig(cfg.documents, cfg.datafree.temperature, cfg.datafree.top_p, 0)
+        seed = cfg.seed * 1_000_003 + self.item.index * 131 + 2 * 65_537
+        return Request(key=self, prompt=ids, sampling=sampling, seed=seed)
+
     def answer(self, reply: Reply) -> None:
-        """Record the target's reply to the current turn, or the user turn it wrote."""
+        """Record the target's reply to the current turn, or the user turn or document it wrote."""
         text = self.target.tokenizer.decode(reply.token_ids, skip_special_tokens=True)
+        if self.documenting:  # a document cut at --documents tokens is kept: a pasted text may end anywhere
+            self.documenting, self.document = False, text.strip()
+            return
         if self.writing:
             self._written(text.strip(), reply.finished)
             return
@@ -141,6 +170,7 @@ class Dialogue:
             "system": cfg.system,
             "max_turns": cfg.max_turns,
             **({"followups": cfg.followups, "followups_written": len(self.written)} if cfg.followups else {}),
+            **({"documents": cfg.documents} if cfg.documents else {}),
             "engine": engine,
         }
         record = {

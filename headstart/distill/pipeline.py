@@ -218,6 +218,7 @@ def _check_budget(target: Target, cfg: DistillConfig, todo: list[Any], names: li
         + n_turns * (cfg.max_new_tokens + 8)
         + len(later) * 8
         + cfg.followups * len(todo) * (cfg.datafree.max_prompt_tokens + 8)  # the user turns it writes
+        + cfg.documents * len(todo)  # each first turn holds the document written on it
     )
     check_feature_budget(tokens, target.hidden_size, names, cfg.feature_dtype, cfg.max_feature_gb)
 

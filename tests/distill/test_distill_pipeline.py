@@ -403,6 +403,44 @@ def test_followups_make_a_self_conversation(distill_target, make_cfg, tmp_path):
         make_cfg(prompts=source, followups=1, engine="generate")
 
 
+def test_documents_make_long_document_tasks(distill_target, make_cfg, tmp_path):
+    """--documents N: the target first writes a document of up to N tokens on each row's turn
+    (a genre picked per row), then the turn it is trained on is that document and a task about it;
+    only the reply is trained on; seeded, so a second run writes the same conversations; bound to
+    the output's settings; refused for an engine that cannot write the documents."""
+    from headstart.distill.documents import GENRES, TASKS, instruction, pick
+
+    source = _write(tmp_path / "p.jsonl", [{"prompt": "The history of the sea."}, {"prompt": "Bridges."}])
+    free = {"filter": False, "temperature": 1.0}
+    summary = run_distill(make_cfg(prompts=source, num=2, documents=24, datafree=free), target=distill_target,
+                          quiet=True)  # fmt: skip
+    assert summary["records_total"] == 2 and summary["replies"] == 2 * 2  # each row: its document, its answer
+    rows = load_distilled(tmp_path / "out")
+    for row in rows:
+        genre, task = pick(0, row["index"])
+        assert genre in GENRES and task in TASKS and row["settings"]["documents"] == 24
+        users = [m["content"] for m in row["messages"] if m["role"] == "user"]
+        assert len(users) == 1 and users[0].endswith("\n\n" + task) and len(users[0]) > len(task) + 2
+        assert "Write a" not in users[0]  # the instruction that wrote the document is not in the record
+        ids, mask = row["input_ids"], row["loss_mask"]
+        assert ids == distill_target.chat.prompt_ids(row["messages"], add_generation_prompt=False)
+        runs = sum(1 for i in range(len(mask)) if mask[i] and (i + 1 == len(mask) or not mask[i + 1]))
+        assert runs == 1  # the document is context, not a training target
+    assert instruction("news article", "Bridges.", 24).endswith("\n\nBridges.")
+    again = run_distill(make_cfg(prompts=source, num=2, documents=24, datafree=free, out=str(tmp_path / "o2")),
+                        target=distill_target, quiet=True)  # fmt: skip
+    assert again["records_total"] == 2
+    assert {r["index"]: r["messages"] for r in load_distilled(tmp_path / "o2")} == {
+        r["index"]: r["messages"] for r in rows
+    }
+    with pytest.raises(HeadstartError, match="settings"):
+        run_distill(
+            make_cfg(prompts=source, num=3, documents=32, datafree=free), target=distill_target, quiet=True
+        )
+    with pytest.raises(HeadstartError, match="--documents needs --engine headstart"):
+        make_cfg(prompts=source, documents=16, engine="generate")
+
+
 def test_engines_write_the_same_greedy_conversations(distill_target, make_cfg, tmp_path):
     """Continuous batching (the default) and transformers' generate answer every turn of
     multi-turn rows alike; the record says which engine wrote it."""
