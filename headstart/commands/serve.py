@@ -130,12 +130,6 @@ def run(args: argparse.Namespace) -> int:
     check_arguments(args)
     args.max_new_tokens, args.temperature, args.top_p, args.top_k, args.seed = 1, 0.0, 1.0, 0, None
     check_generation_args(args)
-    if args.compile == "on":
-        raise HeadstartError(
-            "--compile on is for generate and chat: a server's batch changes with every request, and a "
-            "captured verify needs a fixed one", "drop --compile (serve decodes eagerly)",
-        )  # fmt: skip
-    args.compile = "off"
     target = load_target_from_args(args)
     from headstart.targets.exactness import check_no_processors
 

@@ -98,8 +98,17 @@ class Engine:
     def __init__(self, decoder: Steps, sampling: SamplingConfig, row_seeds: bool = False,
                  speculate_up_to: int | None = None, shared_prefix: int = 0,
                  prefill_tokens: int | None = None, prefix: SharedPrefix | None = None,
-                 abortable: bool = False, read_ahead: bool | None = None) -> None:  # fmt: skip
+                 abortable: bool = False, read_ahead: bool | None = None,
+                 batch_buckets: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.decoder = decoder  # the round's steps (a SpeculativeDecoder is one)
+        # A server's compiled steps (`batch_buckets`, e.g. (1, 2, 4, 8)): before a round the live
+        # batch is padded up to the next bucket with `ghosts`, copies of its first row that
+        # decode alongside it and are never read, so the compiled verify and round program meet
+        # a handful of batch sizes (each compiled once) and not every count of live requests.
+        # Ghosts are dropped before the batch changes (a join, a leave) and added back after it:
+        # the eager path runs only then. cost: a ghost's share of each forward.
+        self.batch_buckets = tuple(sorted(batch_buckets))
+        self.ghosts = 0
         # plain decoding reads each step's tokens after queuing the next (see the module's note);
         # None: on CUDA only (on a CPU nothing runs ahead, and a row that stops costs one more step)
         self.read_ahead = decoder.target.device.type == "cuda" if read_ahead is None else read_ahead
@@ -168,6 +177,7 @@ class Engine:
         if not jobs:
             return []
         drained = self._drain()  # a read-ahead step's tokens are taken before the batch changes
+        self._unpad()  # newcomers stack under the live rows, not under their ghosts
         groups = [jobs]
         if self._splittable():
             ordered = sorted(jobs, key=lambda j: len(j.prompt))
@@ -325,6 +335,7 @@ class Engine:
         done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
+        self._pad()
         return done + self._step_now()
 
     def _step_now(self, program: bool = True) -> list[Job]:
@@ -338,21 +349,25 @@ class Engine:
         contexts = (
             [j.prompt + j.emitted for j in self.jobs] if decoder.tree.reads_context and not plain else None
         )
+        if contexts is not None:  # a ghost looks up what the row it copies looks up
+            contexts += [contexts[0]] * self.ghosts
         if program and not plain and contexts is None:  # the whole round as one program, where it can run
             with region("headstart.captured"):
                 self.drafter = self.pending.flush()
                 taken = decoder.round(state, self.sampling, self.drafter, self.generator)
             if taken is not None:
                 self.target_forwards += 1
-                return self._take(*taken, rows=range(len(self.jobs)), counted=True)
+                live = len(self.jobs)  # the ghosts' tokens are dropped
+                return self._take(taken[0][:live], taken[1][:live], rows=range(live), counted=True)
+        # a round the program could have run draws what the program would have drawn
+        generator = self.generator if plain or contexts is not None else \
+            decoder.program_draws(state.root.shape[0], self.sampling, self.generator)  # fmt: skip
         # the step's phases are named for profilers (scripts/gpu/check.py --profile); cost: ~1 us each
         with region("headstart.draft"):
             if not plain:  # what plain steps committed and deferred prompts, one observe a group
                 self.drafter = self.pending.flush()
             drafter = self.drafter
-            tree = decoder.draft(
-                state, self.sampling, drafter, contexts, plain=plain, generator=self.generator
-            )
+            tree = decoder.draft(state, self.sampling, drafter, contexts, plain=plain, generator=generator)
         self.plain_steps += int(plain)
         with region("headstart.verify"):
             feats = decoder.verify(state, tree, drafter)
@@ -362,13 +377,14 @@ class Engine:
             drafter.end_step()
         self.target_forwards += 1
         with region("headstart.accept"):
-            acc = decoder.accept(tree, feats, self.sampling, self.generator)
+            acc = decoder.accept(tree, feats, self.sampling, generator)
         observer = self.pending if plain and self._defers else drafter
         with region("headstart.commit"):  # its one host sync, the cache compaction, the observe
             committed, counts = decoder.commit(state, tree, feats, acc, observer)
         if plain and self._defers:
             self.pending.feed_over(self.pending_limit)
-        return self._take(committed, counts, rows=range(len(self.jobs)), counted=True)
+        live = len(self.jobs)  # the ghosts' tokens are dropped
+        return self._take(committed[:live], counts[:live], rows=range(live), counted=True)
 
     # ---- reading ahead (plain decoding) -----------------------------------------------------------
     def _ahead(self) -> bool:
@@ -410,6 +426,7 @@ class Engine:
             done += self._leave([i for i, job in enumerate(self.jobs) if job.cancelled], "cancelled")
         if not self.jobs:
             return done
+        self._pad()
         pending = 1 if self.unread is not None else 0  # at least one token a row is on its way
         if not any(len(j.emitted) + pending < j.rule.max_new_tokens for j in self.jobs):
             return done + self._drain()
@@ -492,7 +509,8 @@ class Engine:
         return self._leave(finished, None)
 
     def _leave(self, rows: list[int], reason: str | None) -> list[Job]:
-        """Drop `rows` from the batch (a host-to-device copy of the kept indices, only then)."""
+        """Drop `rows` from the batch (a host-to-device copy of the kept indices, only then); the
+        ghosts go with them (`_pad` adds them back before the next round)."""
         if not rows:
             return []
         gone = set(rows)
@@ -506,17 +524,47 @@ class Engine:
         if not keep:
             self.state, self.drafter, self._rows_gen, self.unread = None, None, None, None
             self.pending.clear()
+            self.ghosts = 0
             return left
-        assert self.state is not None
-        index = torch.tensor(keep, dtype=torch.long, device=self.state.root.device)
-        self.state.select_rows(index, list(range(len(keep))))
-        self.pending.select_rows(keep, index.device)  # each row group's drafter keeps its rows
-        self.drafter = self.pending.drafter
-        if self._rows_gen is not None:
-            self._rows_gen = self._rows_gen.select(keep)
-            self.generator = self._rows_gen
+        self._keep_rows(keep)
         self._trim()
         return left
+
+    def _keep_rows(self, keep: list[int], ghosts: int = 0) -> None:
+        """The batch's rows become `keep` (ascending), then `ghosts` copies of the first: the
+        state, the drafter, the rows' generators (a ghost draws from one of its own)."""
+        assert self.state is not None
+        device = self.state.root.device
+        order = keep + [keep[0]] * ghosts
+        index = torch.tensor(order, dtype=torch.long, device=device)
+        self.drafter = self.pending.flush() if ghosts else self.drafter  # one group to copy a row of
+        self.state.select_rows(index, order)
+        self.pending.select_rows(order, device)  # each row group's drafter keeps its rows
+        self.drafter = self.pending.drafter
+        if self._rows_gen is not None:
+            kept = self._rows_gen.select(keep)
+            spare = [torch.Generator(device=device).manual_seed(i) for i in range(ghosts)]
+            self._rows_gen = kept.merge(RowGenerators(spare)) if ghosts else kept
+            self.generator = self._rows_gen
+        self.ghosts = ghosts
+
+    def _pad(self) -> None:
+        """Pad the live batch up to its bucket with ghosts (`batch_buckets`) where a ghost cannot
+        change what a live row gets: greedy or per-row generators (a batch generator's draws
+        would move), and no learned position table (a ghost's lengths are not checked)."""
+        live = len(self.jobs)
+        if not self.batch_buckets or self.ghosts or not live or self.decoder.positions.limited:
+            return
+        if not (self.sampling.greedy or self.row_seeds):
+            return
+        size = next((b for b in self.batch_buckets if b >= live), live)
+        if size > live:
+            self._keep_rows(list(range(live)), size - live)
+
+    def _unpad(self) -> None:
+        """Drop the ghosts (before the batch changes)."""
+        if self.ghosts and self.jobs:
+            self._keep_rows(list(range(len(self.jobs))))
 
     def _trim(self) -> None:
         """Cut the left columns no live row sees: padding of a wider prompt that left (its width

@@ -130,7 +130,12 @@ class PendingObservations:
 
     def select_rows(self, keep: list[int], device: torch.device) -> None:
         """Keep these rows of the batch (ascending): each group keeps its own, and a group whose
-        rows all left goes with its drafter."""
+        rows all left goes with its drafter. One group may take any rows, a row repeated too (the
+        engine's ghosts: copies of a live row)."""
+        if len(self.groups) == 1:
+            if keep != list(range(self.groups[0].rows)):
+                self.groups[0].select(keep, device)
+            return
         groups, begin = [], 0
         for group in self.groups:
             local = [i - begin for i in keep if begin <= i < begin + group.rows]

@@ -28,7 +28,7 @@ from headstart.inference.drafters import make_drafter
 from headstart.inference.plain import SamplingConfig
 from headstart.inference.prompts import PrefillAborted, Prompts, prefill_chunk
 from headstart.inference.results import DecodeState
-from headstart.inference.sampling import Generator, probabilities, sample
+from headstart.inference.sampling import Generator, PreDrawn, probabilities, sample, uniform
 from headstart.inference.trees import draft_static
 from headstart.inference.trees.draft import DraftTree
 from headstart.inference.trees.spec import TreeChoice, TreeSpec, choose_tree
@@ -221,6 +221,16 @@ class Steps:
         if report is None:
             return None
         return unpack_report(self._read_step(report))  # host sync: the round's one read
+
+    def program_draws(self, rows: int, sampling: SamplingConfig, generator: Generator) -> Generator:
+        """What the eager steps draw from in a round the program could have run but did not (the
+        batch changed, its caches left the buffers): under sampling, the program's own (B, K)
+        draw, pre-drawn, taken by the steps in the program's order, so a seeded row's reply does
+        not depend on which rounds ran as the program (a server's rows join and leave beside
+        it); else `generator`."""
+        if sampling.greedy or not self.program_for(sampling):
+            return generator
+        return PreDrawn(uniform((rows, self.captured_round.draws), generator, self.target.device))
 
     def round_unread(self, state: DecodeState, sampling: SamplingConfig, drafter: Any,
                      generator: Generator = None) -> torch.Tensor | None:  # fmt: skip

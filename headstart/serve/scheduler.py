@@ -31,6 +31,11 @@ from headstart.inference.prefix import SharedPrefix
 log = logging.getLogger("headstart.serve")
 
 
+KEPT_DECODERS = 4
+"""Compiled decoders a server keeps, one per sampling setting seen lately (each holds its graphs'
+KV buffers: rows x capacity x layers)."""
+
+
 class QueueFull(Exception):
     """Too many requests waiting: answer 429."""
 
@@ -74,7 +79,8 @@ class Ticket:
 
 class Scheduler:
     def __init__(self, make_decoder: Any, metrics: Any, max_batch: int = 8, max_queue: int = 64,
-                 speculate_up_to: int | None = None, prefix_cache: int = 8, recorder: Any = None) -> None:  # fmt: skip
+                 speculate_up_to: int | None = None, prefix_cache: int = 8, recorder: Any = None,
+                 batch_buckets: tuple[int, ...] = ()) -> None:  # fmt: skip
         self.make_decoder = (
             make_decoder  # (greedy: bool) -> SpeculativeDecoder (one per lane: its own generators)
         )
@@ -92,6 +98,10 @@ class Scheduler:
         self.wake = threading.Condition()
         self.closing = False
         self.recorder = recorder  # serve --record (serve/record.py): finished replies, kept for training
+        # --compile: each lane's batch padded to these sizes (inference/engine.py, ghosts), and its
+        # decoder kept for the lane's next wave (its compiled graphs and buffers); () eager
+        self.batch_buckets = batch_buckets
+        self.decoders: dict[tuple[float, float, int], Any] = {}  # at most KEPT_DECODERS, newest last
 
     # ---- handlers' side -----------------------------------------------------------------------
     def submit(self, *tickets: Ticket) -> None:
@@ -199,13 +209,13 @@ class Scheduler:
                 # must give the same text whatever else runs beside it. cost: sampled rows
                 # speculate at every batch size (on a CPU, slower than plain steps past one row).
                 limit = self.speculate_up_to if temperature == 0 else None
-                decoder = self.make_decoder(temperature == 0)
+                decoder = self._decoder(warp)
                 if self.prefix is None and self.prefix_cache:  # every lane's decoder has the same heads
                     self.prefix = SharedPrefix(
                         decoder.target, self.prefix_cache, layers=decoder.feature_layers
                     )
                 engine = Engine(decoder, sampling, row_seeds=temperature > 0, speculate_up_to=limit,
-                                prefix=self.prefix, abortable=True)  # fmt: skip
+                                prefix=self.prefix, abortable=True, batch_buckets=self.batch_buckets)  # fmt: skip
                 self.lanes[warp] = engine
             for ticket in group:
                 self.tickets[id(ticket.job)] = ticket
@@ -218,6 +228,18 @@ class Scheduler:
             except Exception as err:  # noqa: BLE001 - a bug must fail its requests, not the server
                 log.exception("admitting requests failed: %s", err)
                 self._fail_lane(warp, err)
+
+    def _decoder(self, warp: tuple[float, float, int]) -> Any:
+        """A decoder for a new engine of this sampling setting: a fresh one when eager (state
+        starts small), the setting's kept one when compiled (a fresh decoder would compile its
+        graphs again), the least recently used of KEPT_DECODERS dropped past it."""
+        if not self.batch_buckets:
+            return self.make_decoder(warp[0] == 0)
+        decoder = self.decoders.pop(warp, None) or self.make_decoder(warp[0] == 0)
+        self.decoders[warp] = decoder
+        while len(self.decoders) > KEPT_DECODERS:
+            del self.decoders[next(iter(self.decoders))]
+        return decoder
 
     def _finish(self, jobs: list[Job]) -> None:
         # --record: a step's finished replies on disk, one sync, before their clients hear

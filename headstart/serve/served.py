@@ -30,6 +30,14 @@ class Served:
     body_timeout: float = 30.0  # seconds a request body may take to arrive (--body-timeout): 408 past it
 
 
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes a compiled server's lanes run at: powers of two up to `max_batch`'s."""
+    sizes = [1]
+    while sizes[-1] < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sizes)
+
+
 def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queue: int,
              speculate_up_to: int | None, prefix_cache: bool, max_tokens: int | None, default_tokens: int,
              api_key: str | None, allowed_origins: tuple[str, ...], max_body: int, body_timeout: float,
@@ -53,7 +61,8 @@ def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queu
         # measured: 8 rows decode 2x faster plainly than with trees on 2 cores
         speculate_up_to = probe.verify_nodes
     scheduler = Scheduler(speculator.new_decoder, metrics, max_batch=max_batch, max_queue=max_queue,
-                          speculate_up_to=speculate_up_to, prefix_cache=prefix_cache, recorder=recorder)  # fmt: skip
+                          speculate_up_to=speculate_up_to, prefix_cache=prefix_cache, recorder=recorder,
+                          batch_buckets=batch_buckets(max_batch) if speculator.compile else ())  # fmt: skip
     return Served(target=target, scheduler=scheduler, metrics=metrics, model=model, context=context,
                   max_tokens=min(max_tokens or context, context), default_tokens=default_tokens, api_key=api_key,
                   mode=decoding.mode, allowed_origins=allowed_origins, max_body=max_body,

@@ -93,3 +93,40 @@ def test_a_requests_choices_join_one_wave_and_scoring_takes_no_row(target):
     with pytest.raises(QueueFull):  # all or none: a request larger than the room left is refused whole
         Scheduler(lambda greedy: None, Metrics(), max_queue=2).submit(*choices)
     loop.close()
+
+
+def test_a_compiled_server_pads_its_lanes_and_keeps_their_decoders(target):
+    """--compile: each lane's batch runs at a bucket size (ghost rows pad 3 requests to 4), its
+    replies are the ones eager decoding gives, and the lane's decoder (its compiled graphs and
+    buffers) serves its next wave; at most KEPT_DECODERS are kept."""
+    from headstart.serve.scheduler import KEPT_DECODERS
+    from headstart.serve.served import batch_buckets
+
+    assert batch_buckets(8) == (1, 2, 4, 8) and batch_buckets(6) == (1, 2, 4, 8) and batch_buckets(1) == (1,)
+    made = []
+
+    def make(greedy):
+        made.append(SpeculativeDecoder(target, None, compile=True, compile_backend="aot_eager"))
+        return made[-1]
+
+    loop = asyncio.new_event_loop()
+    scheduler = Scheduler(make, Metrics(), max_batch=8, batch_buckets=batch_buckets(8))
+    eager = Scheduler(lambda greedy: SpeculativeDecoder(target, None), Metrics(), max_batch=8)
+    replies = []
+    for sched in (scheduler, eager):
+        wave = tickets(loop, [0.0, 0.0, 0.0])
+        for ticket in wave:
+            sched.submit(ticket)
+        sched.run(lambda: True)
+        replies.append([t.job.emitted for t in wave])
+    assert replies[0] == replies[1] and all(len(r) == 6 for r in replies[0])
+    assert len(made) == 1 and made[0].captured.steps > 0  # compiled steps ran, padded to 4 rows
+    second = tickets(loop, [0.0])
+    scheduler.submit(*second)
+    scheduler.run(lambda: True)
+    assert len(made) == 1 and second[0].job.emitted  # the greedy lane's next wave: the same decoder
+    for temperature in (0.5, 0.6, 0.7, 0.8, 0.9):
+        scheduler.submit(*tickets(loop, [temperature]))
+        scheduler.run(lambda: True)
+    assert len(scheduler.decoders) == KEPT_DECODERS and len(made) == 6
+    loop.close()
