@@ -10,7 +10,8 @@
 #   sgdocs:   long-document tasks: on sg_90k first turns from row 1,200 (after sgfollow's 400 and
 #             their skips; before the held-out rows 2858+) the target writes a document of up to
 #             768 tokens, then answers a task about it (summarise, list its points, ...), 384 tokens
-# NUM_<SOURCE> (e.g. NUM_SGLONG=4) caps a source's rows (a dry run); FOLLOWUPS (default 3).
+# NUM_<SOURCE> (e.g. NUM_SGLONG=4) caps a source's rows (a dry run); FOLLOWUPS (default 3);
+# SKIP_SGFOLLOW / SKIP_SGDOCS: the first source row (a GPU window takes rows after the CPU's).
 # Resumable: rerun after a cut. On this project's 2-core CPU, beside other work, pin it to one core:
 #   OMP_NUM_THREADS=1 taskset -c 1 experiments/smollm2-long/distill_long.sh
 # Then pack into the kept set: python -m headstart.distill.pack runs/long/NAME data/smollm2-kept/NAME
@@ -34,10 +35,11 @@ for source in "${sources[@]}"; do
     sglong) headstart distill "${common[@]}" --prompts "$SG" --out "$OUT/sglong" --num "${NUM_SGLONG:-355}" ;;
     sgfollow) headstart distill --target "$TARGET" --dtype float32 --device "$DEVICE" --threads "$THREADS" \
         --batch-size "$BATCH" --max-turns 1 --max-new-tokens 256 --max-prompt-tokens 1536 --shard-size 32 \
-        --followups "${FOLLOWUPS:-3}" --prompts "$SG" --out "$OUT/sgfollow" --num "${NUM_SGFOLLOW:-400}" ;;
+        --followups "${FOLLOWUPS:-3}" --prompts "$SG" --out "$OUT/sgfollow" --num "${NUM_SGFOLLOW:-400}" \
+        --skip-rows "${SKIP_SGFOLLOW:-0}" ;;
     sgdocs) headstart distill --target "$TARGET" --dtype float32 --device "$DEVICE" --threads "$THREADS" \
         --batch-size "$BATCH" --max-turns 1 --max-new-tokens 384 --max-prompt-tokens 1536 --shard-size 32 \
-        --documents 768 --skip-rows 1200 --prompts "$SG" --out "$OUT/sgdocs" --num "${NUM_SGDOCS:-400}" ;;
+        --documents 768 --skip-rows "${SKIP_SGDOCS:-1200}" --prompts "$SG" --out "$OUT/sgdocs" --num "${NUM_SGDOCS:-400}" ;;
     *) echo "unknown source $source (sglong-eval, sgv3long, sglong, sgfollow, sgdocs)" >&2; exit 2 ;;
   esac
 done

@@ -434,7 +434,9 @@ def section_serve(args: argparse.Namespace, report: Report) -> None:
         report.log(f"serve: skipped (time: {report.left():.0f} s left)")
         return
     requests, concurrency = (2, ["1", "2"]) if args.dry_run else (args.serve_requests, ["1", "4", "8"])
-    served = f"--target {args.target} --device {args.device}"
+    # --compile off: the eager servers these figures compare with (auto compiles on CUDA since
+    # 2026-12-04, and each new batch bucket's first requests would time its compile)
+    served = f"--target {args.target} --device {args.device} --compile off"
     # the logs travel as one tarball: a call returns 8 files at most
     output, logs = report.out / "serve.json", Path(tempfile.mkdtemp(prefix="serve-logs-"))
     command = [sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--serve", served,

@@ -64,15 +64,18 @@ EOF
 }
 
 device_long() {  # issue 69: fresh long and multi-turn conversations, at the card's pace
-  # sglong (the 304 of sg_90k's 355 long first turns the CPU did not reach) and sgfollow (self-
-  # conversations: histories of 1-2k tokens), replies up to 512 / 256 tokens; cut at DEADLINE,
+  # sglong (the 304 of sg_90k's 355 long first turns the CPU did not reach), sgdocs (long-document
+  # tasks: the target's document, then a task about it) and sgfollow (self-conversations: histories
+  # of 1-2k tokens), replies up to 512 / 384 / 256 tokens; cut at DEADLINE,
   # finished records kept (a later call on the same machine resumes). Brought back as long.tar.xz.N.
   mkdir -p "$OUT"
   [[ ${LONG_TARGET:-} == smollm2 ]] || gpu_prepare  # the dry run: the embedded target, no staged GGUF
   local packed data=${LONG_DATA:-.gpu/data}
   for packed in "$data"/train/*.gz; do [[ -f "$packed" && ! -f "${packed%.gz}" ]] && gunzip -k "$packed"; done
-  local start=$SECONDS code=0 sources=(${LONG_SOURCES:-sglong sgfollow})
+  local start=$SECONDS code=0 sources=(${LONG_SOURCES:-sglong sgdocs sgfollow})
+  # sgfollow from row 400: the CPU distilled self-conversations of its first rows (data/smollm2-kept/sgfollow)
   DATA=$data OUT=runs/long DEVICE=${DEVICE:-cuda} BATCH=${LONG_BATCH:-64} THREADS=${THREADS:-4} \
+    SKIP_SGFOLLOW=${SKIP_SGFOLLOW:-400} \
     TARGET=${LONG_TARGET:-$STAGE/smollm2.gguf} \
     timeout -s TERM -k 30 "$DEADLINE" experiments/smollm2-long/distill_long.sh "${sources[@]}" || code=$?
   settle 'headstart distill'

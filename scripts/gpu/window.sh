@@ -10,9 +10,10 @@
 #   device calls 1-3, back to back (gpu/stage.sh's header: each stages one GGUF part, seconds each)
 #   device call 4, the window (run tool):
 #     command: scripts/gpu/window.sh device
-#     carry:   [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256"]
+#     carry:   [".gpu/wheels", ".gpu/questions.jsonl", ".gpu/smollm2.part4", ".gpu/smollm2.sha256", ".gpu/data"]
 #     timeout_s: 590                             (CALL_S below: its plan ends by then)
 #   scripts/gpu/window.sh unpack FILES_AT       # here: runs/gpu-window (head, logs, decode report)
+#   scripts/gpu/distill.sh unpack_long FILES_AT # here: the window's fresh long data into data/smollm2-kept
 #   python3 scripts/gpu/windows.py record runs/gpu-window   # here: the CPU verdict and the ledger
 #
 # The plan of the call (CALL_S=560 s of it): preparation (~20 s), the decode check (DECODE_S,
@@ -46,17 +47,29 @@
 # eagle3ref_captured_t07 at EAGLE's tree.
 # DECODE_SECTIONS=replay8b,smollm2 adds the loop at 8B shape with the replay drafter first (the
 # round in plain steps at P 0.6/0.8, chain 2/4 and the 60-node tree: issue 68's baseline; ~5 min).
-# Environment: CALL_S, DECODE_S, COLLECT_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
+# LONG_S (issue 69: every window adds data, default 90): after the decode check, that many seconds
+# of scripts/gpu/distill.sh device_long (LONG_SOURCES, default sglong sgdocs sgfollow: fresh long
+# first turns, long-document tasks, self-conversations; rows after the ones the CPU distilled),
+# returned as long.tar.xz.N (commit it: distill.sh unpack_long) and trained on in this window,
+# packed beside the kept set (the recipe's rows of 2,048 positions). LONG_S=0 skips it.
+# Environment: CALL_S, DECODE_S, COLLECT_S, LONG_S, DECODE, DECODE_SECTIONS, METHODS, DECODE_DTYPE, PROFILE, TRAIN_ARGS (more recipe overrides),
 # DEVICE (cuda; cpu for the dry run), OUT.
 # Dry run on the CPU (every stage, tiny sizes; ~8 minutes on the 2-core host):
-#   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on \
+#   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=560 DECODE_S=200 DECODE=on LONG_S=0 \
 #     TRAIN_ARGS="batch_size=4 data.max_records=400 eval_batches=2 mixed_precision=no" scripts/gpu/window.sh device
+# The long phase's dry run, from a checkout of its own (its runs/long must not be a distillation
+# running beside it; green 2026-12-04 in 5.5 min on one shared core: sglong's row back as
+# long.tar.xz.0, packed, trained on in packed rows, the head exported):
+#   DEVICE=cpu STAGE=/tmp/stage OUT=/tmp/gw CALL_S=420 DECODE=off LONG_S=150 NUM_SGLONG=1 NUM_SGDOCS=1 \
+#     NUM_SGFOLLOW=1 FOLLOWUPS=1 LONG_BATCH=3 THREADS=1 TRAIN_ARGS="batch_size=2 eval_batches=2 mixed_precision=no" \
+#     scripts/gpu/window.sh device
 set -euo pipefail
 OUT=${OUT:-runs/window-out}
 DEVICE=${DEVICE:-cuda}
 CALL_S=${CALL_S:-560}
 DECODE_S=${DECODE_S:-270}
 COLLECT_S=${COLLECT_S:-45}
+LONG_S=${LONG_S:-90}
 # no plain_eager (5 s of each question on the H200: 24 tok/s, measured 2026-11-28): twice the questions
 METHODS=${METHODS:-generate,plain_captured,eagle3_captured,eagle3ref_captured}
 # fp32 first: in bf16 every captured method left generate's tokens (2026-11-28); fp32 tells rounding
@@ -98,24 +111,48 @@ device() {
       > runs/decode.log 2>&1 || echo "decode check: exit $? (cut or failed; gpu_check.json holds what it measured)"
     grep -E "question|warm-up|FAILED|stopped|skipped|profile" runs/decode.log | tail -n 16 || true
   fi
-  # 2. the window: seed = its number, a time budget of what the call has left
-  local window left code=0
+  # 2. fresh long data (LONG_S): distilled into $OUT as it comes, packed here, trained on below
+  local fresh=()
+  if (( LONG_S > 0 )); then
+    DEADLINE=$LONG_S OUT=$OUT LONG_SOURCES=${LONG_SOURCES:-sglong sgdocs sgfollow} \
+      "$(dirname "$0")/distill.sh" device_long > runs/long.log 2>&1 || echo "long distill: exit $? (runs/long.log)"
+    tail -n 4 runs/long.log || true
+    local source
+    while read -r source; do
+      python3 -m headstart.distill.pack "runs/long/$source" "runs/long-kept/$source" > /dev/null && fresh+=("runs/long-kept/$source")
+    done < <(cat "$OUT/long.sources" 2>/dev/null || true)
+  fi
+  # 3. the window: seed = its number, a time budget of what the call has left
+  local window left code=0 paths=()
   window=$(python3 scripts/gpu/windows.py next)
+  ((${#fresh[@]})) && paths=("data.path=[$(recipe_paths "${fresh[@]}")]")
   left=$(( CALL_S - SECONDS - COLLECT_S ))
-  echo "window $window: training for $left s (seed $window)"
+  echo "window $window: training for $left s (seed $window; fresh long data: ${fresh[*]:-none})"
   headstart train --recipe "$RECIPE" target="$target" output_dir="$RUN" seed="$window" \
-    time_budget_s="$left" "${cpu[@]}" "${args[@]}" > runs/window.log 2>&1 || code=$?
+    time_budget_s="$left" "${paths[@]}" "${cpu[@]}" "${args[@]}" > runs/window.log 2>&1 || code=$?
   echo "train: exit $code after $SECONDS s"
   if [[ ! -f $RUN/results.json ]]; then  # stopped by the budget before its decay ended: its checkpoint
     local last
     last=$(ls -d "$RUN"/checkpoints/step-* 2>/dev/null | tail -n 1 || true)
     if [[ -n "$last" ]]; then
       headstart train --recipe "$RECIPE" target="$target" output_dir="$RUN" seed="$window" --resume \
-        max_steps="$((10#${last##*step-}))" time_budget_s=0 "${cpu[@]}" "${args[@]}" >> runs/window.log 2>&1 || true
+        max_steps="$((10#${last##*step-}))" time_budget_s=0 "${paths[@]}" "${cpu[@]}" "${args[@]}" >> runs/window.log 2>&1 || true
     fi
   fi
   collect "$window" "$target"
   ls -la "$OUT"
+}
+
+recipe_paths() {  # FRESH_DIR...: the recipe's data.path, comma-separated, then the fresh folders; a
+  # recipe folder of the same name as a fresh one (sglong: its rows the CPU distilled, which the
+  # device distilled again from the first) gives way to it
+  python3 - "$RECIPE" "$@" <<'PY'
+import sys, pathlib, yaml
+fresh = sys.argv[2:]
+names = {pathlib.Path(f).name for f in fresh}
+kept = [p for p in yaml.safe_load(open(sys.argv[1]))["data"]["path"] if pathlib.Path(p).name not in names]
+print(",".join(kept + fresh))
+PY
 }
 
 collect() {  # the log, results and step-time table in one file; the head as bf16 in 15 MB parts
