@@ -39,7 +39,8 @@ for source in "${sources[@]}"; do
         --skip-rows "${SKIP_SGFOLLOW:-0}" ;;
     sgdocs) headstart distill --target "$TARGET" --dtype float32 --device "$DEVICE" --threads "$THREADS" \
         --batch-size "$BATCH" --max-turns 1 --max-new-tokens 384 --max-prompt-tokens 1536 --shard-size 32 \
-        --documents 768 --skip-rows "${SKIP_SGDOCS:-1200}" --prompts "$SG" --out "$OUT/sgdocs" --num "${NUM_SGDOCS:-400}" ;;
+        --documents 768 --skip-rows "${SKIP_SGDOCS:-1200}" --prompts "$SG" --out "$OUT/sgdocs" --num "${NUM_SGDOCS:-400}" \
+        datafree.temperature=0.8 ;;  # at the data-free 1.0 SmolLM2's documents rambled (a 3-row try, 2026-12-04)
     *) echo "unknown source $source (sglong-eval, sgv3long, sglong, sgfollow, sgdocs)" >&2; exit 2 ;;
   esac
 done
