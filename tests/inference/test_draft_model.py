@@ -215,15 +215,16 @@ def test_a_missing_draft_model_says_so(target, tmp_path):
 
 @pytest.mark.parametrize("which", ["sibling", "early-exit"])
 def test_a_draft_model_through_the_captured_verify(target, sibling, which):
-    """--compile: the verify runs as the captured graph, the draft model eagerly (early exit over
-    the captured verify's own cache buffers); still exact."""
+    """--compile: a separate draft model's rounds run as the round program; early exit's verify as
+    the captured graph, the draft eagerly over the captured verify's own cache buffers; exact."""
     draft = load_draft_model(str(sibling), target) if which == "sibling" else early_exit(target, 1)
     decoder = SpeculativeDecoder(target, draft, tree="chain:3", compile=True, compile_backend="aot_eager")
     prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
     out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
     for ids, got in zip(prompts, out.token_ids, strict=True):
         assert got == reference(target, ids, 16, eos=False)
-    assert decoder.captured.steps >= 1 and out.stats.tau > 1.0
+    ran = decoder.captured_round.rounds if which == "sibling" else decoder.captured.steps
+    assert ran >= 1 and out.stats.tau > 1.0
 
 
 def test_a_draft_model_head_starts_from_a_sibling(target, sibling, tiny_llama, tmp_path):
@@ -312,3 +313,118 @@ def test_every_command_refuses_a_broken_draft_model_in_one_line(tiny_llama, brok
     err = capsys.readouterr().err
     assert BROKEN[name] in err and "Traceback" not in err and len(err.strip().splitlines()) >= 1
     assert err.strip().splitlines()[-1].startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    "tree", ["chain:3", "[[0],[1],[0,0],[0,1],[0,0,0]]", "dynamic:depth=3,top_k=2,total_tokens=6"]
+)
+def test_a_separate_draft_model_runs_inside_the_round_program(target, sibling, tree):
+    """--compile: the draft model's observe and every level's forward run inside the round program
+    (one compiled call a round, from the first round on; a row leaving costs one eager round), and
+    the output is generate's."""
+    draft = load_draft_model(str(sibling), target)
+    decoder = SpeculativeDecoder(target, draft, tree=tree, compile=True, compile_backend="aot_eager")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS]
+    out = decoder.generate(prompts, max_new_tokens=24, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, 24, eos=False)
+    assert out.stats.tau > 1.0
+    assert decoder.captured_round.rounds >= 6 and decoder.captured_round.fallbacks < len(prompts)
+    # the program drafts what the steps draft: the same rounds, accepted lengths and all (a
+    # draft that went wrong inside it would still be exact, with fewer tokens accepted)
+    steps = SpeculativeDecoder(target, draft, tree=tree, compile=True, compile_backend="aot_eager")
+    steps.captured_round = None
+    again = steps.generate(prompts, max_new_tokens=24, eos_token_id=None)
+    assert again.token_ids == out.token_ids and again.stats.per_row_steps == out.stats.per_row_steps
+    assert again.stats.accept_lengths == out.stats.accept_lengths
+
+
+def test_early_exit_keeps_its_rounds_in_the_steps_under_compile(target):
+    """Early exit reads the target's own cache: no round program for it, the compiled steps run."""
+    decoder = SpeculativeDecoder(
+        target, early_exit(target, 1), tree="chain:2", compile=True, compile_backend="aot_eager"
+    )
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:2]]
+    out = decoder.generate(prompts, max_new_tokens=12, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, 12, eos=False)
+    assert decoder.captured_round.rounds == 0 and decoder.captured.steps > 0
+
+
+FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]
+
+
+@pytest.mark.parametrize(
+    "family",
+    [f if f in ("llama", "gemma3_text") else pytest.param(f, marks=pytest.mark.slow) for f in FAMILY_SET],
+)
+def test_a_draft_model_in_the_round_program_is_exact_on_every_family(tiny_root, family):
+    """The program's draft-model forwards on each family (sliding windows, soft-caps, MoE): a
+    truncated copy of the target keeping its own cache, batched and left-padded, identical to generate."""
+    from headstart.drafts import truncated
+
+    target = load_target(str(make_target_dir(tiny_root, family, seed=11, **FAMILIES[family])))
+    draft = DraftModel(truncated(target.model, target.num_layers - 1), "cut", pack_model=target.model)
+    decoder = SpeculativeDecoder(target, draft, tree="chain:3", compile=True, compile_backend="aot_eager")
+    prompts = [target.chat.user_prompt_ids(p) for p in PROMPTS[:3]]
+    out = decoder.generate(prompts, max_new_tokens=16, eos_token_id=None)
+    for ids, got in zip(prompts, out.token_ids, strict=True):
+        assert got == reference(target, ids, 16, eos=False)
+    # (tau: a random tiny family's truncated copy may have no draft accepted; the llama test above
+    # checks long accepted paths)
+    assert decoder.captured_round.rounds >= 4
+
+
+@pytest.mark.parametrize(
+    "tree",
+    ["[[0],[1],[0,0],[0,1]]", pytest.param("dynamic:depth=3,top_k=3,total_tokens=8", marks=pytest.mark.slow)],
+)
+def test_sampling_with_a_draft_model_in_the_round_program_preserves_target_distribution(tree, monkeypatch):
+    """12,000 copies of one prompt as ONE batch, whose first rounds run as the program at
+    B = 12,000 (no row ends before its second round): the first three tokens' joint is the warped
+    target's (chi-square, test_sampling_exactness), for a static tree (children drawn from q inside
+    the program) and a dynamic one."""
+    from chisq import chisquare_pvalue
+    from test_sampling_exactness import PROMPT, VOCAB, exact_joint
+
+    from headstart.inference import captured
+
+    monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
+    target = small_vocab_target()
+    draft = DraftModel(small_vocab_target(seed=3).model, "other")  # another random model, same 12 tokens
+    decoder = SpeculativeDecoder(target, draft, tree=tree, compile=True, compile_backend="aot_eager")
+    config = "T0.8-topk5-topp0.9"
+    sampling = SamplingConfig(max_new_tokens=decoder.captured_round.path_width + 2, seed=7, **CONFIGS[config])
+    out = decoder.generate([PROMPT] * 12_000, sampling=sampling, eos_token_id=None)
+    assert decoder.captured_round.rounds >= 2 and out.stats.tau > 1.05  # drafts were accepted in it
+    tokens = torch.tensor([ids[:3] for ids in out.token_ids])
+    cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
+    counts = torch.bincount(cells, minlength=VOCAB**3)
+    assert chisquare_pvalue(counts, exact_joint(target, sampling).flatten()) > ALPHA
+
+
+def test_the_programs_draft_model_observes_what_the_steps_observe(target, sibling):
+    """One row decoded with and without the round program in lockstep: after every round the
+    draft model's root logits and the root's position are the eager steps' (a draft that went
+    wrong inside the program would still be exact, only slower: the outputs cannot tell)."""
+    from headstart.inference.engine import Engine, Job
+    from headstart.inference.stops import StopRule
+
+    ids = target.chat.user_prompt_ids(PROMPTS[1])
+    draft = load_draft_model(str(sibling), target)
+    engines = []
+    for program in (True, False):
+        decoder = SpeculativeDecoder(target, draft, tree="chain:3", compile=True, compile_backend="aot_eager")
+        if not program:
+            decoder.captured_round = None
+        engine = Engine(decoder, SamplingConfig(max_new_tokens=20))
+        engine.add([Job(key=0, prompt=ids, rule=StopRule(20))])
+        engines.append(engine)
+    for _ in range(5):
+        for engine in engines:
+            engine.step()
+        ours, theirs = (engine.drafter for engine in engines)
+        assert torch.equal(ours.root_pos, theirs.root_pos)
+        torch.testing.assert_close(ours.root, theirs.root, rtol=1e-4, atol=1e-4)
+    assert engines[0].decoder.captured_round.rounds == 5
+    assert engines[0].jobs[0].emitted == engines[1].jobs[0].emitted

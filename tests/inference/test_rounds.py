@@ -93,3 +93,16 @@ def test_a_dflash_round_is_one_program(target):
     figures = measure_rounds(decoder, target.chat.user_prompt_ids("hello there"), SAMPLING)
     assert figures["max"]["host_reads"] <= 1 and figures["max"]["compiled_calls"] == 1
     assert figures["max"]["eager_ops"] <= 8
+
+
+@pytest.mark.parametrize("sampling", [SAMPLING, SAMPLED], ids=["greedy", "sampled"])
+def test_a_draft_model_round_is_one_program(target, sampling):
+    """A separate draft model under --compile: its observe and every level's forward inside the
+    round program, greedy or sampled: one read, one compiled call, a handful of eager ops."""
+    from headstart.drafts import DraftModel, truncated
+
+    draft = DraftModel(truncated(target.model, 1), "cut", pack_model=target.model)
+    decoder = SpeculativeDecoder(target, draft, tree="chain:3", compile=True, compile_backend="aot_eager")
+    figures = measure_rounds(decoder, target.chat.user_prompt_ids("hello there"), sampling)
+    assert figures["max"]["host_reads"] <= 1 and figures["max"]["compiled_calls"] == 1
+    assert figures["max"]["eager_ops"] <= 8

@@ -1,5 +1,5 @@
 """What every drafter module shares: packing a head's linears, mapping draft-vocabulary logits to
-the target vocabulary, stacking rows' visibility masks."""
+the target vocabulary, stacking rows' visibility masks, what drafted nodes see of a step's entries."""
 
 from __future__ import annotations
 
@@ -36,6 +36,17 @@ def stack_visible(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor:
     width = max(mine.shape[1], theirs.shape[1])
     pad = [torch.cat([m.new_zeros(m.shape[0], width - m.shape[1]), m], dim=1) for m in (mine, theirs)]
     return torch.cat(pad)
+
+
+def drafted_visibility(
+    visible: torch.Tensor, nodes: torch.Tensor, entries: list[torch.Tensor]
+) -> torch.Tensor:
+    """(B, k, E): which of this step's drafted entries of a drafter's cache (`entries`, earlier frontiers in
+    cache order, then `nodes` (B, k) themselves) each of `nodes` sees, from the tree's
+    ancestor-or-self relation `visible` (B, N, N)."""
+    width = nodes.shape[1]
+    sees = visible[torch.arange(nodes.shape[0], device=nodes.device)[:, None], nodes]  # (B, k, N)
+    return torch.cat([sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in [*entries, nodes]], -1)
 
 
 def module_device(module: Any) -> torch.device:

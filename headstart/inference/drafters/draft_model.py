@@ -9,6 +9,11 @@ by one truncation. `observe` hands it the NEXT tokens of committed positions (th
 position p + 1 for the target's position p): the draft model reads token p + 1 at position p + 1.
 Only the prompt's first token never comes as a next token: the decoder passes it to `start`.
 
+Under `--compile` a separate draft model's cache lives in kept buffers (`CapturedDraft`), and the
+round program (inference/captured_round.py) runs its observe of the committed path and every
+level's forward inside the round, the same steps over static widths at a device-held column
+(`DraftRoundParts`); its steps outside the program stay eager. Early exit stays in the steps.
+
 Early exit (the target's own first K layers) keeps no cache of its own: the target's cache already
 holds exactly what those layers make of every committed token (the same modules, tokens and
 positions). `observe` does nothing; before each draft (`before_draft`, the decoder's state) the
@@ -20,14 +25,16 @@ the target's K layers' entries once (`torch.cat`, O(context), as transformers' o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from headstart.inference import cache as kv
-from headstart.inference.drafters.common import stack_visible
-from headstart.targets.features import forward, new_cache
+from headstart.inference.captured import BufferPool, StaticKV, end_views
+from headstart.inference.drafters.common import drafted_visibility, stack_visible
+from headstart.targets.features import cache_keyword, forward, new_cache
 from headstart.targets.packing import PackedLinears, packed
 
 
@@ -79,6 +86,7 @@ class DraftModelDrafter:
         # exit uses the target's packer (packs are per model: another would copy the weights)
         packer = PackedLinears.for_model(draft.pack_model or self.model)
         self.packers = [packer] if packer is not None else []
+        self.captured: CapturedDraft | None = None  # --compile: the cache in kept buffers (round program)
 
     def start(self, first_tokens: torch.Tensor) -> None:
         """The token at each row's position 0 (the decoder's prefill, before the first observe)."""
@@ -118,25 +126,7 @@ class DraftModelDrafter:
         """Target-vocabulary logits of final hidden states (..., H), as the draft model's forward
         makes them (Gemma's final soft-cap, Cohere's logit scale)."""
         with packed(self.packers, hidden.numel() // hidden.shape[-1]):
-            logits = self.model.get_output_embeddings()(hidden)
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        scale = getattr(self.model, "logit_scale", None)
-        if scale is not None:
-            logits = logits * scale
-        return self._in_vocab(logits)
-
-    def _in_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """The draft's logits over the target's vocabulary: a padded draft lm_head cut to it, a
-        shorter one padded with -inf (those tokens are never drafted)."""
-        width = logits.shape[-1]
-        if width > self.vocab_size:
-            logits = logits[..., : self.vocab_size]
-        elif width < self.vocab_size:
-            pad = logits.new_full((*logits.shape[:-1], self.vocab_size - width), float("-inf"))
-            logits = torch.cat([logits, pad], -1)
-        return logits.float()
+            return draft_logits(self.model, hidden, self.vocab_size)
 
     @torch.no_grad()
     def observe(self, last_hidden: torch.Tensor, layers: dict[int, torch.Tensor], next_tokens: torch.Tensor,
@@ -207,6 +197,51 @@ class DraftModelDrafter:
             if value is not None:
                 setattr(self, name, value[rows])
 
+    # ---- the captured round (inference/captured_round.py) ------------------------------------
+    @staticmethod
+    def compiled_steps(heads: Any, backend: str) -> Any:
+        """A separate draft model's cache in kept buffers for the round program; None for early
+        exit (it reads the target's cache: its rounds stay in the steps)."""
+        return None if getattr(heads, "reads_target_cache", False) else CapturedDraft(heads.model)
+
+    def capture(self, captured: Any, reserve: int) -> None:
+        """The draft's cache in `captured`'s kept buffers, `reserve` entries (committed positions
+        plus one round's drafted nodes)."""
+        self.captured = captured
+        self.cache = captured.new_cache(reserve)
+
+    def round_inputs(self, plan: Any) -> Any:
+        """What the round program takes of this drafter (RoundInputs), or None where it cannot
+        run: not captured, the prompt's first token not observed yet, the cache not in its kept
+        buffer, or no room for the round's drafted nodes and committed path."""
+        if self.captured is None or self.first is not None or self.entries or self.root is None:
+            return None
+        assert self.visible is not None and self.root_pos is not None
+        length = kv.cache_length(self.cache)
+        claimed = self.captured.buffers.claim(
+            self.cache, length, max(plan.drafted, plan.path_width), pad=False
+        )
+        if claimed is None:
+            return None
+        from headstart.inference.captured_round import visibility_buffer
+
+        _, keys, values = claimed
+        seen = visibility_buffer(self.captured.seen, self.visible, keys[0].shape[-2])
+        start = self.captured.start.at(length, self.root.device)
+        parts = self.captured.round_parts(self.vocab_size)
+        return DraftRoundInputs(parts, (keys, values, seen, start, self.root, self.root_pos))
+
+    def round_done(self, out: tuple[torch.Tensor, torch.Tensor], width: int) -> None:
+        """The program observed `width` new entries (the committed path, padded): the Python
+        side follows (views, the root's logits and position)."""
+        assert self.captured is not None
+        self.root, self.root_pos = out
+        self.captured.start.advanced(width)
+        length = kv.cache_length(self.cache) + width
+        end_views(self.cache, length)
+        self.visible = self.captured.seen["seen"].narrow(1, 0, length)
+        self.committed = length
+
     def merge(self, other: DraftModelDrafter) -> None:
         """Append `other`'s rows between steps (requests joining a running batch)."""
         if self.shared:
@@ -219,3 +254,135 @@ class DraftModelDrafter:
         self.committed = kv.cache_length(self.cache)
         self.root = torch.cat([self.root, other.root])
         self.root_pos = torch.cat([self.root_pos, other.root_pos])
+
+
+def draft_logits(model: Any, hidden: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A draft model's logits over the target's vocabulary from its final hidden states (..., H):
+    its lm_head, Gemma's final soft-cap and Cohere's logit scale as its forward applies them, a
+    padded lm_head cut to the target's vocabulary and a shorter one padded with -inf (never drafted)."""
+    logits = model.get_output_embeddings()(hidden)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    scale = getattr(model, "logit_scale", None)
+    if scale is not None:
+        logits = logits * scale
+    width = logits.shape[-1]
+    if width > vocab_size:
+        logits = logits[..., :vocab_size]
+    elif width < vocab_size:
+        pad = logits.new_full((*logits.shape[:-1], vocab_size - width), float("-inf"))
+        logits = torch.cat([logits, pad], -1)
+    return logits.float()
+
+
+class CapturedDraft:
+    """A separate draft model's share of `--compile`: its cache in kept buffers (static
+    addresses), their visibility buffer and column count as the round program reads them, and its
+    round parts (one object per decoder: the program is specialised on it)."""
+
+    def __init__(self, model: Any) -> None:
+        from headstart.inference.captured_round import DeviceLength
+
+        self.model = model
+        self.buffers = BufferPool()
+        self.seen: dict[str, torch.Tensor] = {}
+        self.start = DeviceLength()
+        self._parts: DraftRoundParts | None = None
+
+    def new_cache(self, reserve: int) -> Any:
+        cache = new_cache(self.model, reserve)
+        self.buffers.adopt(cache)
+        return cache
+
+    def round_parts(self, vocab: int) -> DraftRoundParts:
+        if self._parts is None or self._parts.vocab != vocab:
+            self._parts = DraftRoundParts(self.model, vocab)
+        return self._parts
+
+
+@dataclass(frozen=True)
+class DraftRoundInputs:
+    """The draft model's share of the round program: its parts and tensors (its KV buffers, their
+    visibility (B, C), the committed column count, the root's children's logits (B, V) and the
+    root's position (B,))."""
+
+    parts: DraftRoundParts
+    tensors: tuple[Any, ...]
+
+
+class DraftRoundParts:
+    """DraftModelDrafter's steps inside the round program: the observe of the committed path and
+    each level's forward over the kept buffers at a device-held column, with static widths."""
+
+    def __init__(self, model: Any, vocab: int) -> None:
+        self.model, self.vocab = model, vocab
+        self.decoder = model.get_decoder()
+        self.cache_kw = cache_keyword(type(self.decoder).forward)  # outside the graph (an lru_cache)
+
+    def hidden(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
+        from headstart.targets.layer_kinds import layer_masks
+
+        out = self.decoder(input_ids=tokens, attention_mask=layer_masks(self.model, mask), position_ids=positions,
+                           **{self.cache_kw: cache}, use_cache=True)  # fmt: skip
+        return out.last_hidden_state
+
+    def drafter(self, head: tuple[Any, ...]) -> DraftProgramDrafter:
+        return DraftProgramDrafter(self, head)
+
+    def round_observe(self, last: torch.Tensor, layers: dict[int, torch.Tensor], committed: torch.Tensor,
+                      positions: torch.Tensor, real: torch.Tensor, last_index: torch.Tensor,
+                      head: tuple[Any, ...]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """`observe` of the committed path (B, A): token p + 1 at position p + 1 (the target's
+        features are not read), into columns [start, start + A); the root's children's logits
+        (B, V) and the root's position (B,)."""
+        from headstart.inference.captured_round import capacity_mask
+
+        keys, values, seen, start, _, _ = head
+        batch, width = committed.shape
+        device = committed.device
+        where = positions + 1
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+        tree = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=device)
+        dtype = next(self.model.parameters()).dtype
+        mask = capacity_mask(seen, start, tree, dtype)
+        hidden = self.hidden(committed, where, mask, StaticKV(keys, values, start))
+        seen.index_copy_(1, start + torch.arange(width, device=device), real)
+        start.add_(width)  # the next round's first column (the host counts the same)
+        rows = torch.arange(batch, device=device)
+        return draft_logits(self.model, hidden[rows, last_index], self.vocab), where[rows, last_index]
+
+
+class DraftProgramDrafter:
+    """DraftModelDrafter's `root_logits` and `expand` inside the round program: drafted nodes'
+    entries go to columns start + offset of the kept buffers (offset: entries drafted so far this
+    round, a Python int), the mask over the whole capacity."""
+
+    max_depth = None
+
+    def __init__(self, parts: DraftRoundParts, head: tuple[Any, ...]) -> None:
+        self.parts = parts
+        self.keys, self.values, self.seen, self.start, self.root, self.root_pos = head
+        self.entries: list[torch.Tensor] = []
+        self.offset = 0
+
+    def root_logits(self) -> torch.Tensor:
+        return self.root
+
+    def expand(self, nodes: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, depth: int,
+               visible: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        from headstart.inference.captured_round import capacity_mask
+
+        width = nodes.shape[1]
+        tree = drafted_visibility(visible, nodes, self.entries)
+        dtype = next(self.parts.model.parameters()).dtype
+        mask = capacity_mask(self.seen, self.start, tree, dtype)
+        positions = (self.root_pos + depth)[:, None].expand(-1, width)
+        hidden = self.parts.hidden(
+            tokens, positions, mask, StaticKV(self.keys, self.values, self.start + self.offset)
+        )
+        self.entries.append(nodes)
+        self.offset += width
+        return draft_logits(self.parts.model, hidden, self.parts.vocab)

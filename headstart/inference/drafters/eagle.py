@@ -23,19 +23,14 @@ from headstart.inference.captured import (
     static_mask,
     step_begins,
 )
-from headstart.inference.drafters.common import in_target_vocab, module_device, packers, stack_visible
+from headstart.inference.drafters.common import (
+    drafted_visibility,
+    in_target_vocab,
+    module_device,
+    packers,
+    stack_visible,
+)
 from headstart.targets.packing import packed
-
-
-def drafted_visibility(
-    visible: torch.Tensor, nodes: torch.Tensor, entries: list[torch.Tensor]
-) -> torch.Tensor:
-    """(B, k, E): which of this step's drafted head-cache entries (`entries`, earlier frontiers in
-    cache order, then `nodes` (B, k) themselves) each of `nodes` sees, from the tree's
-    ancestor-or-self relation `visible` (B, N, N)."""
-    width = nodes.shape[1]
-    sees = visible[torch.arange(nodes.shape[0], device=nodes.device)[:, None], nodes]  # (B, k, N)
-    return torch.cat([sees.gather(2, ids[:, None, :].expand(-1, width, -1)) for ids in [*entries, nodes]], -1)
 
 
 class EagleDrafter:
