@@ -79,7 +79,8 @@ def test_the_long_context_sets_match_their_manifest_and_hold_out_their_rows():
     present = [s for s in LONG if (KEPT / s).is_dir()]
     assert "sglong-eval" in present
     manifest = json.loads((KEPT / "kept.json").read_text())["long"]
-    assert manifest["records"] == {s: verify(KEPT / s)["records"] for s in present}
+    written = [s for s in SELF_WRITTEN if (KEPT / s).is_dir()]
+    assert manifest["records"] == {s: verify(KEPT / s)["records"] for s in present + written}
     digest = hashlib.sha256(embedded_gguf_path().read_bytes()).hexdigest()
     for source in present:
         meta = json.loads((KEPT / source / "distill_meta.json").read_text())
@@ -93,3 +94,28 @@ def test_the_long_context_sets_match_their_manifest_and_hold_out_their_rows():
         assert max(_column("sgv3long", "index")) < V3_HELD_OUT_FIRST_ROW
     if "sglong" in present:  # sg_90k's long rows, all before its held-out rows
         assert max(_column("sglong", "index")) < HELD_OUT_FIRST_ROW
+
+
+SELF_WRITTEN = ("sgfollow", "sgdocs")  # issue 69: the target's own follow-up turns and documents
+
+
+def test_the_self_written_long_sets_are_the_targets_greedy_conversations_before_the_held_out_rows():
+    """sgfollow (the target writes 3 more user turns and answers each) and sgdocs (it writes a
+    document, then answers a task about it): the embedded target's, greedy replies, sg_90k rows
+    before the held-out ones, several replies a self-conversation, one a document task."""
+    from headstart.targets.gguf import embedded_gguf_path
+
+    digest = hashlib.sha256(embedded_gguf_path().read_bytes()).hexdigest()
+    for source, key, value in (("sgfollow", "followups", 3), ("sgdocs", "documents", 768)):
+        if not (KEPT / source).is_dir():
+            continue
+        meta = json.loads((KEPT / source / "distill_meta.json").read_text())
+        assert meta["fingerprint"]["sha256"] == digest and meta["settings"]["temperature"] == 0.0
+        assert meta["settings"][key] == value
+        assert max(_column(source, "index")) < HELD_OUT_FIRST_ROW
+        replies = [sum(1 for i in range(len(m)) if m[i] and (i + 1 == len(m) or not m[i + 1]))
+                   for m in _column(source, "loss_mask")]  # fmt: skip
+        if source == "sgfollow":
+            assert sum(replies) / len(replies) > 2  # most conversations hold their follow-ups
+        else:
+            assert set(replies) == {1}  # the document is context, the task's answer the one reply
