@@ -89,7 +89,12 @@ class Steps:
             self.captured = CapturedVerify(target.model, probe.feature_layers, backend=compile_backend)
             self.captured_head = compiled_steps(probe, heads, compile_backend)
             plan = self.tree.round_plan(target.device, self.max_depth)
-            if plan is not None and hasattr(probe, "round_inputs"):  # None inputs later: the steps
+            # (a drafter of a kind with round parts may still not run in it: early exit)
+            if (
+                plan is not None
+                and hasattr(probe, "round_inputs")
+                and getattr(probe, "runs_in_program", True)
+            ):
                 from headstart.inference.captured_round import CapturedRound
 
                 self.captured_round = CapturedRound(

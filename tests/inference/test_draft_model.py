@@ -348,7 +348,7 @@ def test_early_exit_keeps_its_rounds_in_the_steps_under_compile(target):
     out = decoder.generate(prompts, max_new_tokens=12, eos_token_id=None)
     for ids, got in zip(prompts, out.token_ids, strict=True):
         assert got == reference(target, ids, 12, eos=False)
-    assert decoder.captured_round.rounds == 0 and decoder.captured.steps > 0
+    assert decoder.captured_round is None and decoder.captured.steps > 0
 
 
 FAMILY_SET = ["llama", "qwen3", "gemma3_text", "mistral", "phi3", "olmo2", "gpt_oss", "qwen3_moe"]

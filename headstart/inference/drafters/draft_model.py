@@ -204,6 +204,12 @@ class DraftModelDrafter:
         exit (it reads the target's cache: its rounds stay in the steps)."""
         return None if getattr(heads, "reads_target_cache", False) else CapturedDraft(heads.model)
 
+    @property
+    def runs_in_program(self) -> bool:
+        """Whether its rounds may run as the round program (no round program is built for early
+        exit, whose sampled eager rounds would otherwise pre-draw a program's uniforms for nothing)."""
+        return not self.shared
+
     def capture(self, captured: Any, reserve: int) -> None:
         """The draft's cache in `captured`'s kept buffers, `reserve` entries (committed positions
         plus one round's drafted nodes)."""
