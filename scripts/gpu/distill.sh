@@ -73,9 +73,10 @@ device_long() {  # issue 69: fresh long and multi-turn conversations, at the car
   local packed data=${LONG_DATA:-.gpu/data}
   for packed in "$data"/train/*.gz; do [[ -f "$packed" && ! -f "${packed%.gz}" ]] && gunzip -k "$packed"; done
   local start=$SECONDS code=0 sources=(${LONG_SOURCES:-sglong sgdocs sgfollow})
-  # sgfollow from row 400: the CPU distilled self-conversations of its first rows (data/smollm2-kept/sgfollow)
+  # sgfollow from row 400 and sgdocs from row 1,800: the CPU distils from rows 0 and 1,200
+  # (data/smollm2-kept/sgfollow, sgdocs); the held-out rows start at 2,858
   DATA=$data OUT=runs/long DEVICE=${DEVICE:-cuda} BATCH=${LONG_BATCH:-64} THREADS=${THREADS:-4} \
-    SKIP_SGFOLLOW=${SKIP_SGFOLLOW:-400} \
+    SKIP_SGFOLLOW=${SKIP_SGFOLLOW:-400} SKIP_SGDOCS=${SKIP_SGDOCS:-1800} \
     TARGET=${LONG_TARGET:-$STAGE/smollm2.gguf} \
     timeout -s TERM -k 30 "$DEADLINE" experiments/smollm2-long/distill_long.sh "${sources[@]}" || code=$?
   settle 'headstart distill'
@@ -94,8 +95,18 @@ unpack_long() {  # here: data/smollm2-kept/<source> for each long source the win
   trap 'rm -rf "${tmp:-}"' EXIT
   cat "$files"/long.tar.xz.* | xz -d | tar -C "$tmp" -xf -
   local source kept=${KEPT:-data/smollm2-kept}  # KEPT: a folder under /tmp for a dry run
+  local into
   while read -r source; do
-    [[ -d "$tmp/$source" ]] && ${PY:-.venv/bin/python} -m headstart.distill.pack "$tmp/$source" "$kept/$source"
+    # sglong: the device's is a superset of the kept one (packed over it); sgfollow and sgdocs hold
+    # other rows than the kept ones: a folder of their own beside them (add it to the recipes)
+    [[ -d "$tmp/$source" ]] || continue
+    into="$kept/$source"
+    [[ $source != sglong && -d $into ]] && into="$kept/$source-$(date +%Y-%m-%d)"
+    if [[ $source == sglong && -d $into ]]; then  # pack refuses to overwrite: beside it, then swapped
+      ${PY:-.venv/bin/python} -m headstart.distill.pack "$tmp/$source" "$into.new" && rm -rf "$into" && mv "$into.new" "$into"
+    else
+      ${PY:-.venv/bin/python} -m headstart.distill.pack "$tmp/$source" "$into"
+    fi
   done < "$files/long.sources"
   echo "packed: $(tr '\n' ' ' < "$files/long.sources")(kept.json's long section and the README table are updated by hand)"
 }

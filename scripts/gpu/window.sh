@@ -143,13 +143,13 @@ device() {
   ls -la "$OUT"
 }
 
-recipe_paths() {  # FRESH_DIR...: the recipe's data.path, comma-separated, then the fresh folders; a
-  # recipe folder of the same name as a fresh one (sglong: its rows the CPU distilled, which the
-  # device distilled again from the first) gives way to it
+recipe_paths() {  # FRESH_DIR...: the recipe's data.path, comma-separated, then the fresh folders;
+  # the recipe's sglong gives way to a fresh sglong (the device distils it again from its first
+  # row: a superset); sgfollow and sgdocs are fresh rows (after the CPU's), trained on beside them
   python3 - "$RECIPE" "$@" <<'PY'
 import sys, pathlib, yaml
 fresh = sys.argv[2:]
-names = {pathlib.Path(f).name for f in fresh}
+names = {pathlib.Path(f).name for f in fresh} & {"sglong"}
 kept = [p for p in yaml.safe_load(open(sys.argv[1]))["data"]["path"] if pathlib.Path(p).name not in names]
 print(",".join(kept + fresh))
 PY
