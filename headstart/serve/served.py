@@ -60,9 +60,13 @@ def assemble(target: Any, decoding: Any, *, model: str, max_batch: int, max_queu
     if speculate_up_to is None and target.device.type == "cpu":
         # measured: 8 rows decode 2x faster plainly than with trees on 2 cores
         speculate_up_to = probe.verify_nodes
+    buckets = batch_buckets(max_batch) if speculator.compile else ()
+    if buckets:
+        log.info("compiled: each lane's batch runs at %s rows (padded with copies of a live row); a size "
+                 "compiles on the first request that reaches it", ", ".join(map(str, buckets)))  # fmt: skip
     scheduler = Scheduler(speculator.new_decoder, metrics, max_batch=max_batch, max_queue=max_queue,
                           speculate_up_to=speculate_up_to, prefix_cache=prefix_cache, recorder=recorder,
-                          batch_buckets=batch_buckets(max_batch) if speculator.compile else ())  # fmt: skip
+                          batch_buckets=buckets)  # fmt: skip
     return Served(target=target, scheduler=scheduler, metrics=metrics, model=model, context=context,
                   max_tokens=min(max_tokens or context, context), default_tokens=default_tokens, api_key=api_key,
                   mode=decoding.mode, allowed_origins=allowed_origins, max_body=max_body,
