@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from chisq import chisquare_pvalue
 from test_captured import PROMPTS, family_target, fresh_dynamo, generate_ref  # noqa: F401 - the fixture
-from test_sampling_exactness import ALPHA, CONFIGS, PROMPT, VOCAB, exact_joint, small_vocab_target
+from test_sampling_exactness import ALPHA, CONFIGS, PROMPT, joint_pvalue, small_vocab_target
 from tiny import FC_LAYOUT
 from torch._dynamo.utils import counters
 
@@ -257,20 +256,23 @@ def test_sampling_inside_the_program_preserves_the_targets_distribution(tree, co
     prompt as ONE batch, whose first rounds all run as the program at B = 12,000 (no row ends
     before its second round); the first three tokens' joint against the warped target's, by
     enumeration (test_sampling_exactness)."""
+    target = small_vocab_target()
+    head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=0), target)
+    assert program_pvalue(target, head, tree, config, monkeypatch) > ALPHA
+
+
+def program_pvalue(target, heads, tree: str, config: str, monkeypatch) -> float:
+    """12,000 copies of one prompt decoded as ONE batch with --compile, whose first rounds run as
+    the program at B = 12,000: the first three tokens' chi-square p-value against the target's."""
     from headstart.inference import captured
 
     monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
-    target = small_vocab_target()
-    head = build_head(HeadSpec(kind="eagle3", draft_vocab_size=0), target)
-    decoder = SpeculativeDecoder(target, head, tree=tree, compile=True, compile_backend="aot_eager")
+    decoder = SpeculativeDecoder(target, heads, tree=tree, compile=True, compile_backend="aot_eager")
     # one token past what the prefill and a first round can commit: no row ends before round 2
     sampling = SamplingConfig(max_new_tokens=decoder.captured_round.path_width + 2, seed=7, **CONFIGS[config])
     out = decoder.generate([PROMPT] * 12_000, sampling=sampling, eos_token_id=None)
     assert decoder.captured_round.rounds >= 2 and out.stats.tau > 1.05  # drafts were accepted in it
-    tokens = torch.tensor([ids[:3] for ids in out.token_ids])
-    cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
-    counts = torch.bincount(cells, minlength=VOCAB**3)
-    assert chisquare_pvalue(counts, exact_joint(target, sampling).flatten()) > ALPHA
+    return joint_pvalue(target, out.token_ids, sampling)
 
 
 def test_a_seeded_sampled_row_reads_ahead_as_at_once(tiny_root):

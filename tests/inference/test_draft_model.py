@@ -384,23 +384,11 @@ def test_sampling_with_a_draft_model_in_the_round_program_preserves_target_distr
     B = 12,000 (no row ends before its second round): the first three tokens' joint is the warped
     target's (chi-square, test_sampling_exactness), for a static tree (children drawn from q inside
     the program) and a dynamic one."""
-    from chisq import chisquare_pvalue
-    from test_sampling_exactness import PROMPT, VOCAB, exact_joint
+    from test_captured_round import program_pvalue
 
-    from headstart.inference import captured
-
-    monkeypatch.setattr(captured, "CAPACITY_STEP", 32)  # 12,000 rows: a small buffer
     target = small_vocab_target()
     draft = DraftModel(small_vocab_target(seed=3).model, "other")  # another random model, same 12 tokens
-    decoder = SpeculativeDecoder(target, draft, tree=tree, compile=True, compile_backend="aot_eager")
-    config = "T0.8-topk5-topp0.9"
-    sampling = SamplingConfig(max_new_tokens=decoder.captured_round.path_width + 2, seed=7, **CONFIGS[config])
-    out = decoder.generate([PROMPT] * 12_000, sampling=sampling, eos_token_id=None)
-    assert decoder.captured_round.rounds >= 2 and out.stats.tau > 1.05  # drafts were accepted in it
-    tokens = torch.tensor([ids[:3] for ids in out.token_ids])
-    cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
-    counts = torch.bincount(cells, minlength=VOCAB**3)
-    assert chisquare_pvalue(counts, exact_joint(target, sampling).flatten()) > ALPHA
+    assert program_pvalue(target, draft, tree, "T0.8-topk5-topp0.9", monkeypatch) > ALPHA
 
 
 def test_the_programs_draft_model_observes_what_the_steps_observe(target, sibling):

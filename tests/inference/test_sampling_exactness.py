@@ -63,6 +63,13 @@ def run_check(
     assert out.stats.tau > 1.05  # drafts do get accepted: the speculative path is exercised
     if decoder.captured is not None:  # every row's first verify ran through the compiled graph
         assert decoder.captured.steps >= 1
+    return joint_pvalue(target, out.token_ids, sampling)
+
+
+def joint_pvalue(target: Target, rows: list[list[int]], sampling: SamplingConfig) -> float:
+    """The chi-square p-value of the rows' first three tokens against the warped target's joint
+    (`exact_joint`, by enumeration)."""
+    tokens = torch.tensor([ids[:3] for ids in rows])
     cells = (tokens[:, 0] * VOCAB + tokens[:, 1]) * VOCAB + tokens[:, 2]
     counts = torch.bincount(cells, minlength=VOCAB**3)
     return chisquare_pvalue(counts, exact_joint(target, sampling).flatten())
